@@ -1,0 +1,10 @@
+// Uniqueness constraints of the Global Mapping Graph. Idempotent (IF NOT EXISTS).
+// Every uid is "<tenant_id>/<model_id>/..." so one single-property index serves each lookup.
+CREATE CONSTRAINT tenant_id IF NOT EXISTS FOR (n:Tenant) REQUIRE n.tenant_id IS UNIQUE;
+CREATE CONSTRAINT model_uid IF NOT EXISTS FOR (n:Model) REQUIRE n.uid IS UNIQUE;
+CREATE CONSTRAINT operator_uid IF NOT EXISTS FOR (n:Operator) REQUIRE n.uid IS UNIQUE;
+CREATE CONSTRAINT tensor_uid IF NOT EXISTS FOR (n:Tensor) REQUIRE n.uid IS UNIQUE;
+CREATE CONSTRAINT device_id IF NOT EXISTS FOR (n:Device) REQUIRE n.device_id IS UNIQUE;
+CREATE CONSTRAINT host_id IF NOT EXISTS FOR (n:Host) REQUIRE n.host_id IS UNIQUE;
+CREATE CONSTRAINT request_uid IF NOT EXISTS FOR (n:Request) REQUIRE n.uid IS UNIQUE;
+CREATE CONSTRAINT slice_uid IF NOT EXISTS FOR (n:Slice) REQUIRE n.uid IS UNIQUE

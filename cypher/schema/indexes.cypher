@@ -1,0 +1,8 @@
+// Range indexes for tenant-scoped and per-model lookups. Idempotent (IF NOT EXISTS).
+CREATE RANGE INDEX model_tenant IF NOT EXISTS FOR (n:Model) ON (n.tenant_id);
+CREATE RANGE INDEX operator_tenant IF NOT EXISTS FOR (n:Operator) ON (n.tenant_id);
+CREATE RANGE INDEX operator_model_phase IF NOT EXISTS FOR (n:Operator) ON (n.model_uid, n.phase);
+CREATE RANGE INDEX tensor_model_kind IF NOT EXISTS FOR (n:Tensor) ON (n.model_uid, n.kind);
+CREATE RANGE INDEX tensor_tenant IF NOT EXISTS FOR (n:Tensor) ON (n.tenant_id);
+CREATE RANGE INDEX device_cluster IF NOT EXISTS FOR (n:Device) ON (n.cluster);
+CREATE RANGE INDEX device_kind IF NOT EXISTS FOR (n:Device) ON (n.kind)

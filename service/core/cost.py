@@ -1,0 +1,110 @@
+"""The cost-model contract: what a slice of operators costs on a device.
+
+Pure (no I/O). A cost model sees operators as :class:`OpFeatures` (shape-level facts, not fx
+nodes) and a :class:`~service.domain.cluster.Device`; it answers a :class:`Latency` with
+quantiles. Implementations live in ``learned/`` (roofline, profile table, GNN); the simulator
+only depends on this protocol.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from service.domain.cluster import Device
+from service.domain.opgraph import OperatorGraph, OperatorSpec
+
+# Operator kinds a cost model must accept (see service.models.trace._classify).
+OP_KINDS: tuple[str, ...] = (
+    "linear", "matmul", "attention", "norm", "softmax", "activation", "elementwise",
+    "embedding", "memory", "creation",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OpFeatures:
+    """One operator's work.
+
+    ``tokens``: rows processed (batch x sequence positions; for attention the query tokens).
+    ``dim_in`` / ``dim_out``: inner and output feature sizes (linear: in/out features; attention:
+    heads x head_dim of queries and of keys). ``context``: keys each query attends to
+    (attention only, else 0). ``batch``: sequences. ``dtype_bytes``: element size.
+    """
+
+    kind: str
+    flops: float
+    bytes_moved: float
+    tokens: int = 1
+    dim_in: int = 0
+    dim_out: int = 0
+    context: int = 0
+    batch: int = 1
+    dtype_bytes: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Latency:
+    """Predicted latency in seconds: median and upper quantiles (p50 <= p90 <= p99)."""
+
+    p50_s: float
+    p90_s: float
+    p99_s: float
+
+    @staticmethod
+    def exact(seconds: float) -> Latency:
+        return Latency(seconds, seconds, seconds)
+
+    def __add__(self, other: Latency) -> Latency:
+        # Quantiles of a sum are not sums of quantiles; adding them is the conservative bound
+        # the scheduler wants for tail-aware decisions.
+        return Latency(self.p50_s + other.p50_s, self.p90_s + other.p90_s, self.p99_s + other.p99_s)
+
+    def scaled(self, factor: float) -> Latency:
+        return Latency(self.p50_s * factor, self.p90_s * factor, self.p99_s * factor)
+
+
+ZERO = Latency(0.0, 0.0, 0.0)
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """Latency of a slice (a contiguous group of operators) on one device."""
+
+    name: str
+
+    def predict(self, ops: Sequence[OpFeatures], device: Device) -> Latency:
+        """Latency of running ``ops`` back to back on ``device``. Must be cheap and pure."""
+        ...
+
+
+def features_of(op: OperatorSpec, graph: OperatorGraph) -> OpFeatures:
+    """Shape-level features of a traced operator."""
+    acts = [graph.tensors[t] for t in op.inputs if graph.tensors[t].kind != "weight"]
+    weights = [graph.tensors[t] for t in op.inputs if graph.tensors[t].kind == "weight"]
+    out = graph.tensors[op.outputs[0]]
+    dtype_bytes = max(1, out.size_bytes // max(1, math.prod(out.shape)))
+    bytes_moved = float(op.bytes_read + op.bytes_written)
+    if op.kind == "attention" and len(acts) >= 2:
+        q, k = acts[0].shape, acts[1].shape
+        batch = q[0] if len(q) == 4 else 1
+        tokens = math.prod(q[:-3]) * q[-2] if len(q) >= 3 else 1
+        return OpFeatures(op.kind, float(op.flops), bytes_moved, tokens=int(tokens),
+                          dim_in=int(q[-3] * q[-1]) if len(q) >= 3 else q[-1],
+                          dim_out=int(k[-3] * k[-1]) if len(k) >= 3 else k[-1],
+                          context=int(k[-2]), batch=int(batch), dtype_bytes=dtype_bytes)
+    x = acts[0].shape if acts else out.shape
+    tokens = math.prod(x[:-1]) if len(x) > 1 else 1
+    batch = x[0] if len(x) > 1 else 1
+    if op.kind == "linear" and weights:
+        w = weights[0].shape
+        return OpFeatures(op.kind, float(op.flops), bytes_moved, tokens=int(tokens), dim_in=int(w[-1]),
+                          dim_out=int(w[0]), batch=int(batch), dtype_bytes=dtype_bytes)
+    return OpFeatures(op.kind, float(op.flops), bytes_moved, tokens=int(tokens),
+                      dim_in=int(x[-1]) if x else 1, dim_out=int(out.shape[-1]) if out.shape else 1,
+                      batch=int(batch), dtype_bytes=dtype_bytes)
+
+
+def graph_features(graph: OperatorGraph) -> list[OpFeatures]:
+    return [features_of(op, graph) for op in graph.operators]

@@ -1,0 +1,261 @@
+"""The managed local Neo4j: the real Neo4j 5.26 LTS Community server, without Docker.
+
+Jars are resolved once per machine from Maven Central into ``<cache>/neo4j/<version>/lib`` with
+the system Maven. Each server instance lives in a *state dir* holding ``conf/neo4j.conf``,
+``data/``, ``logs/`` and ``server.json`` (pid, port, version), so the CLI, the demo and each test
+session can run their own server side by side. The server is the stock
+``org.neo4j.server.CommunityEntryPoint`` on Java 17; auth is off and Bolt listens on
+127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+
+from service.domain.error import SliceschedError
+
+NEO4J_VERSION = "5.26.30"
+JVM_FLAGS = [
+    "-XX:+UseG1GC", "-XX:-OmitStackTraceInFastThrow", "-XX:+UnlockExperimentalVMOptions",
+    "-XX:+TrustFinalNonStaticFields", "-XX:+DisableExplicitGC", "-Djdk.nio.maxCachedBufferSize=1024",
+    "-Dio.netty.tryReflectionSetAccessible=true", "--add-opens=java.base/java.nio=ALL-UNNAMED",
+    "--add-opens=java.base/java.io=ALL-UNNAMED", "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
+    "--enable-native-access=ALL-UNNAMED", "-Dlog4j2.disable.jmx=true", "-Dfile.encoding=UTF-8",
+]
+
+
+class Neo4jServerError(SliceschedError):
+    """The managed server could not be installed, started or reached."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SLICESCHED_CACHE", Path.home() / ".cache" / "slicesched"))
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("SLICESCHED_STATE", Path.home() / ".local" / "state" / "slicesched")) / "neo4j"
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    pid: int
+    port: int
+    version: str
+    state_dir: str
+    started_at: float
+
+    @property
+    def uri(self) -> str:
+        return f"bolt://127.0.0.1:{self.port}"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child (started by this process, not yet reaped) counts as dead.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return True
+
+
+class LocalNeo4j:
+    """Install, start, stop and query the status of one managed server instance."""
+
+    def __init__(self, state_dir: Path | None = None, *, version: str = NEO4J_VERSION,
+                 heap: str = "768m", pagecache: str = "256m") -> None:
+        self.state_dir = Path(state_dir) if state_dir else default_state_dir()
+        self.version = version
+        self.heap = heap
+        self.pagecache = pagecache
+        self.home = cache_dir() / "neo4j" / version
+
+    # ---- installation ------------------------------------------------------------------------
+    @property
+    def lib_dir(self) -> Path:
+        return self.home / "lib"
+
+    def installed(self) -> bool:
+        return (self.home / ".complete").exists()
+
+    def install(self, *, log: bool = True) -> Path:
+        """Resolve the server jars from Maven Central once; later calls return at once."""
+        if self.installed():
+            return self.lib_dir
+        if shutil.which("mvn") is None:
+            raise Neo4jServerError("Maven ('mvn') is needed once to fetch the Neo4j jars; install Maven 3.8+")
+        if shutil.which("java") is None:
+            raise Neo4jServerError("Java 17 ('java') is needed to run the local Neo4j server")
+        work = self.home / "resolve"
+        work.mkdir(parents=True, exist_ok=True)
+        template = (resources.files("service.graph") / "neo4j-pom.xml").read_text()
+        (work / "pom.xml").write_text(template.replace("@NEO4J_VERSION@", self.version))
+        tmp_lib = self.home / "lib.partial"
+        shutil.rmtree(tmp_lib, ignore_errors=True)
+        if log:
+            print(f"[neo4j] resolving Neo4j {self.version} jars from Maven Central (once per machine)...", flush=True)
+        proc = subprocess.run(
+            ["mvn", "-q", "-B", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
+             "-DincludeScope=runtime", f"-DoutputDirectory={tmp_lib}"],
+            capture_output=True, text=True,
+        )
+        if proc.returncode != 0:
+            raise Neo4jServerError(f"mvn could not resolve Neo4j {self.version}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        shutil.rmtree(self.lib_dir, ignore_errors=True)
+        tmp_lib.rename(self.lib_dir)
+        (self.home / "plugins").mkdir(exist_ok=True)
+        (self.home / ".complete").write_text(self.version)
+        return self.lib_dir
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    @property
+    def _info_path(self) -> Path:
+        return self.state_dir / "server.json"
+
+    def status(self) -> ServerInfo | None:
+        """The running server of this state dir, or ``None`` (a stale record is removed)."""
+        try:
+            info = ServerInfo(**json.loads(self._info_path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+        if _alive(info.pid):
+            return info
+        self._info_path.unlink(missing_ok=True)
+        return None
+
+    def _write_conf(self, port: int) -> Path:
+        conf_dir = self.state_dir / "conf"
+        conf_dir.mkdir(parents=True, exist_ok=True)
+        for sub in ("data", "logs", "run", "import"):
+            (self.state_dir / sub).mkdir(exist_ok=True)
+        s = self.state_dir
+        (conf_dir / "neo4j.conf").write_text("\n".join([
+            "server.default_listen_address=127.0.0.1",
+            "server.bolt.enabled=true",
+            f"server.bolt.listen_address=127.0.0.1:{port}",
+            "server.http.enabled=false",
+            "server.https.enabled=false",
+            "dbms.security.auth_enabled=false",
+            "dbms.usage_report.enabled=false",
+            f"server.memory.pagecache.size={self.pagecache}",
+            "server.memory.off_heap.max_size=256m",
+            "db.transaction.timeout=120s",
+            "server.threads.worker_count=8",
+            f"server.directories.data={s / 'data'}",
+            f"server.directories.logs={s / 'logs'}",
+            f"server.directories.run={s / 'run'}",
+            f"server.directories.import={s / 'import'}",
+            f"server.directories.plugins={self.home / 'plugins'}",
+            "",
+        ]))
+        return conf_dir
+
+    def start(self, *, port: int | None = None, timeout_s: float = 120.0, log: bool = True) -> ServerInfo:
+        """Start (or find running) the server and wait until Bolt answers. Idempotent."""
+        running = self.status()
+        if running is not None:
+            return running
+        self.install(log=log)
+        port = port or free_port()
+        conf_dir = self._write_conf(port)
+        console = open(self.state_dir / "logs" / "console.log", "ab")  # noqa: SIM115 - handed to the child
+        cmd = [
+            "java", "-Xms256m", f"-Xmx{self.heap}", *JVM_FLAGS,
+            "-cp", f"{self.home / 'plugins'}/*:{self.lib_dir}/*",
+            "org.neo4j.server.CommunityEntryPoint",
+            f"--home-dir={self.home}", f"--config-dir={conf_dir}", "--console-mode",
+        ]
+        if log:
+            print(f"[neo4j] starting Neo4j {self.version} on bolt://127.0.0.1:{port} (state {self.state_dir})", flush=True)
+        started = time.time()
+        proc = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        console.close()
+        info = ServerInfo(pid=proc.pid, port=port, version=self.version, state_dir=str(self.state_dir),
+                          started_at=started)
+        self._info_path.write_text(json.dumps(asdict(info)))
+        try:
+            self._wait_ready(info, proc, timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return info
+
+    def _wait_ready(self, info: ServerInfo, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+        from neo4j import GraphDatabase
+        from neo4j.exceptions import ServiceUnavailable
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = (self.state_dir / "logs" / "console.log").read_text(errors="replace")[-3000:]
+                raise Neo4jServerError(f"Neo4j exited with code {proc.returncode} while starting:\n{tail}")
+            if _port_open(info.port):
+                try:
+                    with GraphDatabase.driver(info.uri, auth=None) as driver:
+                        driver.verify_connectivity()
+                    return
+                except (ServiceUnavailable, OSError):
+                    pass
+            time.sleep(0.25)
+        raise Neo4jServerError(f"Neo4j did not answer on {info.uri} within {timeout_s:.0f}s "
+                               f"(see {self.state_dir / 'logs' / 'console.log'})")
+
+    def stop(self, *, timeout_s: float = 60.0) -> bool:
+        """Shut the server down cleanly (SIGTERM, then SIGKILL after ``timeout_s``)."""
+        try:
+            info = ServerInfo(**json.loads(self._info_path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return False
+        stopped = False
+        if _alive(info.pid):
+            os.kill(info.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while _alive(info.pid) and time.monotonic() < deadline:
+                _reap(info.pid)
+                time.sleep(0.1)
+            if _alive(info.pid):
+                os.kill(info.pid, signal.SIGKILL)
+            _reap(info.pid)
+            stopped = True
+        self._info_path.unlink(missing_ok=True)
+        return stopped
+
+    def server_version(self, info: ServerInfo) -> str:
+        from neo4j import GraphDatabase
+
+        with GraphDatabase.driver(info.uri, auth=None) as driver:
+            return str(driver.get_server_info().agent)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass

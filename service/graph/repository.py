@@ -1,0 +1,283 @@
+"""The GMG repository: every read and write of the Global Mapping Graph goes through here.
+
+Each public method runs catalog queries of the same name (``import_model`` is a composition of
+several, in one transaction). Values reach Cypher only as parameters; writes go in batches of
+``UNWIND $rows``. Inspection runs in read transactions on a read-mode session, so the server
+itself refuses a write.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import neo4j
+from neo4j import Driver, ManagedTransaction
+from neo4j.exceptions import ClientError, CypherSyntaxError
+
+from service.domain.cluster import ClusterSpec
+from service.domain.error import InvalidInputError, ReadOnlyViolationError
+from service.domain.opgraph import OperatorGraph
+from service.graph.catalog import Query, QueryCatalog
+
+BATCH_ROWS = 5000
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+
+
+def check_id(kind: str, value: str) -> str:
+    """Tenant and model ids become parts of uids: keep them short and free of '/'."""
+    if not isinstance(value, str) or not _ID.match(value):
+        raise InvalidInputError(
+            f"invalid {kind} id {value!r}: use 1-64 letters, digits, '_', '.', ':' or '-', starting with a letter or digit",
+            culprit=str(value),
+        )
+    return value
+
+
+def model_uid(tenant_id: str, model_id: str) -> str:
+    return f"{check_id('tenant', tenant_id)}/{check_id('model', model_id)}"
+
+
+@dataclass(frozen=True)
+class ImportStats:
+    model_uid: str
+    phase: str
+    operators: int
+    tensors: int
+    edges: int  # PRECEDES + READS + WRITES + HAS_OPERATOR
+    seconds: float
+
+    @property
+    def items_per_s(self) -> float:
+        return (self.operators + self.edges) / self.seconds if self.seconds > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class Table:
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+def _chunks(rows: Sequence[Any], size: int = BATCH_ROWS) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(rows), size):
+        yield rows[i:i + size]
+
+
+def _plain(value: Any) -> Any:
+    """Neo4j values to plain Python for printing and JSON."""
+    if isinstance(value, neo4j.graph.Node):
+        return {"labels": sorted(value.labels), **dict(value)}
+    if isinstance(value, neo4j.graph.Relationship):
+        return {"type": value.type, **dict(value)}
+    if isinstance(value, neo4j.graph.Path):
+        return [_plain(n) for n in value.nodes]
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if hasattr(value, "iso_format"):
+        return value.iso_format()
+    return value
+
+
+class GraphRepository:
+    REQUIRED = (
+        "constraints", "indexes", "upsert_tenant", "upsert_model", "delete_model_phase",
+        "create_operators", "merge_tensors", "create_precedes", "create_reads", "create_writes",
+        "place_weights", "upsert_hosts", "upsert_devices", "replace_links", "delete_stale_devices",
+        "delete_tenant", "model_summary", "list_devices", "count_labels",
+    )
+
+    def __init__(self, driver: Driver, catalog: QueryCatalog | None = None, *, database: str = "neo4j") -> None:
+        self.driver = driver
+        self.catalog = catalog or QueryCatalog.load()
+        self.catalog.require(self.REQUIRED)
+        self.database = database
+
+    # ---- plumbing ----------------------------------------------------------------------------
+    def _q(self, name: str, params: Mapping[str, Any]) -> tuple[Query, dict[str, Any]]:
+        q = self.catalog.get(name)
+        q.check_params(params)
+        return q, dict(params)
+
+    def _tx_run(self, tx: ManagedTransaction, name: str, **params: Any) -> list[dict[str, Any]]:
+        q, p = self._q(name, params)
+        return [r.data() for r in tx.run(q.text, p)]
+
+    def _write(self, name: str, **params: Any) -> list[dict[str, Any]]:
+        with self.driver.session(database=self.database) as s:
+            return s.execute_write(lambda tx: self._tx_run(tx, name, **params))
+
+    def _read(self, name: str, **params: Any) -> list[dict[str, Any]]:
+        with self.driver.session(database=self.database, default_access_mode=neo4j.READ_ACCESS) as s:
+            return s.execute_read(lambda tx: self._tx_run(tx, name, **params))
+
+    # ---- schema ---------------------------------------------------------------------------------
+    def apply_schema(self) -> int:
+        """Create constraints and indexes if absent; returns the number of statements run."""
+        n = 0
+        with self.driver.session(database=self.database) as s:
+            for q in self.catalog.by_category("schema"):
+                for stmt in q.statements:
+                    s.run(stmt).consume()
+                    n += 1
+            s.run("CALL db.awaitIndexes(300)").consume()
+        return n
+
+    # ---- tenants and models -------------------------------------------------------------------
+    def upsert_tenant(self, tenant_id: str, **props: Any) -> None:
+        self._write("upsert_tenant", tenant_id=check_id("tenant", tenant_id), props=props)
+
+    def import_model(self, tenant_id: str, model_id: str, graph: OperatorGraph, *,
+                     device_id: str | None = None, create_tenant: bool = True) -> ImportStats:
+        """Write one phase of a model's operator graph, replacing an earlier import of that phase.
+
+        Validates first; everything is one transaction, so a failure writes nothing. With
+        ``device_id`` the model's weights are made resident on that device.
+        """
+        graph.validate()
+        uid = model_uid(tenant_id, model_id)
+        op_uid = {op.op_id: f"{uid}/{graph.phase}/{op.op_id}" for op in graph.operators}
+
+        def tensor_uid(tid: str) -> str:
+            kind = graph.tensors[tid].kind
+            return f"{uid}/{tid}" if kind == "weight" else f"{uid}/{graph.phase}/{tid}"
+
+        operators = [
+            {"uid": op_uid[op.op_id], "tenant_id": tenant_id, "model_uid": uid, "phase": graph.phase,
+             "op_id": op.op_id, "index": op.index, "kind": op.kind, "target": op.target, "layer": op.layer,
+             "flops": op.flops, "bytes_read": op.bytes_read, "bytes_written": op.bytes_written,
+             "workspace_bytes": op.workspace_bytes}
+            for op in graph.operators
+        ]
+        tensors = [
+            {"uid": tensor_uid(t.tensor_id), "tenant_id": tenant_id, "model_uid": uid,
+             "phase": None if t.kind == "weight" else graph.phase, "tensor_id": t.tensor_id,
+             "kind": t.kind, "shape": list(t.shape), "dtype": t.dtype, "size_bytes": t.size_bytes}
+            for t in graph.tensors.values()
+        ]
+        precedes = [{"src": op_uid[a], "dst": op_uid[b]} for a, b in graph.edges()]
+        reads = [{"op": op_uid[op.op_id], "tensor": tensor_uid(t)} for op in graph.operators for t in op.inputs]
+        writes = [{"op": op_uid[op.op_id], "tensor": tensor_uid(t)} for op in graph.operators for t in op.outputs]
+        cfg = graph.config
+        model_props = {
+            "model_id": model_id, "name": graph.model_name, "style": cfg.get("style"),
+            "dtype": cfg.get("dtype"), "num_layers": cfg.get("n_layers"), "d_model": cfg.get("d_model"),
+            "weight_bytes": graph.bytes_of("weight"),
+        }
+
+        def work(tx: ManagedTransaction) -> None:
+            if create_tenant:
+                self._tx_run(tx, "upsert_tenant", tenant_id=tenant_id, props={})
+            if not self._tx_run(tx, "upsert_model", tenant_id=tenant_id, uid=uid, props=model_props):
+                raise InvalidInputError(f"no tenant {tenant_id!r}: create it first", culprit=tenant_id)
+            self._tx_run(tx, "delete_model_phase", model_uid=uid, phase=graph.phase)
+            for rows in _chunks(tensors):
+                self._tx_run(tx, "merge_tensors", rows=list(rows))
+            for rows in _chunks(operators):
+                self._tx_run(tx, "create_operators", model_uid=uid, rows=list(rows))
+            for name, edges in (("create_precedes", precedes), ("create_reads", reads), ("create_writes", writes)):
+                for rows in _chunks(edges):
+                    self._tx_run(tx, name, rows=list(rows))
+            if device_id is not None:
+                placed = self._tx_run(tx, "place_weights", model_uid=uid, device_id=device_id)
+                if not placed or placed[0]["placed"] == 0:
+                    raise InvalidInputError(f"unknown device {device_id!r}: apply a cluster spec that has it",
+                                            culprit=device_id)
+
+        check_id("tenant", tenant_id)
+        started = time.perf_counter()
+        with self.driver.session(database=self.database) as s:
+            s.execute_write(work)
+        elapsed = time.perf_counter() - started
+        return ImportStats(uid, graph.phase, len(operators), len(tensors),
+                           len(precedes) + len(reads) + len(writes) + len(operators), elapsed)
+
+    def place_weights(self, tenant_id: str, model_id: str, device_id: str) -> int:
+        rows = self._write("place_weights", model_uid=model_uid(tenant_id, model_id), device_id=device_id)
+        placed = int(rows[0]["placed"]) if rows else 0
+        if placed == 0:
+            raise InvalidInputError(f"nothing placed: unknown model {tenant_id}/{model_id} or device {device_id!r}")
+        return placed
+
+    def model_summary(self, tenant_id: str, model_id: str, phase: str) -> dict[str, Any]:
+        rows = self._read("model_summary", model_uid=model_uid(tenant_id, model_id), phase=phase)
+        return rows[0] if rows else {}
+
+    def delete_tenant(self, tenant_id: str, *, chunk: int = 10_000) -> int:
+        """Delete all of a tenant's nodes in bounded chunks; returns how many were deleted."""
+        total = 0
+        while True:
+            rows = self._write("delete_tenant", tenant_id=check_id("tenant", tenant_id), limit=chunk)
+            deleted = int(rows[0]["deleted"]) if rows else 0
+            total += deleted
+            if deleted == 0:
+                return total
+
+    # ---- cluster ------------------------------------------------------------------------------
+    def apply_cluster(self, spec: ClusterSpec) -> dict[str, int]:
+        """Register hosts, devices and links of ``spec`` in one transaction (declarative)."""
+        hosts = [{"host_id": h} for h in spec.hosts]
+        devices = [
+            {"device_id": d.device_id, "host_id": d.host_id, "kind": d.kind, "mem_bytes": d.mem_bytes,
+             "peak_flops": d.peak_flops, "mem_bw_bytes_per_s": d.mem_bw_bytes_per_s}
+            for d in spec.devices
+        ]
+        links = [{"src": x.src, "dst": x.dst, "kind": x.kind, "gbps": x.gbps, "latency_us": x.latency_us}
+                 for x in spec.links]
+
+        def work(tx: ManagedTransaction) -> None:
+            self._tx_run(tx, "upsert_hosts", cluster=spec.name, rows=hosts)
+            self._tx_run(tx, "upsert_devices", cluster=spec.name, rows=devices)
+            self._tx_run(tx, "delete_stale_devices", cluster=spec.name,
+                         device_ids=[d["device_id"] for d in devices], host_ids=spec.hosts)
+            self._tx_run(tx, "replace_links", cluster=spec.name, rows=links)
+
+        with self.driver.session(database=self.database) as s:
+            s.execute_write(work)
+        return {"hosts": len(hosts), "devices": len(devices), "links": len(links)}
+
+    def list_devices(self) -> list[dict[str, Any]]:
+        return self._read("list_devices")
+
+    def count_labels(self) -> dict[str, int]:
+        return {r["label"]: int(r["nodes"]) for r in self._read("count_labels")}
+
+    # ---- inspection ---------------------------------------------------------------------------
+    def run_read(self, text: str, params: Mapping[str, Any] | None = None) -> Table:
+        """Run arbitrary Cypher in a read transaction; a write is refused by the server."""
+        def work(tx: ManagedTransaction) -> Table:
+            result = tx.run(text, dict(params or {}))
+            rows = [[_plain(v) for v in r.values()] for r in result]
+            return Table(list(result.keys()), rows)
+
+        try:
+            with self.driver.session(database=self.database, default_access_mode=neo4j.READ_ACCESS) as s:
+                return s.execute_read(work)
+        except CypherSyntaxError as exc:
+            raise InvalidInputError(f"Cypher syntax error: {exc.message}") from None
+        except ClientError as exc:
+            code = exc.code or ""
+            if "AccessMode" in code or "ForbiddenDueToTransactionType" in code or "WriteOnReadOnly" in code:
+                raise ReadOnlyViolationError(
+                    "inspection is read-only: this query writes to the graph and was refused by the server"
+                ) from None
+            raise InvalidInputError(f"query failed: {exc.message}") from None
+
+    def run_named(self, name: str, params: Mapping[str, Any] | None = None) -> Table:
+        """Run a named inspection query (``cypher/inspect/NAME.cypher``)."""
+        q = self.catalog.get(name)
+        if q.category != "inspect":
+            raise InvalidInputError(f"{name!r} is not an inspection query "
+                                    f"(available: {', '.join(self.inspection_names())})")
+        q.check_params(params or {})
+        return self.run_read(q.text, params)
+
+    def inspection_names(self) -> list[str]:
+        return sorted(q.name for q in self.catalog.by_category("inspect"))
+
+    def inspection_queries(self) -> Iterable[Query]:
+        return sorted(self.catalog.by_category("inspect"), key=lambda q: q.name)

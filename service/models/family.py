@@ -1,0 +1,264 @@
+"""The built-in model family: small decoder-only transformers defined here, no downloads.
+
+Two block styles share one skeleton: ``gpt2`` (LayerNorm, learned positions, fused QKV with
+bias, GELU MLP) and ``llama`` (RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP).
+Configs run from a ~1M-parameter ``tiny`` to GPT-2-small's 124M shapes on the CPU; the
+Llama-2 7B/13B/70B configs are shape-only (built on the ``meta`` device for tracing and
+simulation, never materialised).
+
+The forward pass is written to be traced by ``torch.fx`` and ``torch.compile`` without
+data-dependent control flow. One signature serves both phases::
+
+    logits, kv = model(input_ids[B, T], positions[B, T], kv_cache=None | [L, 2, B, Hkv, C, Dh],
+                       attn_bias=None | [B, 1, T, C + T])
+
+Prefill passes no cache and gets the whole cache back; decode passes the cache of ``C``
+tokens and gets the ``T`` new entries back (the caller appends them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from service.domain.error import NotFoundError
+
+Style = Literal["gpt2", "llama"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    style: Style
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    max_seq_len: int
+    dtype: str = "float32"
+    shape_only: bool = False  # too large to materialise on this machine: meta device only
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def num_params(self) -> int:
+        """Exact parameter count of :class:`DecoderLM` built from this config."""
+        d, f, v = self.d_model, self.d_ff, self.vocab_size
+        kv = self.n_kv_heads * self.head_dim
+        if self.style == "gpt2":
+            attn = d * 3 * d + 3 * d + d * d + d
+            mlp = d * f + f + f * d + d
+            norms = 2 * 2 * d
+            # GPT-2 ties the output projection to the token embedding.
+            return v * d + self.max_seq_len * d + self.n_layers * (attn + mlp + norms) + 2 * d
+        attn = d * d + 2 * d * kv + d * d
+        mlp = 3 * d * f
+        return v * d + self.n_layers * (attn + mlp + 2 * d) + d + d * v
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+MODEL_CONFIGS: dict[str, ModelConfig] = {
+    c.name: c
+    for c in (
+        ModelConfig("tiny", "gpt2", vocab_size=256, d_model=192, n_layers=2, n_heads=4, n_kv_heads=4,
+                    d_ff=768, max_seq_len=512),
+        ModelConfig("tiny-llama", "llama", vocab_size=256, d_model=192, n_layers=2, n_heads=4,
+                    n_kv_heads=2, d_ff=512, max_seq_len=512),
+        ModelConfig("small-llama", "llama", vocab_size=256, d_model=512, n_layers=8, n_heads=8,
+                    n_kv_heads=4, d_ff=1408, max_seq_len=1024),
+        ModelConfig("gpt2-small", "gpt2", vocab_size=50257, d_model=768, n_layers=12, n_heads=12,
+                    n_kv_heads=12, d_ff=3072, max_seq_len=1024),
+        ModelConfig("llama2-7b", "llama", vocab_size=32000, d_model=4096, n_layers=32, n_heads=32,
+                    n_kv_heads=32, d_ff=11008, max_seq_len=4096, dtype="bfloat16", shape_only=True),
+        ModelConfig("llama2-13b", "llama", vocab_size=32000, d_model=5120, n_layers=40, n_heads=40,
+                    n_kv_heads=40, d_ff=13824, max_seq_len=4096, dtype="bfloat16", shape_only=True),
+        ModelConfig("llama2-70b", "llama", vocab_size=32000, d_model=8192, n_layers=80, n_heads=64,
+                    n_kv_heads=8, d_ff=28672, max_seq_len=4096, dtype="bfloat16", shape_only=True),
+    )
+}
+
+
+def model_config(name: str, **overrides: Any) -> ModelConfig:
+    """The built-in config ``name``, optionally with fields replaced (e.g. ``n_layers=4``)."""
+    try:
+        config = MODEL_CONFIGS[name]
+    except KeyError:
+        raise NotFoundError(f"unknown model {name!r} (built-in: {', '.join(MODEL_CONFIGS)})") from None
+    return replace(config, **overrides) if overrides else config
+
+
+class Attention(nn.Module):
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
+        self.style = c.style
+        if c.style == "gpt2":
+            self.qkv_proj = nn.Linear(c.d_model, 3 * c.d_model, bias=True)
+        else:
+            self.q_proj = nn.Linear(c.d_model, c.d_model, bias=False)
+            self.k_proj = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
+            self.v_proj = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.d_model, c.d_model, bias=c.style == "gpt2")
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None, past: Tensor | None,
+                attn_bias: Tensor | None) -> tuple[Tensor, Tensor]:
+        b, t, d = x.shape
+        if self.style == "gpt2":
+            q, k, v = self.qkv_proj(x).split(d, dim=2)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            cos, sin = rope
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        new_kv = torch.stack([k, v])
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)
+            v = torch.cat([past[1], v], dim=2)
+        gqa = self.n_kv_heads != self.n_heads
+        if attn_bias is not None:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, enable_gqa=gqa)
+        elif past is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:  # decode of one token per sequence: it sees the whole cache
+            y = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+        y = y.transpose(1, 2).reshape(b, t, d)
+        return self.o_proj(y), new_kv
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class MLP(nn.Module):
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.style = c.style
+        if c.style == "gpt2":
+            self.up_proj = nn.Linear(c.d_model, c.d_ff)
+            self.down_proj = nn.Linear(c.d_ff, c.d_model)
+        else:
+            self.gate_proj = nn.Linear(c.d_model, c.d_ff, bias=False)
+            self.up_proj = nn.Linear(c.d_model, c.d_ff, bias=False)
+            self.down_proj = nn.Linear(c.d_ff, c.d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.style == "gpt2":
+            return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _norm(c: ModelConfig) -> nn.Module:
+    return nn.LayerNorm(c.d_model) if c.style == "gpt2" else nn.RMSNorm(c.d_model, eps=1e-5)
+
+
+class Block(nn.Module):
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = _norm(c)
+        self.attn = Attention(c)
+        self.mlp_norm = _norm(c)
+        self.mlp = MLP(c)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None, past: Tensor | None,
+                attn_bias: Tensor | None) -> tuple[Tensor, Tensor]:
+        h, kv = self.attn(self.attn_norm(x), rope, past, attn_bias)
+        x = x + h
+        return x + self.mlp(self.mlp_norm(x)), kv
+
+
+class DecoderLM(nn.Module):
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.config = c
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+        if c.style == "gpt2":
+            self.pos_embed = nn.Embedding(c.max_seq_len, c.d_model)
+        else:
+            inv_freq = 1.0 / (10000 ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
+            self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.final_norm = _norm(c)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        if c.style == "gpt2":
+            self.lm_head.weight = self.embed.weight
+
+    def forward(self, input_ids: Tensor, positions: Tensor, kv_cache: Tensor | None = None,
+                attn_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        x = self.embed(input_ids)
+        rope: tuple[Tensor, Tensor] | None = None
+        if self.config.style == "gpt2":
+            x = x + self.pos_embed(positions)
+        else:
+            freqs = positions.unsqueeze(-1).to(torch.float32) * self.inv_freq
+            angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)
+            rope = (angles.cos().to(x.dtype), angles.sin().to(x.dtype))
+        new_kv = []
+        for i, block in enumerate(self.blocks):
+            past = kv_cache[i] if kv_cache is not None else None
+            x, kv = block(x, rope, past, attn_bias)
+            new_kv.append(kv)
+        logits = self.lm_head(self.final_norm(x))
+        return logits, torch.stack(new_kv)
+
+
+def build_model(config: ModelConfig, *, seed: int = 0, device: str | torch.device = "cpu") -> DecoderLM:
+    """A randomly initialised model, identical for the same ``(config, seed)`` on every node.
+
+    Shape-only configs must be built on ``device="meta"``.
+    """
+    dtype = getattr(torch, config.dtype)
+    if config.shape_only and torch.device(device).type != "meta":
+        raise ValueError(f"{config.name} is shape-only: build it on device='meta'")
+    with torch.device("meta"):
+        model = DecoderLM(config)
+    if torch.device(device).type == "meta":
+        return model.to(dtype=dtype).eval()
+    model = model.to_empty(device=device)
+    if config.style == "gpt2":  # to_empty unties shared parameters
+        model.lm_head.weight = model.embed.weight
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    std = 0.02
+    for name, p in model.named_parameters():
+        with torch.no_grad():
+            if p.dim() == 1:
+                p.copy_(torch.ones_like(p) if name.endswith("weight") else torch.zeros_like(p))
+            else:
+                # Scale residual projections down by depth, as GPT-2 does, to keep logits sane.
+                scale = std / math.sqrt(2 * config.n_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) else std
+                p.copy_(torch.randn(p.shape, generator=gen) * scale)
+    if config.style == "llama":
+        hd = config.head_dim
+        model.inv_freq = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32, device=device) / hd))
+    return model.to(dtype=dtype).eval()
+
+
+def example_inputs(config: ModelConfig, phase: str, *, batch: int, tokens: int = 1, context: int = 0,
+                   device: str | torch.device = "cpu") -> dict[str, Tensor]:
+    """Inputs of the right shapes for one phase (token ids are zeros; only shapes matter)."""
+    dtype = getattr(torch, config.dtype)
+    if phase == "prefill":
+        ids = torch.zeros(batch, tokens, dtype=torch.long, device=device)
+        pos = torch.arange(tokens, device=device).expand(batch, tokens)
+        return {"input_ids": ids, "positions": pos}
+    if phase == "decode":
+        ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        pos = torch.full((batch, 1), context, dtype=torch.long, device=device)
+        kv = torch.zeros(config.n_layers, 2, batch, config.n_kv_heads, context, config.head_dim,
+                         dtype=dtype, device=device)
+        return {"input_ids": ids, "positions": pos, "kv_cache": kv}
+    raise ValueError(f"unknown phase {phase!r} (expected prefill or decode)")
