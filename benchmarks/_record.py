@@ -1,0 +1,56 @@
+"""Shared plumbing for benchmarks: arguments, the JSON record, and where it is written.
+
+Every benchmark answers one question, takes ``--seed`` and ``--quick``, prints one JSON object
+as its last line and writes the same object to ``benchmarks/results/<name>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+SHARED_DATA = Path(os.environ.get("SLICESCHED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def parser(name: str, question: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"benchmarks/{name}.py", description=question)
+    p.add_argument("--seed", type=int, default=0, help="seed of every random choice")
+    p.add_argument("--quick", action="store_true", help="a short run (CI-sized)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON record")
+    return p
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        return out + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine() -> dict[str, Any]:
+    return {"platform": platform.platform(), "python": platform.python_version(),
+            "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()}
+
+
+def write(name: str, args: argparse.Namespace, config: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
+    record = {
+        "benchmark": name, "seed": args.seed, "quick": args.quick,
+        "commit": commit(), "machine": machine(), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config": config, "results": results,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.json").write_text(json.dumps(record, indent=2, default=float) + "\n")
+    print(json.dumps(record, default=float), flush=True)
+    return record
