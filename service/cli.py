@@ -1,0 +1,311 @@
+"""The ``slicesched`` command.
+
+Every subcommand maps domain errors to one line on stderr and a non-zero exit code (2: bad
+input, 3: Neo4j unavailable); no traceback reaches the user for an expected failure. Heavy
+imports (torch, neo4j) happen inside the subcommands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+EXIT_BAD_INPUT = 2
+EXIT_UNAVAILABLE = 3
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+# ---- output --------------------------------------------------------------------------------------
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(soft_wrap=False, width=max(100, Console().width))
+
+
+def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str | None = None) -> None:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for c in columns:
+        table.add_column(str(c), overflow="fold")
+    for r in rows:
+        table.add_row(*(_fmt(v) for v in r))
+    _console().print(table)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e6 else f"{value:.3e}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _si(value) if abs(value) >= 10_000_000 else f"{value:,}"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def _si(value: float) -> str:
+    """1234567890 -> '1.23G': big counts (FLOPs, bytes) stay readable in narrow tables."""
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:,}"
+
+
+def _parse_params(pairs: Sequence[str]) -> dict[str, Any]:
+    from service.domain.error import InvalidInputError
+
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise InvalidInputError(f"--param expects KEY=VALUE, got {pair!r}")
+        try:
+            params[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            params[key] = raw
+    return params
+
+
+def _repository() -> Any:
+    from service.graph.connection import Neo4jSettings, open_driver
+    from service.graph.repository import GraphRepository
+
+    settings = Neo4jSettings.from_env()
+    repo = GraphRepository(open_driver(settings), database=settings.database)
+    repo.apply_schema()
+    return repo
+
+
+# ---- neo4j ---------------------------------------------------------------------------------------
+def cmd_neo4j(args: argparse.Namespace) -> int:
+    from service.graph.connection import Neo4jSettings
+    from service.graph.local_server import LocalNeo4j
+
+    settings = Neo4jSettings.from_env()
+    if not settings.managed:
+        print(f"SLICESCHED_NEO4J_URI is set ({settings.uri}): the managed server is not used.", file=sys.stderr)
+        return EXIT_BAD_INPUT if args.action != "status" else 0
+    server = LocalNeo4j(Path(args.state_dir) if args.state_dir else settings.state_dir)
+    if args.action == "start":
+        info = server.start()
+        print(f"running  {info.uri}  Neo4j {server.server_version(info)}  pid {info.pid}  state {info.state_dir}")
+        return 0
+    if args.action == "stop":
+        print("stopped" if server.stop() else "not running")
+        return 0
+    info = server.status()
+    if info is None:
+        print(f"not running (state dir {server.state_dir})")
+        return 1
+    print(f"running  {info.uri}  Neo4j {server.server_version(info)}  pid {info.pid}  state {info.state_dir}")
+    return 0
+
+
+# ---- cluster -------------------------------------------------------------------------------------
+def cmd_cluster_apply(args: argparse.Namespace) -> int:
+    from service.cluster.spec import load_cluster_spec
+
+    spec = load_cluster_spec(args.spec)
+    counts = _repository().apply_cluster(spec)
+    print(f"applied {spec.name}: {counts['hosts']} hosts, {counts['devices']} devices, {counts['links']} directed links")
+    return 0
+
+
+def cmd_cluster_list(args: argparse.Namespace) -> int:
+    from service.cluster.spec import builtin_names, load_cluster_spec
+
+    rows = []
+    for name in builtin_names():
+        spec = load_cluster_spec(name)
+        kinds = sorted({d.kind for d in spec.devices})
+        rows.append([name, len(spec.hosts), len(spec.devices), ", ".join(kinds), spec.total_mem_bytes / 2**30])
+    print_table(["spec", "hosts", "devices", "kinds", "mem_gib"], rows, title="built-in cluster specs")
+    return 0
+
+
+# ---- models --------------------------------------------------------------------------------------
+def cmd_model_list(args: argparse.Namespace) -> int:
+    from service.models.family import MODEL_CONFIGS
+
+    rows = [[c.name, c.style, c.num_params(), c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.dtype,
+             "shape-only" if c.shape_only else "runs on CPU"] for c in MODEL_CONFIGS.values()]
+    print_table(["model", "style", "params", "layers", "d_model", "heads", "kv_heads", "dtype", ""], rows,
+                title="built-in model family")
+    return 0
+
+
+def _trace(args: argparse.Namespace) -> Any:
+    from service.models.family import model_config
+    from service.models.trace import trace_phase
+
+    overrides = {"n_layers": args.layers} if args.layers else {}
+    config = model_config(args.name, **overrides)
+    return trace_phase(config, args.phase, batch=args.batch, tokens=args.tokens, context=args.context)
+
+
+def cmd_model_import(args: argparse.Namespace) -> int:
+    from service.domain.error import InvalidInputError
+    from service.domain.opgraph import OperatorGraph
+
+    if args.graph:
+        try:
+            data = json.loads(Path(args.graph).read_text())
+        except OSError as exc:
+            raise InvalidInputError(f"cannot read {args.graph}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise InvalidInputError(f"{args.graph}: not valid JSON: {exc}") from None
+        graph = OperatorGraph.from_dict(data)
+        model_id = args.model_id or graph.model_name
+    else:
+        if not args.name:
+            raise InvalidInputError("name a built-in model (see 'slicesched model list') or pass --graph FILE")
+        graph = _trace(args)
+        model_id = args.model_id or args.name
+    stats = _repository().import_model(args.tenant, model_id, graph, device_id=args.device)
+    print(f"imported {stats.model_uid} {stats.phase}: {stats.operators} operators, {stats.tensors} tensors, "
+          f"{stats.edges} edges in {stats.seconds:.2f}s"
+          + (f"; weights resident on {args.device}" if args.device else ""))
+    return 0
+
+
+def cmd_model_export(args: argparse.Namespace) -> int:
+    graph = _trace(args)
+    text = json.dumps(graph.to_dict(), indent=1)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}: {len(graph.operators)} operators, {len(graph.tensors)} tensors")
+    else:
+        print(text)
+    return 0
+
+
+# ---- cypher --------------------------------------------------------------------------------------
+def cmd_cypher(args: argparse.Namespace) -> int:
+    from service.domain.error import InvalidInputError
+
+    if args.list:
+        from service.graph.catalog import QueryCatalog
+
+        queries = sorted(QueryCatalog.load().by_category("inspect"), key=lambda q: q.name)
+        print_table(["name", "parameters", "what it shows"],
+                    [[q.name, ", ".join(q.params), q.description] for q in queries], title="named inspection queries")
+        return 0
+    params = _parse_params(args.param)
+    repo = _repository()
+    if args.named:
+        table = repo.run_named(args.named, params)
+        title = args.named
+    elif args.query:
+        table = repo.run_read(args.query, params)
+        title = None
+    else:
+        raise InvalidInputError("give a query, --named NAME or --list")
+    if args.json:
+        print(json.dumps([dict(zip(table.columns, r, strict=True)) for r in table.rows], default=str))
+    else:
+        print_table(table.columns, table.rows, title=title)
+        print(f"{len(table.rows)} row(s)")
+    return 0
+
+
+# ---- demo ----------------------------------------------------------------------------------------
+def cmd_demo(args: argparse.Namespace) -> int:
+    from service.demo import run_demo
+
+    return run_demo(args)
+
+
+# ---- parser --------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="slicesched", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    neo = sub.add_parser("neo4j", help="manage the local Neo4j server (jars from Maven Central, Java 17)")
+    neo.add_argument("action", choices=["start", "stop", "status"])
+    neo.add_argument("--state-dir", help="server state dir (default: $SLICESCHED_STATE/neo4j or ~/.local/state/slicesched/neo4j)")
+    neo.set_defaults(func=cmd_neo4j)
+
+    cl = sub.add_parser("cluster", help="register devices and links").add_subparsers(dest="action", required=True)
+    ap = cl.add_parser("apply", help="register the hosts, devices and links of a spec")
+    ap.add_argument("spec", help="built-in spec name (see 'cluster list') or a YAML/JSON file")
+    ap.set_defaults(func=cmd_cluster_apply)
+    cl.add_parser("list", help="list built-in specs").set_defaults(func=cmd_cluster_list)
+
+    mo = sub.add_parser("model", help="trace models into the GMG").add_subparsers(dest="action", required=True)
+    mo.add_parser("list", help="list the built-in model family").set_defaults(func=cmd_model_list)
+    for action, helptext in (("import", "trace a model phase (or read --graph FILE) into the GMG for a tenant"),
+                             ("export", "trace a model phase and print its operator graph as JSON")):
+        m = mo.add_parser(action, help=helptext)
+        m.add_argument("name", nargs="?" if action == "import" else None, help="built-in model (see 'model list')")
+        m.add_argument("--phase", choices=["prefill", "decode"], default="prefill")
+        m.add_argument("--batch", type=int, default=1, help="sequences in the batch")
+        m.add_argument("--tokens", type=int, default=128, help="prefill: tokens per sequence")
+        m.add_argument("--context", type=int, default=512, help="decode: tokens already in the KV cache")
+        m.add_argument("--layers", type=int, help="override the number of layers")
+        if action == "import":
+            m.add_argument("--tenant", required=True, help="tenant id (created if new)")
+            m.add_argument("--model-id", help="the tenant's name for this model (default: the model name)")
+            m.add_argument("--device", help="make the weights resident on this device")
+            m.add_argument("--graph", help="import an operator-graph JSON file instead of tracing")
+            m.set_defaults(func=cmd_model_import)
+        else:
+            m.add_argument("-o", "--output", help="write to this file instead of stdout")
+            m.set_defaults(func=cmd_model_export)
+
+    cy = sub.add_parser("cypher", help="run a read-only Cypher query or a named inspection query")
+    cy.add_argument("query", nargs="?", help="Cypher text (read-only: a write is refused)")
+    cy.add_argument("--named", metavar="NAME", help="run cypher/inspect/NAME.cypher")
+    cy.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="query parameter (JSON or string)")
+    cy.add_argument("--list", action="store_true", help="list the named inspection queries")
+    cy.add_argument("--json", action="store_true", help="print rows as JSON")
+    cy.set_defaults(func=cmd_cypher)
+
+    de = sub.add_parser("demo", help="the end-to-end demo on the managed Neo4j and a synthetic workload")
+    de.add_argument("--stop", action="store_true", help="stop the managed Neo4j when the demo ends")
+    de.set_defaults(func=cmd_demo)
+
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from service.domain.error import (
+        CatalogError,
+        InvalidInputError,
+        NotFoundError,
+        ReadOnlyViolationError,
+        SliceschedError,
+    )
+
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (InvalidInputError, NotFoundError, ReadOnlyViolationError, CatalogError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SliceschedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        from neo4j.exceptions import ServiceUnavailable
+
+        if isinstance(exc, ServiceUnavailable):
+            print(f"error: Neo4j is unavailable: {exc}", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
