@@ -104,7 +104,7 @@ class QueryCatalog:
     def _walk(cls, folder: Traversable, category: str) -> Iterable[Query]:
         for entry in sorted(folder.iterdir(), key=lambda e: e.name):
             if entry.is_dir() and not entry.name.startswith(("_", ".")):
-                yield from cls._walk(entry, entry.name if not category else category)
+                yield from cls._walk(entry, category if category else entry.name)
             elif entry.name.endswith(".cypher"):
                 yield parse_query(entry.name.removesuffix(".cypher"), category or "root", entry.read_text())
 

@@ -10,6 +10,7 @@ session can run their own server side by side. The server is the stock
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -166,6 +167,10 @@ class LocalNeo4j:
             f"server.memory.pagecache.size={self.pagecache}",
             "server.memory.off_heap.max_size=256m",
             "db.transaction.timeout=120s",
+            "db.shutdown_transaction_end_timeout=1s",
+            # Netty waits a 5 s quiet period per Bolt connector on shutdown by default.
+            "internal.dbms.bolt.netty_server_shutdown_quiet_period=0",
+            "internal.dbms.bolt.netty_server_shutdown_timeout=2",
             "server.threads.worker_count=8",
             f"server.directories.data={s / 'data'}",
             f"server.directories.logs={s / 'logs'}",
@@ -255,7 +260,5 @@ class LocalNeo4j:
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass

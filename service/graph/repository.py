@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,6 @@ from service.domain.error import InvalidInputError, ReadOnlyViolationError
 from service.domain.opgraph import OperatorGraph
 from service.graph.catalog import Query, QueryCatalog
 
-BATCH_ROWS = 5000
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 
 
@@ -61,11 +60,6 @@ class Table:
     rows: list[list[Any]]
 
 
-def _chunks(rows: Sequence[Any], size: int = BATCH_ROWS) -> Iterator[Sequence[Any]]:
-    for i in range(0, len(rows), size):
-        yield rows[i:i + size]
-
-
 def _plain(value: Any) -> Any:
     """Neo4j values to plain Python for printing and JSON."""
     if isinstance(value, neo4j.graph.Node):
@@ -86,8 +80,7 @@ def _plain(value: Any) -> Any:
 class GraphRepository:
     REQUIRED = (
         "constraints", "indexes", "upsert_tenant", "upsert_model", "delete_model_phase",
-        "create_operators", "merge_tensors", "create_precedes", "create_reads", "create_writes",
-        "place_weights", "upsert_hosts", "upsert_devices", "replace_links", "delete_stale_devices",
+        "create_model_phase", "place_weights", "upsert_hosts", "upsert_devices", "replace_links", "delete_stale_devices",
         "delete_tenant", "model_summary", "list_devices", "count_labels",
     )
 
@@ -140,28 +133,28 @@ class GraphRepository:
         """
         graph.validate()
         uid = model_uid(tenant_id, model_id)
-        op_uid = {op.op_id: f"{uid}/{graph.phase}/{op.op_id}" for op in graph.operators}
-
-        def tensor_uid(tid: str) -> str:
-            kind = graph.tensors[tid].kind
-            return f"{uid}/{tid}" if kind == "weight" else f"{uid}/{graph.phase}/{tid}"
-
+        phase = graph.phase
+        ordered_tensors = sorted(graph.tensors.values(), key=lambda t: t.kind != "weight")
+        position = {t.tensor_id: i for i, t in enumerate(ordered_tensors)}
+        op_position = {op.op_id: i for i, op in enumerate(graph.operators)}
+        tensor_rows = [
+            {"uid": f"{uid}/{t.tensor_id}" if t.kind == "weight" else f"{uid}/{phase}/{t.tensor_id}",
+             "tenant_id": tenant_id, "model_uid": uid, "phase": None if t.kind == "weight" else phase,
+             "tensor_id": t.tensor_id, "kind": t.kind, "shape": list(t.shape), "dtype": t.dtype,
+             "size_bytes": t.size_bytes}
+            for t in ordered_tensors
+        ]
+        num_weights = sum(1 for t in ordered_tensors if t.kind == "weight")
         operators = [
-            {"uid": op_uid[op.op_id], "tenant_id": tenant_id, "model_uid": uid, "phase": graph.phase,
-             "op_id": op.op_id, "index": op.index, "kind": op.kind, "target": op.target, "layer": op.layer,
+            {"uid": f"{uid}/{phase}/{op.op_id}", "tenant_id": tenant_id, "model_uid": uid, "phase": phase,
+             "op_id": op.op_id, "index": i, "kind": op.kind, "target": op.target, "layer": op.layer,
              "flops": op.flops, "bytes_read": op.bytes_read, "bytes_written": op.bytes_written,
              "workspace_bytes": op.workspace_bytes}
-            for op in graph.operators
+            for i, op in enumerate(graph.operators)
         ]
-        tensors = [
-            {"uid": tensor_uid(t.tensor_id), "tenant_id": tenant_id, "model_uid": uid,
-             "phase": None if t.kind == "weight" else graph.phase, "tensor_id": t.tensor_id,
-             "kind": t.kind, "shape": list(t.shape), "dtype": t.dtype, "size_bytes": t.size_bytes}
-            for t in graph.tensors.values()
-        ]
-        precedes = [{"src": op_uid[a], "dst": op_uid[b]} for a, b in graph.edges()]
-        reads = [{"op": op_uid[op.op_id], "tensor": tensor_uid(t)} for op in graph.operators for t in op.inputs]
-        writes = [{"op": op_uid[op.op_id], "tensor": tensor_uid(t)} for op in graph.operators for t in op.outputs]
+        precedes = [[op_position[a], op_position[b]] for a, b in graph.edges()]
+        reads = [[i, position[t]] for i, op in enumerate(graph.operators) for t in op.inputs]
+        writes = [[i, position[t]] for i, op in enumerate(graph.operators) for t in op.outputs]
         cfg = graph.config
         model_props = {
             "model_id": model_id, "name": graph.model_name, "style": cfg.get("style"),
@@ -174,14 +167,14 @@ class GraphRepository:
                 self._tx_run(tx, "upsert_tenant", tenant_id=tenant_id, props={})
             if not self._tx_run(tx, "upsert_model", tenant_id=tenant_id, uid=uid, props=model_props):
                 raise InvalidInputError(f"no tenant {tenant_id!r}: create it first", culprit=tenant_id)
-            self._tx_run(tx, "delete_model_phase", model_uid=uid, phase=graph.phase)
-            for rows in _chunks(tensors):
-                self._tx_run(tx, "merge_tensors", rows=list(rows))
-            for rows in _chunks(operators):
-                self._tx_run(tx, "create_operators", model_uid=uid, rows=list(rows))
-            for name, edges in (("create_precedes", precedes), ("create_reads", reads), ("create_writes", writes)):
-                for rows in _chunks(edges):
-                    self._tx_run(tx, name, rows=list(rows))
+            self._tx_run(tx, "delete_model_phase", model_uid=uid, phase=phase)
+            done = self._tx_run(
+                tx, "create_model_phase", model_uid=uid, weights=tensor_rows[:num_weights],
+                tensors=tensor_rows[num_weights:], operators=operators, precedes=precedes, reads=reads,
+                writes=writes,
+            )
+            if not done or not done[0]["ordered"]:
+                raise RuntimeError("create_model_phase: collected lists lost their order; nothing was written")
             if device_id is not None:
                 placed = self._tx_run(tx, "place_weights", model_uid=uid, device_id=device_id)
                 if not placed or placed[0]["placed"] == 0:
@@ -193,7 +186,7 @@ class GraphRepository:
         with self.driver.session(database=self.database) as s:
             s.execute_write(work)
         elapsed = time.perf_counter() - started
-        return ImportStats(uid, graph.phase, len(operators), len(tensors),
+        return ImportStats(uid, graph.phase, len(operators), len(tensor_rows),
                            len(precedes) + len(reads) + len(writes) + len(operators), elapsed)
 
     def place_weights(self, tenant_id: str, model_id: str, device_id: str) -> int:

@@ -105,6 +105,11 @@ def _azure_time(text: str) -> tuple[int, float]:
     return day, hours * 3600 + minutes * 60 + seconds
 
 
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 0:
+        raise InvalidInputError(f"limit must be >= 0 or None, got {limit}")
+
+
 def _open_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
@@ -123,10 +128,11 @@ def read_azure(path: str | Path, *, tenant_id: str, model: str, sla_class: str =
     returned (``None``: all). Blank lines are ignored.
     """
     path = Path(path)
+    _check_limit(limit)
     text = _open_text(path)
     rows = csv.reader(text.splitlines())
     header = next(rows, None)
-    if header is None or [h.strip() for h in header[:3]] != list(_AZURE_COLUMNS):
+    if header is None or [h.strip() for h in header] != list(_AZURE_COLUMNS):
         raise InvalidInputError(f"{path}:1: expected header {','.join(_AZURE_COLUMNS)}, got {header}",
                                 culprit=f"{path}:1")
     sink = _BadLineSink(path, skip_bad)
@@ -179,6 +185,7 @@ def read_mooncake(path: str | Path, *, tenant_id: str, model: str, sla_class: st
     ``ceil(input_length / block_tokens)`` is malformed; ``None`` skips that check.
     """
     path = Path(path)
+    _check_limit(limit)
     text = _open_text(path)
     sink = _BadLineSink(path, skip_bad)
     requests: list[RequestSpec] = []
@@ -327,6 +334,9 @@ def read_servegen_clients(folder: str | Path) -> list[ClientStats]:
         length_windows = _read_length_windows(dataset_path)
         length_window_s = (length_windows[1].start_s - length_windows[0].start_s if len(length_windows) > 1
                            else _SERVEGEN_LENGTH_WINDOW_S)
-        clients.append(ClientStats(f"chunk-{number}", folder.name, window_s, rate_windows,
-                                   length_window_s, length_windows))
+        try:
+            clients.append(ClientStats(f"chunk-{number}", folder.name, window_s, rate_windows,
+                                       length_window_s, length_windows))
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"{trace_path}: {exc}", culprit=str(trace_path)) from None
     return clients

@@ -154,7 +154,7 @@ def test_inspection_errors_are_clear(repo: GraphRepository) -> None:
     with pytest.raises(InvalidInputError, match="syntax"):
         repo.run_read("MATCH (n RETURN n")
     with pytest.raises(InvalidInputError, match="not an inspection query"):
-        repo.run_named("create_operators", {"model_uid": "x", "rows": []})
+        repo.run_named("upsert_hosts", {"cluster": "x", "rows": []})
 
 
 def run_cli(neo4j_uri: str, *args: str) -> subprocess.CompletedProcess[str]:

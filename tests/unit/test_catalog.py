@@ -17,7 +17,7 @@ def test_the_shipped_catalog_is_complete_and_declares_its_parameters() -> None:
     inspect = {q.name for q in catalog.by_category("inspect")}
     assert {"devices_headroom", "shared_devices", "dependency_chain", "heaviest_operators"} <= inspect
     assert all(q.description for q in catalog.by_category("inspect"))
-    assert catalog.get("create_operators").params == ("model_uid", "rows")
+    assert catalog.get("upsert_devices").params == ("cluster", "rows")
     assert len(catalog.get("constraints").statements) >= 6
 
 

@@ -1,0 +1,68 @@
+"""How accurate are the roofline, profile-table and GNN cost models on held-out measurements?
+
+Vidur MLP-layer timings, split by model and by device (see ``learned/evaluate.py`` for the
+splits), plus a fresh CPU profile of the model family's operators (25 % of rows held out).
+Reports MAPE of the median and p90/p99 coverage per model per split.
+Targets: GNN MAPE <= 8 % and below both baselines on Vidur; <= 10 % on the CPU profile;
+GNN p90 coverage in 85-95 %.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._record import SHARED_DATA, parser, write
+from executor.profiler import Sweep, profile_cpu
+from learned.evaluate import SPLITS, evaluate_all
+from learned.gnn import GnnConfig
+from learned.profile import ProfileStore
+
+NAME = "cost_model_accuracy"
+
+
+def main() -> None:
+    p = parser(NAME, __doc__.splitlines()[0])
+    p.add_argument("--epochs", type=int, default=None, help="GNN epochs on Vidur splits")
+    args = p.parse_args()
+    started = time.perf_counter()
+    vidur_config = GnnConfig(epochs=args.epochs or (4 if args.quick else 40), seed=args.seed)
+    cpu_config = replace(vidur_config, epochs=60 if args.quick else 300, batch_graphs=32)
+    splits = ("model", "device-a40") if args.quick else SPLITS
+    max_train = 6000 if args.quick else None
+
+    results = evaluate_all(SHARED_DATA, splits, vidur_config, max_train_samples=max_train)
+    sweep = Sweep.quick() if args.quick else Sweep.full()
+    print(f"profiling the CPU ({'quick' if args.quick else 'full'} sweep) ...", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        profile = ProfileStore(Path(tmp) / "cpu.csv").save(profile_cpu(sweep, threads=1, seed=args.seed))
+        results.update(evaluate_all(SHARED_DATA, [], cpu_config, profile=profile))
+
+    summary: dict[str, dict[str, float]] = {}
+    for split, r in results.items():
+        summary[split] = {f"{m}_mape_pct": round(s["mape_pct"], 2) for m, s in r["models"].items()}
+        summary[split]["gnn_p90_coverage"] = round(r["models"]["gnn"]["p90_coverage"], 3)
+    vidur = [s for s in results if s != "cpu"]
+    gnn = {s: results[s]["models"]["gnn"] for s in results}
+    targets = {
+        "vidur_gnn_mape_le_8": all(gnn[s]["mape_pct"] <= 8 for s in vidur),
+        "vidur_gnn_beats_baselines": all(
+            gnn[s]["mape_pct"] < min(results[s]["models"][m]["mape_pct"] for m in ("roofline", "table"))
+            for s in vidur),
+        "cpu_gnn_mape_le_10": gnn["cpu"]["mape_pct"] <= 10,
+        "gnn_p90_coverage_85_95": all(0.85 <= gnn[s]["p90_coverage"] <= 0.95 for s in results),
+    }
+    write(NAME, args, {"vidur_gnn": asdict(vidur_config), "cpu_gnn": asdict(cpu_config),
+                       "splits": list(results), "max_train_samples": max_train,
+                       "cpu_sweep": asdict(sweep)},
+          {"summary": summary, "targets_met": targets, "splits": results,
+           "seconds": round(time.perf_counter() - started, 1)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""How fast does the simulator replay a production trace at iteration granularity?
+
+Replays the Azure LLM inference 2023 conversation trace (19,366 requests, ~1 h) on the
+8xA100-nvlink cluster with one llama2-7b replica per GPU (least-loaded routing), costed by the
+analytic roofline model, and reports wall time and simulated seconds per wall second.
+``--quick`` replays the first 2,000 requests.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._record import SHARED_DATA, parser, write  # noqa: E402
+from service.cluster.spec import load_cluster_spec  # noqa: E402
+from service.domain.request import RequestSpec, Workload  # noqa: E402
+from service.sim.analytic import RooflineLike  # noqa: E402
+from service.sim.cluster import ReplicaSpec, SimulatedCluster  # noqa: E402
+
+NAME = "sim_speed"
+TRACE = SHARED_DATA / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
+MODEL = "llama2-7b"
+CLUSTER = "8xA100-nvlink"
+
+
+def _seconds(stamp: str) -> float:
+    # "2023-11-16 18:15:46.6805900": 7 fractional digits, more than datetime parses.
+    whole, _, frac = stamp.partition(".")
+    return datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").timestamp() + (float("0." + frac) if frac else 0.0)
+
+
+def read_trace(path: Path, limit: int | None) -> Workload:
+    try:  # the project's reader, when it exists and has the shape this was written against
+        from service.workload.readers import read_azure  # type: ignore[import-not-found]
+        got = read_azure(path, tenant_id="azure-conv", model=MODEL, limit=limit)
+        return Workload("azure-conv", sorted(got.requests, key=lambda r: r.arrival_s))
+    except (ImportError, TypeError, AttributeError):
+        pass
+    requests: list[RequestSpec] = []
+    with path.open(newline="") as fh:
+        rows = csv.DictReader(fh)
+        t0: float | None = None
+        for i, row in enumerate(rows):
+            if limit is not None and i >= limit:
+                break
+            t = _seconds(row["TIMESTAMP"])
+            t0 = t if t0 is None else t0
+            requests.append(RequestSpec(f"conv-{i}", "azure-conv", MODEL, max(0.0, t - t0),
+                                        max(1, int(row["ContextTokens"])), max(1, int(row["GeneratedTokens"]))))
+    requests.sort(key=lambda r: r.arrival_s)
+    return Workload("azure-conv", requests)
+
+
+def main() -> None:
+    args = parser(NAME, __doc__.splitlines()[0]).parse_args()
+    workload = read_trace(TRACE, 2000 if args.quick else None)
+    spec = load_cluster_spec(CLUSTER)
+    replicas = [ReplicaSpec(f"{MODEL}-{i}", MODEL, (d.device_id,)) for i, d in enumerate(spec.devices)]
+    cluster = SimulatedCluster(spec, replicas, RooflineLike(), rng=np.random.default_rng(args.seed))
+    cluster.submit(workload)
+    horizon_s = workload.duration_s
+    wall0 = time.perf_counter()
+    for k in range(1, 11):
+        cluster.run(until=horizon_s * k / 10)
+        print(f"[{NAME}] {k * 10:3d}% simulated {cluster.now_s:8.1f}s / {horizon_s:.1f}s, "
+              f"wall {time.perf_counter() - wall0:6.1f}s, events {cluster.engine.num_handled}", flush=True)
+    cluster.run()  # drain requests still in flight at the last arrival
+    wall_s = time.perf_counter() - wall0
+    report = cluster.report()
+    done = [o for o in report.requests if not o.dropped]
+    tables = [cluster._replicas[r].table for r in cluster.replica_ids]  # noqa: SLF001
+    num_iterations = sum(d.num_slices for d in report.devices.values())
+    results = {
+        "wall_s": wall_s,
+        "simulated_s": report.makespan_s,
+        "simulated_s_per_wall_s": report.makespan_s / wall_s,
+        "num_requests": workload.num_requests,
+        "num_finished": len(done),
+        "num_events": report.num_events,
+        "num_iterations": num_iterations,
+        "iterations_per_wall_s": num_iterations / wall_s,
+        "cost_lookups": sum(t.num_queries for t in tables),
+        "cost_model_calls": sum(t.num_misses for t in tables),
+        "sla_attainment": report.sla_attainment,
+        "ttft_p50_s": float(np.median([o.ttft_s for o in done])),
+        "ttft_p99_s": float(np.percentile([o.ttft_s for o in done], 99)),
+        "tbt_max_p99_s": float(np.percentile([o.tbt_max_s for o in done], 99)),
+        "mean_utilisation": float(np.mean([d.utilisation for d in report.devices.values()])),
+        "peak_mem_bytes_max": max(d.peak_mem_bytes for d in report.devices.values()),
+        "num_memory_violations": len(report.violations),
+    }
+    config = {"trace": str(TRACE.name), "cluster": CLUSTER, "model": MODEL,
+              "replicas": "one per GPU (8), least-loaded routing", "cost_model": "RooflineLike",
+              "max_batched_tokens": replicas[0].max_batched_tokens, "max_num_seqs": replicas[0].max_num_seqs}
+    write(NAME, args, config, results)
+
+
+if __name__ == "__main__":
+    main()

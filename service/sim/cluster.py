@@ -1,0 +1,677 @@
+"""A simulated cluster at iteration granularity: continuous-batching replicas, placed slices,
+links and a memory ledger, driven by the event engine.
+
+Pure: no wall clock, no I/O; the only randomness is the injected ``numpy.random.Generator``
+(router tie-breaks). Same inputs and seed give the same event log.
+
+Replicas and batching
+    A replica is a model on one or more devices (tensor parallel: compute divided by the
+    number of devices plus two ring all-reduces per layer over their link, see
+    :class:`~service.sim.iteration.IterationCostTable`). Each iteration batches every running
+    decode (one token each) and then prompt chunks (chunked prefill) up to
+    ``max_batched_tokens``: first the partially prefilled requests in admission order, then
+    waiting requests in arrival order. A waiting request is admitted when its prompt's KV (plus
+    one token) fits under the device limit minus a watermark; if the head of the queue does not
+    fit, admission stops (FIFO, no overtaking, no preemption); admission also keeps room for
+    the activations of a full iteration (``max_batched_tokens`` tokens). The iteration that finishes a
+    prompt emits its first token; every later iteration emits one more. Iterations of a busy
+    replica run back to back; one event per iteration per replica, never per token.
+
+Memory
+    Weights are allocated at construction (``InvalidInputError`` if they do not fit). KV of a
+    replica is one growing allocation per device (``kv_cache``, owner ``<replica>/kv``): prompt
+    plus one at admission, one token per decoding request per iteration (forced growth: an
+    overflow is recorded as a violation, never absorbed), released at completion. Live
+    activations of an iteration are allocated for its duration. Placed slices hold
+    ``resident_bytes`` from commit to finish and their input bytes as a transfer buffer.
+
+Links
+    A directed link serialises transfers first-come first-served: a transfer starts when the
+    link is free, occupies it for ``bytes / bandwidth`` and arrives ``latency`` later
+    (propagation overlaps the next transfer's wire time). Chosen over fair sharing because a
+    committed transfer's arrival time never changes afterwards, which the what-if needs.
+
+Devices
+    A device runs one slice at a time. Placed slices reserve a window; a replica iteration
+    starts at the earliest time all its devices are free for its whole duration (it waits
+    behind a reservation rather than overlapping it).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.core.cost import CostModel, OpFeatures
+from service.core.memory import Allocation, MemoryLedger
+from service.domain.cluster import ClusterSpec, Device
+from service.domain.error import InvalidInputError
+from service.domain.request import RequestSpec, Workload
+from service.models.family import MODEL_CONFIGS, ModelConfig
+from service.sim.engine import (
+    Engine,
+    Event,
+    IterationFinished,
+    RequestArrived,
+    SliceFinished,
+    StepRequested,
+    TransferFinished,
+)
+from service.sim.iteration import (
+    IterationCostTable,
+    activation_bytes_per_token,
+    kv_bytes_per_token,
+    weight_bytes,
+)
+from service.sim.report import MetricsCollector, RequestOutcome, SimObserver, SimReport
+from service.sim.sla import SLA_CLASSES, SlaClass
+
+__all__ = [
+    "SLA_CLASSES", "Placement", "ReplicaSpec", "SimulatedCluster", "SlaClass", "SliceSpec",
+    "SliceTiming", "TransferTiming",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSpec:
+    replica_id: str
+    model: str  # a name in MODEL_CONFIGS
+    device_ids: tuple[str, ...]  # one device, or several for tensor parallelism
+    max_batched_tokens: int = 2048  # token budget of one iteration (a decode counts one)
+    max_num_seqs: int = 256  # admitted sequences at most (prefilling plus decoding)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceSpec:
+    """Work the scheduler places outside any replica's batching (e.g. ops of one iteration)."""
+
+    slice_id: str
+    tenant_id: str
+    ops: tuple[OpFeatures, ...]
+    resident_bytes: int = 0  # activations, workspace and any weights it holds while placed
+    input_bytes: int = 0  # bytes it needs from input_device_id before it can start
+    input_device_id: str | None = None  # None: inputs are already on the target device
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    slice_id: str
+    device_id: str
+    start_s: float  # earliest start wanted; the slice starts later if it must wait
+
+
+@dataclass(frozen=True, slots=True)
+class TransferTiming:
+    transfer_id: int
+    src: str
+    dst: str
+    size_bytes: int
+    start_s: float  # the link became free for it
+    arrival_s: float  # start + bytes / bandwidth + latency
+
+
+@dataclass(frozen=True, slots=True)
+class SliceTiming:
+    slice_id: str
+    device_id: str
+    inputs_ready_s: float  # when its inputs are on the device (commit time without inputs)
+    start_s: float  # actual start: >= placement start, inputs ready and device free
+    finish_s: float
+
+
+class _Live:
+    """Mutable state of one request inside a replica."""
+
+    __slots__ = ("admitted_s", "first_iter", "first_token_s", "prefilled", "spec")
+
+    def __init__(self, spec: RequestSpec) -> None:
+        self.spec = spec
+        self.prefilled = 0
+        self.admitted_s = math.nan
+        self.first_token_s = math.nan
+        self.first_iter = -1
+
+
+class _Replica:
+    __slots__ = (
+        "act_allocs",
+        "act_bytes_per_token",
+        "busy",
+        "config",
+        "current",
+        "current_start_s",
+        "decode_context_sum",
+        "device_ids",
+        "ends",
+        "finishing",
+        "iteration",
+        "kv_allocs",
+        "kv_bytes_per_token",
+        "kv_tokens",
+        "num_decodes",
+        "prefilling",
+        "spec",
+        "step_pending",
+        "table",
+        "tp",
+        "waiting",
+    )
+
+    def clone(self) -> _Replica:
+        other = _Replica.__new__(_Replica)
+        lives: dict[int, _Live] = {}
+
+        def c(x: _Live) -> _Live:
+            got = lives.get(id(x))
+            if got is None:
+                got = lives[id(x)] = copy.copy(x)
+            return got
+
+        for name in _Replica.__slots__:
+            setattr(other, name, getattr(self, name))
+        other.waiting = deque(c(x) for x in self.waiting)
+        other.prefilling = deque(c(x) for x in self.prefilling)
+        other.finishing = {k: [c(x) for x in v] for k, v in self.finishing.items()}
+        other.current = [(c(x), n) for x, n in self.current]
+        other.ends = self.ends.copy()
+        other.kv_allocs = list(self.kv_allocs)
+        other.act_allocs = list(self.act_allocs)
+        return other
+
+
+@dataclass(slots=True)
+class _PlacedSlice:
+    spec: SliceSpec
+    timing: SliceTiming
+    allocs: list[Allocation]
+
+
+Router = Callable[[RequestSpec, Sequence[str], "SimulatedCluster"], str]
+
+
+class SimulatedCluster:
+    """The cluster under simulation. Construct, :meth:`submit` requests, :meth:`run`, then
+    :meth:`report`. The scheduler may :meth:`commit` slices at the current time between runs.
+
+    ``router(request, replica_ids, cluster) -> replica_id`` picks among the replicas of the
+    request's model; the default sends it to the one with the fewest requests in it, ties
+    broken by ``rng``.
+    """
+
+    def __init__(self, spec: ClusterSpec, replicas: Sequence[ReplicaSpec], cost_model: CostModel, *,
+                 rng: np.random.Generator, sla_classes: dict[str, SlaClass] | None = None,
+                 margin_fraction: float = 0.05, kv_watermark_fraction: float = 0.01,
+                 record_log: bool = False, router: Router | None = None,
+                 observers: Iterable[SimObserver] = (),
+                 model_configs: dict[str, ModelConfig] | None = None) -> None:
+        self.spec = spec
+        self.cost_model = cost_model
+        self.rng = rng
+        self.sla_classes = dict(sla_classes or SLA_CLASSES)
+        self.kv_watermark_fraction = kv_watermark_fraction
+        self.router = router
+        self._devices: dict[str, Device] = {d.device_id: d for d in spec.devices}
+        self.ledger = MemoryLedger({d.device_id: d.mem_bytes for d in spec.devices},
+                                   margin_fraction=margin_fraction)
+        self.engine = Engine(record_log=record_log)
+        self.metrics = MetricsCollector(list(self._devices))
+        self._observers: list[SimObserver] = [self.metrics, *observers]
+        self._free_at: dict[str, float] = dict.fromkeys(self._devices, 0.0)
+        self._reserved: dict[str, list[tuple[float, float, str]]] = {d: [] for d in self._devices}
+        self._link_free_at: dict[tuple[str, str], float] = {}
+        self._slices: dict[str, _PlacedSlice] = {}
+        self._transfers: dict[int, TransferTiming] = {}
+        self._next_transfer_id = 0
+        self._transfer_buffers: dict[int, Allocation] = {}
+        self._replicas: dict[str, _Replica] = {}
+        self._by_model: dict[str, list[str]] = {}
+        self._by_device: dict[str, list[str]] = {d: [] for d in self._devices}
+        configs = model_configs or MODEL_CONFIGS
+        for rs in replicas:
+            self._add_replica(rs, configs)
+        self._wire()
+
+    # ---- construction -------------------------------------------------------------------
+    def _add_replica(self, rs: ReplicaSpec, configs: dict[str, ModelConfig]) -> None:
+        if rs.replica_id in self._replicas:
+            raise InvalidInputError(f"duplicate replica id {rs.replica_id!r}", culprit=rs.replica_id)
+        if rs.model not in configs:
+            raise InvalidInputError(f"replica {rs.replica_id}: unknown model {rs.model!r}", culprit=rs.model)
+        if not rs.device_ids or len(set(rs.device_ids)) != len(rs.device_ids):
+            raise InvalidInputError(f"replica {rs.replica_id}: needs distinct device ids", culprit=rs.replica_id)
+        for d in rs.device_ids:
+            if d not in self._devices:
+                raise InvalidInputError(f"replica {rs.replica_id}: unknown device {d!r}", culprit=d)
+        config = configs[rs.model]
+        tp = len(rs.device_ids)
+        link = self.spec.link(rs.device_ids[0], rs.device_ids[1]) if tp > 1 else None
+        if tp > 1 and link is None:
+            raise InvalidInputError(f"replica {rs.replica_id}: no link between its devices", culprit=rs.replica_id)
+        r = _Replica()
+        r.spec, r.config, r.device_ids, r.tp = rs, config, rs.device_ids, tp
+        r.table = IterationCostTable(config, self.cost_model, self._devices[rs.device_ids[0]],
+                                     tp_degree=tp, link=link)
+        r.kv_bytes_per_token = kv_bytes_per_token(config) / tp
+        r.act_bytes_per_token = activation_bytes_per_token(config) / tp
+        r.waiting, r.prefilling, r.finishing, r.current = deque(), deque(), {}, []
+        r.num_decodes = r.decode_context_sum = r.iteration = r.kv_tokens = 0
+        r.busy = r.step_pending = False
+        r.ends = np.zeros(1024)
+        r.current_start_s = 0.0
+        per_device_weights = -(-weight_bytes(config) // tp)
+        r.kv_allocs, r.act_allocs = [], []
+        for d in rs.device_ids:
+            got = self.ledger.allocate(d, "weights", f"{rs.replica_id}/weights", per_device_weights)
+            if got is None:
+                raise InvalidInputError(
+                    f"replica {rs.replica_id}: {per_device_weights} weight bytes do not fit on {d}", culprit=d)
+            kv = self.ledger.allocate(d, "kv_cache", f"{rs.replica_id}/kv", 0)
+            assert kv is not None
+            r.kv_allocs.append(kv)
+            self._by_device[d].append(rs.replica_id)
+        self._replicas[rs.replica_id] = r
+        self._by_model.setdefault(rs.model, []).append(rs.replica_id)
+
+    def _wire(self) -> None:
+        e = self.engine
+        e.on(RequestArrived, self._on_request_arrived)
+        e.on(StepRequested, self._on_step_requested)
+        e.on(IterationFinished, self._on_iteration_finished)
+        e.on(SliceFinished, self._on_slice_finished)
+        e.on(TransferFinished, self._on_transfer_finished)
+
+    # ---- public surface -----------------------------------------------------------------
+    @property
+    def now_s(self) -> float:
+        return self.engine.now_s
+
+    @property
+    def replica_ids(self) -> list[str]:
+        return list(self._replicas)
+
+    def replica_spec(self, replica_id: str) -> ReplicaSpec:
+        return self._replicas[replica_id].spec
+
+    def replica_load(self, replica_id: str) -> int:
+        """Requests routed to the replica and not finished (waiting, prefilling, decoding)."""
+        r = self._replicas[replica_id]
+        return len(r.waiting) + len(r.prefilling) + r.num_decodes
+
+    def device_free_at_s(self, device_id: str) -> float:
+        """End of the work committed on the device so far, placed-slice reservations included."""
+        res = self._reserved[device_id]
+        return max(self._free_at[device_id], res[-1][1] if res else 0.0)
+
+    def reservations(self, device_id: str) -> list[tuple[float, float, str]]:
+        """Future windows ``(start_s, end_s, slice_id)`` of placed slices on the device."""
+        return list(self._reserved[device_id])
+
+    def submit(self, requests: Workload | Iterable[RequestSpec]) -> None:
+        """Schedule the arrivals (each at its ``arrival_s``, which must not be in the past)."""
+        reqs = requests.requests if isinstance(requests, Workload) else requests
+        for req in reqs:
+            self.engine.schedule(RequestArrived(time_s=req.arrival_s, request=req))
+
+    def run(self, until: float | None = None) -> None:
+        self.engine.run(until)
+
+    def report(self) -> SimReport:
+        peaks = {d: self.ledger.peak_bytes(d) for d in self._devices}
+        return self.metrics.report(makespan_s=self.engine.now_s, num_events=self.engine.num_handled,
+                                   peak_mem_bytes=peaks, violations=self.ledger.violations)
+
+    def slice_duration_s(self, ops: Sequence[OpFeatures], device_id: str) -> float:
+        return self.cost_model.predict(ops, self._devices[device_id]).p50_s
+
+    def commit(self, slice_spec: SliceSpec, placement: Placement) -> SliceTiming:
+        """Place a slice now: move its inputs (FIFO on the link), hold its memory (forced:
+        a violation is recorded if it does not fit) and reserve its device window."""
+        now = self.engine.now_s
+        dev = placement.device_id
+        if slice_spec.slice_id in self._slices:
+            raise InvalidInputError(f"slice {slice_spec.slice_id!r} already placed", culprit=slice_spec.slice_id)
+        if dev not in self._devices:
+            raise InvalidInputError(f"unknown device {dev!r}", culprit=dev)
+        allocs = [self.ledger.overflow(dev, "activation", slice_spec.slice_id, slice_spec.resident_bytes, at_s=now)]
+        ready = now
+        if slice_spec.input_bytes and slice_spec.input_device_id not in (None, dev):
+            assert slice_spec.input_device_id is not None
+            tt = self.transfer(slice_spec.input_device_id, dev, slice_spec.input_bytes)
+            ready = tt.arrival_s
+            allocs.append(self._transfer_buffers.pop(tt.transfer_id))
+        duration = self.slice_duration_s(slice_spec.ops, dev)
+        start = self._earliest_window([dev], max(placement.start_s, ready, now), duration)
+        timing = SliceTiming(slice_spec.slice_id, dev, ready, start, start + duration)
+        self._reserved[dev].append((start, start + duration, slice_spec.slice_id))
+        self._reserved[dev].sort()
+        self._slices[slice_spec.slice_id] = _PlacedSlice(slice_spec, timing, allocs)
+        self.engine.schedule(SliceFinished(time_s=timing.finish_s, slice_id=slice_spec.slice_id))
+        return timing
+
+    def transfer(self, src: str, dst: str, size_bytes: int) -> TransferTiming:
+        """Send ``size_bytes`` from ``src`` to ``dst`` now (FIFO on the directed link); the
+        destination holds a transfer buffer until the consumer frees it."""
+        link = self.spec.link(src, dst)
+        if link is None:
+            raise InvalidInputError(f"no link from {src} to {dst}", culprit=f"{src}->{dst}")
+        now = self.engine.now_s
+        start = max(now, self._link_free_at.get((src, dst), 0.0))
+        wire_s = size_bytes / link.bytes_per_s
+        self._link_free_at[(src, dst)] = start + wire_s
+        tid = self._next_transfer_id
+        self._next_transfer_id += 1
+        timing = TransferTiming(tid, src, dst, size_bytes, start, start + wire_s + link.latency_us * 1e-6)
+        self._transfers[tid] = timing
+        self._transfer_buffers[tid] = self.ledger.overflow(dst, "transfer_buffer", f"transfer/{tid}",
+                                                           size_bytes, at_s=now)
+        self.engine.schedule(TransferFinished(time_s=timing.arrival_s, transfer_id=tid))
+        return timing
+
+    def transfer_timing(self, transfer_id: int) -> TransferTiming:
+        return self._transfers[transfer_id]
+
+    def slice_timing(self, slice_id: str) -> SliceTiming:
+        return self._slices[slice_id].timing
+
+    # ---- handlers -----------------------------------------------------------------------
+    def _on_request_arrived(self, ev: RequestArrived) -> list[Event]:
+        req = ev.request
+        candidates = self._by_model.get(req.model, [])
+        if candidates and not self._fits_ever(req, candidates):
+            candidates = []
+        if not candidates:
+            self._notify_finished(self._dropped(req))
+            return []
+        rid = self._route(req, candidates)
+        r = self._replicas[rid]
+        r.waiting.append(_Live(req))
+        if r.busy or r.step_pending:
+            return []
+        r.step_pending = True
+        return [StepRequested(time_s=ev.time_s, replica_id=rid)]
+
+    def _on_step_requested(self, ev: StepRequested) -> list[Event]:
+        r = self._replicas[ev.replica_id]
+        r.step_pending = False
+        if r.busy:
+            return []
+        return self._start_iteration(r, ev.time_s)
+
+    def _on_iteration_finished(self, ev: IterationFinished) -> list[Event]:
+        now = ev.time_s
+        r = self._replicas[ev.replica_id]
+        j = r.iteration
+        ledger = self.ledger
+        for a in r.act_allocs:
+            ledger.free(a)
+        r.act_allocs = []
+        for d in r.device_ids:
+            for obs in self._observers:
+                obs.slice_executed(d, r.current_start_s, now, r.spec.replica_id)
+        if j >= len(r.ends):
+            r.ends = np.concatenate([r.ends, np.zeros(len(r.ends))])
+        r.ends[j] = now
+        # Every running decode produced one token; its next step sees one more cached token.
+        kv_delta = r.num_decodes
+        r.decode_context_sum += r.num_decodes
+        for live in r.finishing.pop(j, ()):
+            spec = live.spec
+            r.num_decodes -= 1
+            r.decode_context_sum -= spec.prompt_tokens + spec.output_tokens - 1
+            kv_delta -= spec.prompt_tokens + spec.output_tokens
+            self._notify_finished(self._outcome(r, live, now))
+        prefilling = r.prefilling
+        for live, n in r.current:
+            live.prefilled += n
+            if live.prefilled < live.spec.prompt_tokens:
+                continue
+            prefilling.popleft()  # completed prompts form a prefix of the admission order
+            live.first_token_s = now
+            live.first_iter = j
+            spec = live.spec
+            if spec.output_tokens == 1:
+                kv_delta -= spec.prompt_tokens + 1
+                self._notify_finished(self._outcome(r, live, now))
+            else:
+                r.num_decodes += 1
+                r.decode_context_sum += spec.prompt_tokens
+                r.finishing.setdefault(j + spec.output_tokens - 1, []).append(live)
+        r.current = []
+        if kv_delta:
+            self._resize_kv(r, r.kv_tokens + kv_delta, now, force=True)
+        r.iteration = j + 1
+        r.busy = False
+        return self._start_iteration(r, now)
+
+    def _on_slice_finished(self, ev: SliceFinished) -> list[Event]:
+        placed = self._slices[ev.slice_id]
+        dev = placed.timing.device_id
+        for a in placed.allocs:
+            self.ledger.free(a)
+        placed.allocs = []
+        self._reserved[dev] = [x for x in self._reserved[dev] if x[2] != ev.slice_id]
+        for obs in self._observers:
+            obs.slice_executed(dev, placed.timing.start_s, placed.timing.finish_s, ev.slice_id)
+        # Freed memory may let an idle replica on this device admit its queue head.
+        out: list[Event] = []
+        for rid in self._by_device[dev]:
+            r = self._replicas[rid]
+            if r.waiting and not r.busy and not r.step_pending:
+                r.step_pending = True
+                out.append(StepRequested(time_s=ev.time_s, replica_id=rid))
+        return out
+
+    def _on_transfer_finished(self, ev: TransferFinished) -> list[Event]:
+        # A transfer alone (not feeding a slice) releases its buffer on arrival.
+        buf = self._transfer_buffers.pop(ev.transfer_id, None)
+        if buf is not None:
+            self.ledger.free(buf)
+        return []
+
+    # ---- batching -----------------------------------------------------------------------
+    def _start_iteration(self, r: _Replica, now: float) -> list[Event]:
+        budget = r.spec.max_batched_tokens - r.num_decodes
+        chunks: list[tuple[_Live, int]] = []
+        p = pairs = kv_p = 0
+        for live in r.prefilling:
+            if budget <= 0:
+                break
+            cached = live.prefilled
+            n = min(budget, live.spec.prompt_tokens - cached)
+            chunks.append((live, n))
+            budget -= n
+            p += n
+            pairs += n * (cached + n)
+            kv_p += cached + n
+        num_seqs = len(r.prefilling) + r.num_decodes
+        waiting = r.waiting
+        while budget > 0 and waiting and num_seqs < r.spec.max_num_seqs:
+            live = waiting[0]
+            prompt = live.spec.prompt_tokens
+            if not self._resize_kv(r, r.kv_tokens + prompt + 1, now, force=False, watermark=True):
+                break
+            waiting.popleft()
+            live.admitted_s = now
+            r.prefilling.append(live)
+            num_seqs += 1
+            n = min(budget, prompt)
+            chunks.append((live, n))
+            budget -= n
+            p += n
+            pairs += n * n
+            kv_p += n
+        if not chunks and not r.num_decodes:
+            return []
+        duration = r.table.latency_s(p, pairs, kv_p, len(chunks), r.num_decodes, r.decode_context_sum)
+        start = self._earliest_window(r.device_ids, now, duration)
+        end = start + duration
+        act = int((p + r.num_decodes) * r.act_bytes_per_token)
+        r.act_allocs = [self.ledger.overflow(d, "activation", r.spec.replica_id, act, at_s=now)
+                        for d in r.device_ids]
+        r.current = chunks
+        r.current_start_s = start
+        r.busy = True
+        for d in r.device_ids:
+            self._free_at[d] = end
+        return [IterationFinished(time_s=end, replica_id=r.spec.replica_id, iteration=r.iteration)]
+
+    def _earliest_window(self, device_ids: Sequence[str], t: float, duration: float) -> float:
+        """Earliest start >= t at which every device is free for ``duration`` seconds."""
+        for d in device_ids:
+            if self._free_at[d] > t:
+                t = self._free_at[d]
+        moved = True
+        while moved:
+            moved = False
+            for d in device_ids:
+                for start, end, _ in self._reserved[d]:
+                    if start < t + duration and t < end:
+                        t = end
+                        moved = True
+        return t
+
+    def _resize_kv(self, r: _Replica, tokens: int, now: float, *, force: bool,
+                   watermark: bool = False) -> bool:
+        """Set the replica's KV to ``tokens`` tokens on all its devices; False (unchanged) if
+        it does not fit (under the watermark too, for admissions) and ``force`` is off."""
+        size = math.ceil(tokens * r.kv_bytes_per_token)
+        ledger = self.ledger
+        if not force:
+            for d, a in zip(r.device_ids, r.kv_allocs, strict=True):
+                # Admission keeps room for the watermark and this iteration's activations.
+                reserve = (int(self.kv_watermark_fraction * ledger.capacity_bytes(d))
+                           + int(r.spec.max_batched_tokens * r.act_bytes_per_token)) if watermark else 0
+                if size - a.size_bytes > ledger.free_bytes(d) - reserve:
+                    return False
+        r.kv_allocs = [ledger.resize(a, size, at_s=now, force=True) or a for a in r.kv_allocs]
+        r.kv_tokens = tokens
+        return True
+
+    def _fits_ever(self, req: RequestSpec, candidates: Sequence[str]) -> bool:
+        """Could the whole request's KV fit on an otherwise empty replica of its model?"""
+        for rid in candidates:
+            r = self._replicas[rid]
+            need = ((req.prompt_tokens + req.output_tokens) * r.kv_bytes_per_token
+                    + r.spec.max_batched_tokens * r.act_bytes_per_token
+                    + self.kv_watermark_fraction * self.ledger.capacity_bytes(r.device_ids[0]))
+            if all(need <= self.ledger.limit_bytes(d) - self._weights_on(r, d) for d in r.device_ids):
+                return True
+        return False
+
+    def _weights_on(self, r: _Replica, device_id: str) -> int:
+        return -(-weight_bytes(r.config) // r.tp)
+
+    def _route(self, req: RequestSpec, candidates: Sequence[str]) -> str:
+        if len(candidates) == 1:
+            return candidates[0]
+        if self.router is not None:
+            return self.router(req, candidates, self)
+        loads = [self.replica_load(c) for c in candidates]
+        least = min(loads)
+        ties = [c for c, load in zip(candidates, loads, strict=True) if load == least]
+        return ties[0] if len(ties) == 1 else ties[int(self.rng.integers(len(ties)))]
+
+    # ---- outcomes -----------------------------------------------------------------------
+    def _outcome(self, r: _Replica, live: _Live, now: float) -> RequestOutcome:
+        spec = live.spec
+        k, steps = live.first_iter, spec.output_tokens - 1
+        if steps > 0:
+            gaps = np.diff(r.ends[k:k + steps + 1])
+            tbt_mean, tbt_max = float((r.ends[k + steps] - r.ends[k]) / steps), float(gaps.max())
+        else:
+            tbt_mean = tbt_max = 0.0
+        ttft, e2e = live.first_token_s - spec.arrival_s, now - spec.arrival_s
+        sla = self.sla_classes.get(spec.sla_class) or self.sla_classes["standard"]
+        slack = sla.slack_s(ttft, tbt_max, e2e)
+        return RequestOutcome(spec.request_id, spec.tenant_id, spec.model, r.spec.replica_id, spec.sla_class,
+                              spec.arrival_s, live.admitted_s, live.first_token_s, now, spec.output_tokens,
+                              ttft, tbt_mean, tbt_max, e2e, slack, slack >= 0.0)
+
+    def _dropped(self, req: RequestSpec) -> RequestOutcome:
+        nan = math.nan
+        return RequestOutcome(req.request_id, req.tenant_id, req.model, "", req.sla_class, req.arrival_s,
+                              nan, nan, nan, 0, nan, nan, nan, nan, -math.inf, False, dropped=True)
+
+    def _notify_finished(self, outcome: RequestOutcome) -> None:
+        for obs in self._observers:
+            obs.request_finished(outcome)
+
+    # ---- what-if support ----------------------------------------------------------------
+    def affected(self, device_ids: Iterable[str]) -> tuple[set[str], set[str]]:
+        """(devices, replicas) that work on ``device_ids`` can influence: the devices plus
+        every device of a replica touching one of them, closed under that relation."""
+        devices = set(device_ids)
+        replicas: set[str] = set()
+        grew = True
+        while grew:
+            grew = False
+            for rid, r in self._replicas.items():
+                if rid not in replicas and devices.intersection(r.device_ids):
+                    replicas.add(rid)
+                    devices.update(r.device_ids)
+                    grew = True
+        return devices, replicas
+
+    def fork(self, device_ids: Iterable[str]) -> SimulatedCluster:
+        """A copy of the part of the state that ``device_ids`` can influence, at the same time.
+
+        The fork holds the affected replicas (with their queued and running requests), the
+        placed slices and pending transfers touching affected devices, a copy of the ledger
+        and the link states. Future arrivals are not carried: the fork predicts what happens
+        to the work already in the system. The original is not changed.
+        """
+        devices, replicas = self.affected(device_ids)
+        f = SimulatedCluster.__new__(SimulatedCluster)
+        f.spec, f.cost_model, f.sla_classes = self.spec, self.cost_model, self.sla_classes
+        f.rng = copy.deepcopy(self.rng)
+        f.kv_watermark_fraction, f.router = self.kv_watermark_fraction, self.router
+        f._devices = self._devices
+        f.ledger = self.ledger.copy()
+        f.ledger.reset_peaks(self.engine.now_s)
+        f.metrics = MetricsCollector(list(self._devices))
+        f._observers = [f.metrics]
+        f._free_at = dict(self._free_at)
+        f._reserved = {d: list(v) for d, v in self._reserved.items()}
+        f._link_free_at = dict(self._link_free_at)
+        f._slices = {k: _PlacedSlice(v.spec, v.timing, list(v.allocs)) for k, v in self._slices.items()
+                     if v.timing.device_id in devices}
+        f._transfers = dict(self._transfers)
+        f._next_transfer_id = self._next_transfer_id
+        f._transfer_buffers = dict(self._transfer_buffers)
+        f._replicas = {rid: r.clone() for rid, r in self._replicas.items() if rid in replicas}
+        f._by_model = {m: [x for x in ids if x in replicas] for m, ids in self._by_model.items()}
+        f._by_device = {d: [x for x in ids if x in replicas] for d, ids in self._by_device.items()}
+
+        def keep(ev: Event) -> bool:
+            if isinstance(ev, (IterationFinished, StepRequested)):
+                return ev.replica_id in replicas
+            if isinstance(ev, SliceFinished):
+                return ev.slice_id in f._slices
+            if isinstance(ev, TransferFinished):
+                return self._transfers[ev.transfer_id].dst in devices
+            return False  # arrivals: the fork predicts the work already in the system
+
+        f.engine = self.engine.fork(keep)
+        f._wire()
+        return f
+
+    def in_flight(self) -> list[tuple[str, RequestSpec]]:
+        """(replica_id, request) of every request routed to a replica and not finished."""
+        out: list[tuple[str, RequestSpec]] = []
+        for rid, r in self._replicas.items():
+            seen: set[str] = set()
+            for group in (r.prefilling, r.waiting, *r.finishing.values()):
+                for live in group:
+                    if live.spec.request_id not in seen:
+                        seen.add(live.spec.request_id)
+                        out.append((rid, live.spec))
+        return out
+
+    def kv_tokens(self, replica_id: str) -> int:
+        """KV tokens the replica holds now (for tests and the scheduler's view)."""
+        return self._replicas[replica_id].kv_tokens

@@ -1,0 +1,140 @@
+"""What-if: predictions on a fork equal what the full simulator does after committing."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from service.core.cost import OpFeatures
+from service.domain.cluster import ClusterSpec
+from service.domain.request import RequestSpec
+from service.models.family import MODEL_CONFIGS
+from service.sim.analytic import RooflineLike
+from service.sim.cluster import Placement, ReplicaSpec, SimulatedCluster, SliceSpec
+from service.sim.iteration import BatchFeatures, iteration_ops
+from service.sim.whatif import WhatIf
+
+MIB = 1024**2
+
+
+def _cluster(seed: int = 0) -> SimulatedCluster:
+    spec = ClusterSpec.from_dict({"name": "t", "hosts": [{
+        "host_id": "h", "devices": {"kind": "A100-80GB", "count": 4},
+        "intra_link": {"gbps": 800, "latency_us": 2}}]})
+    replicas = [ReplicaSpec("r0", "gpt2-small", ("h/gpu0",), max_batched_tokens=512),
+                ReplicaSpec("r1", "gpt2-small", ("h/gpu1",), max_batched_tokens=512),
+                ReplicaSpec("r23", "tiny", ("h/gpu2", "h/gpu3"))]
+    sim = SimulatedCluster(spec, replicas, RooflineLike(), rng=np.random.default_rng(seed))
+    gen = np.random.default_rng(5)
+    reqs = []
+    for i in range(30):
+        model = "tiny" if i % 3 == 2 else "gpt2-small"
+        reqs.append(RequestSpec(f"q{i}", f"tenant{i % 3}", model, float(gen.uniform(0, 0.002)),
+                                int(gen.integers(10, 600)), int(gen.integers(2, 60))))
+    sim.submit(sorted(reqs, key=lambda r: r.arrival_s))
+    sim.run(until=0.003)  # every request has arrived; many are in flight
+    return sim
+
+
+def _slice(slice_id: str, *, tokens: int = 256, resident_bytes: int = 8 * MIB, input_bytes: int = 0,
+           input_device_id: str | None = None) -> SliceSpec:
+    ops = tuple(iteration_ops(MODEL_CONFIGS["gpt2-small"], BatchFeatures.of([(tokens, 0)], [])))
+    return SliceSpec(slice_id, "tenant-x", ops, resident_bytes=resident_bytes, input_bytes=input_bytes,
+                     input_device_id=input_device_id)
+
+
+def test_prediction_equals_what_the_simulator_does_once_committed() -> None:
+    sim = _cluster()
+    now = sim.now_s
+    candidate = (_slice("s0", input_bytes=4 * MIB, input_device_id="h/gpu1"), Placement("s0", "h/gpu0", now + 1e-4))
+    in_flight = {spec.request_id for rid, spec in sim.in_flight() if rid in ("r0", "r1")}
+    assert len(in_flight) >= 5
+
+    whatif = WhatIf(sim)
+    result = whatif.evaluate([candidate])
+    untouched = whatif.evaluate([])
+    assert untouched.request_finish_s != result.request_finish_s  # the slice does change things
+
+    sim.ledger.reset_peaks(now)
+    timing = sim.commit(*candidate)
+    sim.run()
+    actual = {o.request_id: o for o in sim.report().requests}
+    assert result.affected_device_ids == ("h/gpu0", "h/gpu1")
+    assert result.slices["s0"] == timing
+    assert set(result.request_finish_s) == in_flight
+    assert {q: actual[q].finish_s for q in in_flight} == result.request_finish_s
+    for d in result.affected_device_ids:
+        assert result.device_peak_bytes[d] == sim.ledger.peak_bytes(d)
+    slack: dict[str, float] = {}
+    for q in in_flight:
+        slack[actual[q].tenant_id] = min(slack.get(actual[q].tenant_id, math.inf), actual[q].slack_s)
+    assert result.tenant_slack_s == slack
+
+
+def test_evaluate_leaves_the_cluster_untouched() -> None:
+    sim = _cluster()
+    before = (sim.now_s, sim.engine.num_handled, sorted(map(repr, sim.engine.pending())),
+              {d: sim.ledger.used_bytes(d) for d in sim.ledger.device_ids}, sim.in_flight())
+    WhatIf(sim).evaluate([(_slice("s0"), Placement("s0", "h/gpu0", sim.now_s))])
+    after = (sim.now_s, sim.engine.num_handled, sorted(map(repr, sim.engine.pending())),
+             {d: sim.ledger.used_bytes(d) for d in sim.ledger.device_ids}, sim.in_flight())
+    assert before == after
+
+
+def test_a_slice_in_a_busy_window_costs_the_tenants_on_that_device_slack() -> None:
+    sim = _cluster()
+    whatif = WhatIf(sim)
+    result = whatif.evaluate([(_slice("big", tokens=2048), Placement("big", "h/gpu0", sim.now_s))])
+    assert result.affected_device_ids == ("h/gpu0",)
+    tenants_on_r0 = {spec.tenant_id for rid, spec in sim.in_flight() if rid == "r0"}
+    assert set(result.tenant_slack_s) == tenants_on_r0 == set(result.baseline_tenant_slack_s)
+    for t in tenants_on_r0:
+        assert result.slack_delta_s(t) < 0.0
+    # The baseline is memoised for the snapshot: a second candidate reuses it.
+    again = whatif.evaluate([(_slice("small", tokens=16), Placement("small", "h/gpu0", sim.now_s))])
+    assert again.baseline_tenant_slack_s == result.baseline_tenant_slack_s
+    assert again.min_slack_s >= result.min_slack_s
+
+
+def test_a_slice_on_a_tensor_parallel_replica_resimulates_both_of_its_devices_only() -> None:
+    sim = _cluster()
+    result = WhatIf(sim).evaluate([(_slice("s"), Placement("s", "h/gpu3", sim.now_s))])
+    assert result.affected_device_ids == ("h/gpu2", "h/gpu3")
+    assert set(result.device_peak_bytes) == {"h/gpu2", "h/gpu3"}
+    assert set(result.tenant_slack_s) <= {"tenant2"}
+
+
+def test_an_overflowing_placement_is_predicted_as_a_violation() -> None:
+    sim = _cluster()
+    free = sim.ledger.free_bytes("h/gpu1")
+    result = WhatIf(sim).evaluate([(_slice("huge", resident_bytes=free + MIB), Placement("huge", "h/gpu1", sim.now_s))])
+    assert [v.device_id for v in result.violations][:1] == ["h/gpu1"]
+    assert result.device_peak_bytes["h/gpu1"] > sim.ledger.limit_bytes("h/gpu1")
+    assert not sim.ledger.violations
+
+
+def test_a_horizon_bounds_the_resimulation() -> None:
+    sim = _cluster()
+    result = WhatIf(sim, horizon_s=1e-4).evaluate([(_slice("s"), Placement("s", "h/gpu0", sim.now_s))])
+    assert result.horizon_s == pytest.approx(sim.now_s + 1e-4)
+    assert any(math.isinf(t) for t in result.request_finish_s.values())
+    assert all(t <= result.horizon_s for t in result.request_finish_s.values() if not math.isinf(t))
+
+
+def test_two_candidates_on_one_device_queue_behind_each_other() -> None:
+    sim = _cluster()
+    a, b = _slice("a"), _slice("b")
+    result = WhatIf(sim).evaluate([(a, Placement("a", "h/gpu0", sim.now_s)),
+                                   (b, Placement("b", "h/gpu0", sim.now_s))])
+    assert result.slices["b"].start_s >= result.slices["a"].finish_s
+    assert result.slices["a"].finish_s - result.slices["a"].start_s == pytest.approx(
+        sim.slice_duration_s(a.ops, "h/gpu0"))
+
+
+def test_opfeatures_of_a_slice_cost_what_the_cost_model_says() -> None:
+    sim = _cluster()
+    ops = (OpFeatures("linear", 2e12, 1e9),)
+    duration = sim.slice_duration_s(ops, "h/gpu0")
+    assert duration == pytest.approx(2e12 / (312e12 * 0.6) + 2e-6)
