@@ -100,11 +100,11 @@ def cmd_neo4j(args: argparse.Namespace) -> int:
     if args.action == "stop":
         print("stopped" if server.stop() else "not running")
         return 0
-    info = server.status()
-    if info is None:
+    found = server.status()
+    if found is None:
         print(f"not running (state dir {server.state_dir})")
         return 1
-    print(f"running  {info.uri}  Neo4j {server.server_version(info)}  pid {info.pid}  state {info.state_dir}")
+    print(f"running  {found.uri}  Neo4j {server.server_version(found)}  pid {found.pid}  state {found.state_dir}")
     return 0
 
 

@@ -166,10 +166,10 @@ class ClusterSpec:
         if network is not None and len(hosts) > 1:
             if not isinstance(network, dict):
                 raise InvalidClusterError("cluster spec: 'network' must be a mapping")
-            for a in devices:
-                for b in devices:
-                    if a.host_id < b.host_id:
-                        add_link(a.device_id, b.device_id, network, "network")
+            for left in devices:
+                for right in devices:
+                    if left.host_id < right.host_id:
+                        add_link(left.device_id, right.device_id, network, "network")
 
         known = set(ids)
         for i, raw in enumerate(data.get("links") or []):

@@ -127,19 +127,19 @@ class OperatorGraph:
                     raise InvalidGraphError(f"operator {op.op_id!r}: negative {name} ({value})", culprit=op.op_id)
             if not op.outputs:
                 raise InvalidGraphError(f"operator {op.op_id!r} writes no tensor", culprit=op.op_id)
-            for t in (*op.inputs, *op.outputs):
-                if t not in self.tensors:
+            for ref in (*op.inputs, *op.outputs):
+                if ref not in self.tensors:
                     raise InvalidGraphError(
-                        f"operator {op.op_id!r} references dangling tensor {t!r}", culprit=t
+                        f"operator {op.op_id!r} references dangling tensor {ref!r}", culprit=ref
                     )
-            for t in op.outputs:
-                if t in writer:
+            for ref in op.outputs:
+                if ref in writer:
                     raise InvalidGraphError(
-                        f"tensor {t!r} is written by both {writer[t]!r} and {op.op_id!r}", culprit=t
+                        f"tensor {ref!r} is written by both {writer[ref]!r} and {op.op_id!r}", culprit=ref
                     )
-                if self.tensors[t].kind == "weight":
-                    raise InvalidGraphError(f"operator {op.op_id!r} writes weight {t!r}", culprit=t)
-                writer[t] = op.op_id
+                if self.tensors[ref].kind == "weight":
+                    raise InvalidGraphError(f"operator {op.op_id!r} writes weight {ref!r}", culprit=ref)
+                writer[ref] = op.op_id
         for tid, t in self.tensors.items():
             if t.kind == "activation" and tid not in writer:
                 raise InvalidGraphError(f"activation {tid!r} has no producer (dangling)", culprit=tid)
@@ -214,10 +214,10 @@ class OperatorGraph:
                     inputs=tuple(str(x) for x in _field(o, "inputs", oid)),
                     outputs=tuple(str(x) for x in _field(o, "outputs", oid)),
                 ))
-            shape = {str(k): int(v) for k, v in dict(data.get("shape", {})).items()}
+            phase_shape = {str(k): int(v) for k, v in dict(data.get("shape", {})).items()}
             graph = OperatorGraph(
                 model_name=str(_field(data, "model_name", "graph")), phase=data.get("phase", "prefill"),
-                shape=shape, operators=ops, tensors=tensors, config=dict(data.get("config", {})),
+                shape=phase_shape, operators=ops, tensors=tensors, config=dict(data.get("config", {})),
             )
         except (TypeError, ValueError) as exc:
             raise InvalidGraphError(f"malformed model graph: {exc}") from exc

@@ -158,8 +158,11 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.style == "gpt2":
-            return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            hidden = F.gelu(self.up_proj(x), approximate="tanh")
+        else:
+            hidden = F.silu(self.gate_proj(x)) * self.up_proj(x)
+        out: Tensor = self.down_proj(hidden)
+        return out
 
 
 def _norm(c: ModelConfig) -> nn.Module:
@@ -204,7 +207,8 @@ class DecoderLM(nn.Module):
         if self.config.style == "gpt2":
             x = x + self.pos_embed(positions)
         else:
-            freqs = positions.unsqueeze(-1).to(torch.float32) * self.inv_freq
+            inv_freq: Tensor = self.inv_freq  # type: ignore[assignment]  # a registered buffer
+            freqs = positions.unsqueeze(-1).to(torch.float32) * inv_freq
             angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)
             rope = (angles.cos().to(x.dtype), angles.sin().to(x.dtype))
         new_kv = []

@@ -182,9 +182,9 @@ def _flops(kind: str, name: str, out: _Meta, ins: Sequence[_Meta], module: nn.Mo
         k = ins[0].shape[-1] if ins else 1
         return 2 * out.numel * k, 0
     if kind == "attention":
-        q, k = ins[0], ins[1]
+        q, key = ins[0], ins[1]
         b_h_tq = math.prod(q.shape[:-1])
-        tk, dh = k.shape[-2], q.shape[-1]
+        tk, dh = key.shape[-2], q.shape[-1]
         scores = b_h_tq * tk
         return 4 * scores * dh, scores * DTYPE_BYTES.get(q.dtype, 4)
     if kind == "norm":
@@ -255,7 +255,7 @@ def graph_from_fx(
                 continue
             source = b.alias[src]
             if node.target is operator.getitem and isinstance(source, list):
-                b.alias[node] = source[int(node.args[1])]  # type: ignore[arg-type]
+                b.alias[node] = source[int(node.args[1])]
             elif isinstance(meta, list):
                 b.alias[node] = [source] * len(meta)
             else:
@@ -263,7 +263,7 @@ def graph_from_fx(
             continue
         module = modules.get(str(node.target)) if node.op == "call_module" else None
         name = _target_name(node, module)
-        kind = _classify(name, module)
+        op_kind = _classify(name, module)
         in_ids: list[str] = []
         in_meta: list[_Meta] = []
         for a in _tensor_args(node):
@@ -291,12 +291,12 @@ def graph_from_fx(
             continue
         b.alias[node] = alias_out if isinstance(meta, list) else alias_out[0]
         first_out = outs[0] if isinstance(outs[0], _Meta) else next(m for m in outs if m)
-        flops, workspace = _flops(kind, name, first_out, in_meta, module, node)
+        flops, workspace = _flops(op_kind, name, first_out, in_meta, module, node)
         # An embedding gathers rows: it reads its indices and as many weight bytes as it writes.
-        read = (in_meta[0].size_bytes + first_out.size_bytes if kind == "embedding"
+        read = (in_meta[0].size_bytes + first_out.size_bytes if op_kind == "embedding"
                 else sum(m.size_bytes for m in in_meta))
         b.operators.append(OperatorSpec(
-            op_id=f"op{len(b.operators):05d}_{node.name}", index=len(b.operators), kind=kind,
+            op_id=f"op{len(b.operators):05d}_{node.name}", index=len(b.operators), kind=op_kind,
             target=name, layer=_layer_of(node), flops=int(flops),
             bytes_read=read,
             bytes_written=sum(b.tensors[t].size_bytes for t in out_ids),
