@@ -18,11 +18,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._record import SHARED_DATA, parser, write  # noqa: E402
-from service.cluster.spec import load_cluster_spec  # noqa: E402
-from service.domain.request import RequestSpec, Workload  # noqa: E402
-from service.sim.analytic import RooflineLike  # noqa: E402
-from service.sim.cluster import ReplicaSpec, SimulatedCluster  # noqa: E402
+from benchmarks._record import SHARED_DATA, parser, write
+from service.cluster.spec import load_cluster_spec
+from service.domain.request import RequestSpec, Workload
+from service.sim.analytic import RooflineLike
+from service.sim.cluster import ReplicaSpec, SimulatedCluster
 
 NAME = "sim_speed"
 TRACE = SHARED_DATA / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
@@ -75,7 +75,7 @@ def main() -> None:
     wall_s = time.perf_counter() - wall0
     report = cluster.report()
     done = [o for o in report.requests if not o.dropped]
-    tables = [cluster._replicas[r].table for r in cluster.replica_ids]  # noqa: SLF001
+    tables = [cluster.cost_table(r) for r in cluster.replica_ids]
     num_iterations = sum(d.num_slices for d in report.devices.values())
     results = {
         "wall_s": wall_s,

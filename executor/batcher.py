@@ -120,7 +120,7 @@ class ContinuousBatcher:
         req.admitted_s = now
         ids = torch.tensor([req.prompt], device=self.device)
         pos = torch.arange(len(req.prompt), device=self.device)[None]
-        logits, kv = self.model(ids, pos)
+        logits, kv = self.model(ids, pos, last_logits_only=True)
         slot = len(self.running)
         self.pool[:, :, slot, :, : len(req.prompt)] = kv[:, :, 0]
         self.running.append(req)
@@ -168,7 +168,7 @@ def generate_alone(model: DecoderLM, prompt: list[int], max_new_tokens: int) -> 
     """Reference: greedy generation of one request with a growing KV cache, no batching."""
     with torch.inference_mode():
         ids = torch.tensor([prompt])
-        logits, kv = model(ids, torch.arange(len(prompt))[None])
+        logits, kv = model(ids, torch.arange(len(prompt))[None], last_logits_only=True)
         tokens = [int(logits[0, -1].argmax())]
         while len(tokens) < max_new_tokens:
             pos = torch.tensor([[kv.shape[4]]])

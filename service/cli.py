@@ -215,6 +215,23 @@ def cmd_cypher(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- subsystems with their own argument parsers --------------------------------------------------
+# (command words, "module:function" taking argv, help). The words select the entry before
+# argparse sees the rest, so each subsystem parses (and documents) its own options.
+PASSTHROUGH: list[tuple[tuple[str, ...], str, str]] = [
+    (("cost-model", "train"), "learned.evaluate:train_main", "train the GNN cost model on operator profiles"),
+    (("cost-model", "evaluate"), "learned.evaluate:evaluate_main", "held-out accuracy of every cost model"),
+    (("profile",), "executor.profiler:profile_main", "time the project's operators on this CPU"),
+]
+
+
+def _passthrough(entry: str, argv: list[str]) -> int:
+    import importlib
+
+    module_name, func_name = entry.split(":")
+    return int(getattr(importlib.import_module(module_name), func_name)(argv) or 0)
+
+
 # ---- demo ----------------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
     from service.demo import run_demo
@@ -271,6 +288,14 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--stop", action="store_true", help="stop the managed Neo4j when the demo ends")
     de.set_defaults(func=cmd_demo)
 
+    groups: dict[str, Any] = {}
+    for words, _, helptext in PASSTHROUGH:  # listed for --help; dispatched in main()
+        if len(words) == 1:
+            sub.add_parser(words[0], help=helptext)
+            continue
+        if words[0] not in groups:
+            groups[words[0]] = sub.add_parser(words[0], help=f"{words[0]} commands").add_subparsers(required=True)
+        groups[words[0]].add_parser(words[1], help=helptext)
     return p
 
 
@@ -283,8 +308,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         SliceschedError,
     )
 
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
     try:
+        for prefix, entry, _ in PASSTHROUGH:
+            if tuple(words[: len(prefix)]) == prefix:
+                return _passthrough(entry, words[len(prefix):])
+        args = build_parser().parse_args(words)
         return int(args.func(args) or 0)
     except (InvalidInputError, NotFoundError, ReadOnlyViolationError, CatalogError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -79,6 +79,25 @@ class CostModel(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class IterationOverhead:
+    """Host-side time of one serving iteration that no operator profile sees (framework
+    dispatch, batch assembly, sampling, cache bookkeeping), in seconds: a fixed part, a part per
+    prefilled sequence and a part per decoding sequence. Vidur models the same CPU overheads
+    separately from its operator profiles; here they are fitted on observed iterations.
+    """
+
+    per_iteration_s: float = 0.0
+    per_prefill_seq_s: float = 0.0
+    per_decode_s: float = 0.0
+
+    def seconds(self, num_prefill_seqs: int, num_decodes: int) -> float:
+        return self.per_iteration_s + self.per_prefill_seq_s * num_prefill_seqs + self.per_decode_s * num_decodes
+
+
+NO_OVERHEAD = IterationOverhead()
+
+
 def features_of(op: OperatorSpec, graph: OperatorGraph) -> OpFeatures:
     """Shape-level features of a traced operator."""
     acts = [graph.tensors[t] for t in op.inputs if graph.tensors[t].kind != "weight"]

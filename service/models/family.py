@@ -10,7 +10,7 @@ The forward pass is written to be traced by ``torch.fx`` and ``torch.compile`` w
 data-dependent control flow. One signature serves both phases::
 
     logits, kv = model(input_ids[B, T], positions[B, T], kv_cache=None | [L, 2, B, Hkv, C, Dh],
-                       attn_bias=None | [B, 1, T, C + T])
+                       attn_bias=None | [B, 1, T, C + T], last_logits_only=False)
 
 Prefill passes no cache and gets the whole cache back; decode passes the cache of ``C``
 tokens and gets the ``T`` new entries back (the caller appends them).
@@ -201,7 +201,9 @@ class DecoderLM(nn.Module):
             self.lm_head.weight = self.embed.weight
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv_cache: Tensor | None = None,
-                attn_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                attn_bias: Tensor | None = None, last_logits_only: bool = False) -> tuple[Tensor, Tensor]:
+        """``last_logits_only``: compute logits for the last position only, as a serving engine
+        does when it samples one token per sequence (the traced reference computes all)."""
         x = self.embed(input_ids)
         rope: tuple[Tensor, Tensor] | None = None
         if self.config.style == "gpt2":
@@ -216,6 +218,8 @@ class DecoderLM(nn.Module):
             past = kv_cache[i] if kv_cache is not None else None
             x, kv = block(x, rope, past, attn_bias)
             new_kv.append(kv)
+        if last_logits_only:
+            x = x[:, -1:]
         logits = self.lm_head(self.final_norm(x))
         return logits, torch.stack(new_kv)
 

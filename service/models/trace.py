@@ -350,7 +350,7 @@ def trace_phase(config: ModelConfig, phase: str, *, batch: int = 1, tokens: int 
         raise ValueError(f"batch must be positive, got {batch}")
     model = build_model(config, device="meta")
     inputs = example_inputs(config, phase, batch=batch, tokens=tokens, context=context, device="meta")
-    concrete: dict[str, Any] = {"attn_bias": None}
+    concrete: dict[str, Any] = {"attn_bias": None, "last_logits_only": False}
     if phase == "prefill":
         concrete["kv_cache"] = None
     gm = torch.fx.symbolic_trace(model, concrete_args=concrete)

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.core.cost import CostModel, OpFeatures
+from service.core.cost import NO_OVERHEAD, CostModel, IterationOverhead, OpFeatures
 from service.core.memory import Allocation, MemoryLedger
 from service.domain.cluster import ClusterSpec, Device
 from service.domain.error import InvalidInputError
@@ -208,8 +208,10 @@ class SimulatedCluster:
                  margin_fraction: float = 0.05, kv_watermark_fraction: float = 0.01,
                  record_log: bool = False, router: Router | None = None,
                  observers: Iterable[SimObserver] = (),
-                 model_configs: dict[str, ModelConfig] | None = None) -> None:
+                 model_configs: dict[str, ModelConfig] | None = None,
+                 overheads: dict[str, IterationOverhead] | None = None) -> None:
         self.spec = spec
+        self.overheads = dict(overheads or {})  # per model name; none means zero
         self.cost_model = cost_model
         self.rng = rng
         self.sla_classes = dict(sla_classes or SLA_CLASSES)
@@ -224,13 +226,15 @@ class SimulatedCluster:
         self._free_at: dict[str, float] = dict.fromkeys(self._devices, 0.0)
         self._reserved: dict[str, list[tuple[float, float, str]]] = {d: [] for d in self._devices}
         self._link_free_at: dict[tuple[str, str], float] = {}
-        self._slices: dict[str, _PlacedSlice] = {}
+        self._slices: dict[str, _PlacedSlice] = {}  # placed and not finished
+        self._slice_timings: dict[str, SliceTiming] = {}  # every slice ever placed
         self._transfers: dict[int, TransferTiming] = {}
         self._next_transfer_id = 0
         self._transfer_buffers: dict[int, Allocation] = {}
         self._replicas: dict[str, _Replica] = {}
         self._by_model: dict[str, list[str]] = {}
         self._by_device: dict[str, list[str]] = {d: [] for d in self._devices}
+        self._shared = False
         configs = model_configs or MODEL_CONFIGS
         for rs in replicas:
             self._add_replica(rs, configs)
@@ -255,7 +259,8 @@ class SimulatedCluster:
         r = _Replica()
         r.spec, r.config, r.device_ids, r.tp = rs, config, rs.device_ids, tp
         r.table = IterationCostTable(config, self.cost_model, self._devices[rs.device_ids[0]],
-                                     tp_degree=tp, link=link)
+                                     tp_degree=tp, link=link,
+                                     overhead=self.overheads.get(rs.model, NO_OVERHEAD))
         r.kv_bytes_per_token = kv_bytes_per_token(config) / tp
         r.act_bytes_per_token = activation_bytes_per_token(config) / tp
         r.waiting, r.prefilling, r.finishing, r.current = deque(), deque(), {}, []
@@ -275,6 +280,8 @@ class SimulatedCluster:
             r.kv_allocs.append(kv)
             self._by_device[d].append(rs.replica_id)
         self._replicas[rs.replica_id] = r
+        # Devices hosting more than one replica: freeing KV on them must wake the others.
+        self._shared = any(len(v) > 1 for v in self._by_device.values())
         self._by_model.setdefault(rs.model, []).append(rs.replica_id)
 
     def _wire(self) -> None:
@@ -296,6 +303,10 @@ class SimulatedCluster:
 
     def replica_spec(self, replica_id: str) -> ReplicaSpec:
         return self._replicas[replica_id].spec
+
+    def cost_table(self, replica_id: str) -> IterationCostTable:
+        """The replica's memoised iteration-cost table (lookup and miss counters included)."""
+        return self._replicas[replica_id].table
 
     def replica_load(self, replica_id: str) -> int:
         """Requests routed to the replica and not finished (waiting, prefilling, decoding)."""
@@ -333,7 +344,7 @@ class SimulatedCluster:
         a violation is recorded if it does not fit) and reserve its device window."""
         now = self.engine.now_s
         dev = placement.device_id
-        if slice_spec.slice_id in self._slices:
+        if slice_spec.slice_id in self._slice_timings:
             raise InvalidInputError(f"slice {slice_spec.slice_id!r} already placed", culprit=slice_spec.slice_id)
         if dev not in self._devices:
             raise InvalidInputError(f"unknown device {dev!r}", culprit=dev)
@@ -350,6 +361,7 @@ class SimulatedCluster:
         self._reserved[dev].append((start, start + duration, slice_spec.slice_id))
         self._reserved[dev].sort()
         self._slices[slice_spec.slice_id] = _PlacedSlice(slice_spec, timing, allocs)
+        self._slice_timings[slice_spec.slice_id] = timing
         self.engine.schedule(SliceFinished(time_s=timing.finish_s, slice_id=slice_spec.slice_id))
         return timing
 
@@ -376,7 +388,7 @@ class SimulatedCluster:
         return self._transfers[transfer_id]
 
     def slice_timing(self, slice_id: str) -> SliceTiming:
-        return self._slices[slice_id].timing
+        return self._slice_timings[slice_id]
 
     # ---- handlers -----------------------------------------------------------------------
     def _on_request_arrived(self, ev: RequestArrived) -> list[Event]:
@@ -446,24 +458,30 @@ class SimulatedCluster:
             self._resize_kv(r, r.kv_tokens + kv_delta, now, force=True)
         r.iteration = j + 1
         r.busy = False
-        return self._start_iteration(r, now)
+        follow = self._start_iteration(r, now)
+        if kv_delta < 0 and self._shared:
+            follow += self._wake_idle(r.device_ids, now)
+        return follow
 
     def _on_slice_finished(self, ev: SliceFinished) -> list[Event]:
-        placed = self._slices[ev.slice_id]
+        placed = self._slices.pop(ev.slice_id)
         dev = placed.timing.device_id
         for a in placed.allocs:
             self.ledger.free(a)
-        placed.allocs = []
         self._reserved[dev] = [x for x in self._reserved[dev] if x[2] != ev.slice_id]
         for obs in self._observers:
             obs.slice_executed(dev, placed.timing.start_s, placed.timing.finish_s, ev.slice_id)
-        # Freed memory may let an idle replica on this device admit its queue head.
+        return self._wake_idle((dev,), ev.time_s)
+
+    def _wake_idle(self, device_ids: Iterable[str], now: float) -> list[Event]:
+        """Freed memory may let an idle replica on these devices admit its queue head."""
         out: list[Event] = []
-        for rid in self._by_device[dev]:
-            r = self._replicas[rid]
-            if r.waiting and not r.busy and not r.step_pending:
-                r.step_pending = True
-                out.append(StepRequested(time_s=ev.time_s, replica_id=rid))
+        for dev in device_ids:
+            for rid in self._by_device[dev]:
+                r = self._replicas[rid]
+                if r.waiting and not r.busy and not r.step_pending:
+                    r.step_pending = True
+                    out.append(StepRequested(time_s=now, replica_id=rid))
         return out
 
     def _on_transfer_finished(self, ev: TransferFinished) -> list[Event]:
@@ -640,12 +658,14 @@ class SimulatedCluster:
         f._link_free_at = dict(self._link_free_at)
         f._slices = {k: _PlacedSlice(v.spec, v.timing, list(v.allocs)) for k, v in self._slices.items()
                      if v.timing.device_id in devices}
+        f._slice_timings = dict(self._slice_timings)
         f._transfers = dict(self._transfers)
         f._next_transfer_id = self._next_transfer_id
         f._transfer_buffers = dict(self._transfer_buffers)
         f._replicas = {rid: r.clone() for rid, r in self._replicas.items() if rid in replicas}
         f._by_model = {m: [x for x in ids if x in replicas] for m, ids in self._by_model.items()}
         f._by_device = {d: [x for x in ids if x in replicas] for d, ids in self._by_device.items()}
+        f._shared = self._shared
 
         def keep(ev: Event) -> bool:
             if isinstance(ev, (IterationFinished, StepRequested)):

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service.core.cost import CostModel, OpFeatures
+from service.core.cost import NO_OVERHEAD, CostModel, IterationOverhead, OpFeatures
 from service.domain.cluster import Device, Link
 from service.domain.opgraph import DTYPE_BYTES
 from service.models.family import ModelConfig
@@ -173,14 +173,16 @@ class IterationCostTable:
 
     Tensor parallelism over ``tp_degree`` devices divides the single-device latency by the
     degree and adds two ring all-reduces of the residual stream per layer over ``link``.
+    ``overhead`` adds the host-side time per iteration that operator profiles do not see.
     ``num_queries`` and ``num_misses`` count lookups and cost-model calls.
     """
 
     def __init__(self, config: ModelConfig, cost_model: CostModel, device: Device, *,
-                 tp_degree: int = 1, link: Link | None = None) -> None:
+                 tp_degree: int = 1, link: Link | None = None, overhead: IterationOverhead = NO_OVERHEAD) -> None:
         if tp_degree > 1 and link is None:
             raise ValueError("tp_degree > 1 needs the link between the devices")
         self.config, self.cost_model, self.device = config, cost_model, device
+        self.overhead = overhead
         self.tp_degree, self.link = tp_degree, link
         self._memo: dict[tuple[int, ...], float] = {}
         self.num_queries = 0
@@ -212,4 +214,4 @@ class IterationCostTable:
         compute_s = self.cost_model.predict(ops, self.device).p50_s / self.tp_degree
         stream_bytes = batch.num_tokens * self.config.d_model * dtype_bytes(self.config)
         comm_s = 2 * self.config.n_layers * allreduce_s(stream_bytes, self.tp_degree, self.link)
-        return compute_s + comm_s
+        return compute_s + comm_s + self.overhead.seconds(batch.num_prefill_seqs, batch.num_decodes)

@@ -3,6 +3,7 @@ tensor parallelism, placed slices and determinism."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -88,7 +89,7 @@ def test_one_request_runs_one_prefill_then_one_decode_per_further_token() -> Non
     sim = _sim([ReplicaSpec("r", "tiny", ("h/gpu0",))])
     sim.submit([_req(0, 0.5, prompt=40, output=5)])
     sim.run()
-    table = sim._replicas["r"].table
+    table = sim.cost_table("r")
     prefill = table.latency_s(40, 40 * 40, 40, 1, 0, 0)
     decodes = [table.latency_s(0, 0, 0, 0, 1, 40 + i) for i in range(4)]
     o = _by_id(sim)["q0"]
@@ -103,7 +104,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_before_its_first_token() -> None:
     sim = _sim([ReplicaSpec("r", "tiny", ("h/gpu0",), max_batched_tokens=128)])
     sim.submit([_req(0, 0.0, prompt=300, output=2)])
     sim.run()
-    t = sim._replicas["r"].table
+    t = sim.cost_table("r")
     chunks = [t.latency_s(128, 128 * 128, 128, 1, 0, 0), t.latency_s(128, 128 * 256, 256, 1, 0, 0),
               t.latency_s(44, 44 * 300, 300, 1, 0, 0)]
     o = _by_id(sim)["q0"]
@@ -261,3 +262,18 @@ def test_same_seed_gives_an_identical_event_log() -> None:
     log_b, out_b = _random_run(7)
     assert log_a == log_b and len(log_a) > 100
     assert out_a == out_b
+
+
+def test_replicas_sharing_a_device_take_turns_and_wake_each_other_when_kv_frees() -> None:
+    # Two replicas on one small device: b's request waits for a's KV, then is woken.
+    spec = _spec(mem_bytes=16 * MIB)
+    timeline = Timeline()
+    sim = _sim([ReplicaSpec("a", "tiny", ("h/gpu0",), max_batched_tokens=128),
+                ReplicaSpec("b", "tiny", ("h/gpu0",), max_batched_tokens=128)], spec=spec, observers=[timeline],
+               router=lambda req, ids, cluster: "a" if req.request_id == "q0" else "b")
+    sim.submit([_req(0, 0.0, 1500, 10), _req(1, 0.0, 1500, 10)])
+    sim.run()
+    got = _by_id(sim)
+    assert got["q1"].admitted_s == got["q0"].finish_s
+    windows = sorted((start, end) for _, start, end, _ in timeline.slices)
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(windows))  # no overlap

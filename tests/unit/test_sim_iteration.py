@@ -35,10 +35,13 @@ def test_analytic_flops_match_the_traced_graph(name: str, phase: str, batch: int
 
 
 def test_weight_and_kv_sizes_match_the_traced_graph() -> None:
-    config = MODEL_CONFIGS["tiny-llama"]
-    graph = trace_phase(config, "prefill", batch=1, tokens=10)
-    assert weight_bytes(config) == graph.bytes_of("weight")
-    assert kv_bytes_per_token(config) * 10 == graph.bytes_of("kv_cache")
+    for name in ("tiny", "tiny-llama"):
+        config = MODEL_CONFIGS[name]
+        graph = trace_phase(config, "prefill", batch=1, tokens=10)
+        # the traced llama graph also holds the rotary inverse frequencies (a buffer, not a weight)
+        buffers = config.head_dim // 2 * 4 if config.style == "llama" else 0
+        assert weight_bytes(config) + buffers == graph.bytes_of("weight")
+        assert kv_bytes_per_token(config) * 10 == graph.bytes_of("kv_cache")
 
 
 def test_a_mixed_batch_counts_each_part_once() -> None:
