@@ -186,6 +186,46 @@ def cmd_model_export(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- traces ----------------------------------------------------------------------------------------
+def read_trace(path: str, fmt: str, *, skip_bad: bool, tenant_id: str = "trace", model: str = "llama2-7b") -> Any:
+    """Read an Azure CSV or Mooncake JSONL trace (``fmt`` auto: by extension)."""
+    from service.domain.error import InvalidInputError
+    from service.workload.readers import read_azure, read_mooncake
+
+    if fmt == "auto":
+        fmt = "mooncake" if path.endswith((".jsonl", ".json")) else "azure"
+    reader = {"azure": read_azure, "mooncake": read_mooncake}.get(fmt)
+    if reader is None:
+        raise InvalidInputError(f"unknown trace format {fmt!r} (azure, mooncake)")
+    return reader(path, tenant_id=tenant_id, model=model, skip_bad=skip_bad)
+
+
+def cmd_trace_stats(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    result = read_trace(args.file, args.format, skip_bad=args.skip_bad)
+    reqs = result.requests
+    if not reqs:
+        print(f"{args.file}: no valid requests ({result.num_bad} bad lines)")
+        return EXIT_BAD_INPUT
+    arrivals = np.array([r.arrival_s for r in reqs])
+    prompt = np.array([r.prompt_tokens for r in reqs])
+    output = np.array([r.output_tokens for r in reqs])
+    duration = float(arrivals[-1] - arrivals[0]) or 1.0
+    gaps = np.diff(arrivals)
+    cv = float(gaps.std() / gaps.mean()) if len(gaps) > 1 and gaps.mean() > 0 else float("nan")
+    rows = [["requests", len(reqs)], ["duration_s", duration], ["rate_rps", len(reqs) / duration],
+            ["inter-arrival CV", cv]]
+    for name, arr in (("prompt_tokens", prompt), ("output_tokens", output)):
+        p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+        rows.append([name, f"mean {arr.mean():.0f}  p50 {p50:.0f}  p90 {p90:.0f}  p99 {p99:.0f}  max {arr.max()}"])
+    rows.append(["bad lines skipped", result.num_bad])
+    print_table(["", args.file], rows)
+    for line, reason in result.bad_lines:
+        print(f"  line {line}: {reason}")
+    return 0
+
+
 # ---- cypher --------------------------------------------------------------------------------------
 def cmd_cypher(args: argparse.Namespace) -> int:
     from service.domain.error import InvalidInputError
@@ -241,7 +281,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # ---- parser --------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="slicesched", description=__doc__.splitlines()[0] if __doc__ else None)
+    p = argparse.ArgumentParser(prog="slicesched",
+                                description="slicesched: operator-level scheduling of multi-tenant LLM serving")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     neo = sub.add_parser("neo4j", help="manage the local Neo4j server (jars from Maven Central, Java 17)")
@@ -275,6 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             m.add_argument("-o", "--output", help="write to this file instead of stdout")
             m.set_defaults(func=cmd_model_export)
+
+    tr = sub.add_parser("trace", help="production traces").add_subparsers(dest="action", required=True)
+    ts = tr.add_parser("stats", help="summarise an Azure CSV or Mooncake JSONL trace")
+    ts.add_argument("file")
+    ts.add_argument("--format", choices=["auto", "azure", "mooncake"], default="auto")
+    ts.add_argument("--skip-bad", action="store_true", help="count, skip and report malformed rows instead of failing")
+    ts.set_defaults(func=cmd_trace_stats)
 
     cy = sub.add_parser("cypher", help="run a read-only Cypher query or a named inspection query")
     cy.add_argument("query", nargs="?", help="Cypher text (read-only: a write is refused)")
