@@ -1,0 +1,276 @@
+"""Held-out accuracy of the three cost models, and the ``cost-model train|evaluate`` commands.
+
+Splits of the Vidur MLP profiles (each test case = one transformer layer's non-attention
+operator chain, target = the sum of its per-operator medians):
+
+* ``model``: train on Llama-2-7b, Llama-2-70b, CodeLlama-34b, Llama-3-8B/70B and phi-2; test on
+  internlm-20b (d=5120, MHA) and Qwen-72B (d=8192, MHA, d_ff=24576), on all three GPUs. Both
+  test shapes are unseen but inside the training range of widths, which is the case the
+  scheduler meets: a tenant's new model on profiled hardware.
+* ``device-a40``: train on A100 + H100, test on A40 (a slower, unseen GPU: extrapolation).
+* ``device-a40-to-gpus``: the reverse, train on A40 only, test on A100 + H100.
+* ``device-a100``: train on A40 + H100, test on A100 (a GPU between the two seen ones).
+
+The CPU profile split holds out a seeded 25 % of our profiler's rows (single operators).
+
+Metrics: MAPE of the median against the measured median; p90 (p99) coverage, the fraction of
+held-out measurements at or below the predicted p90 (p99). Vidur publishes per-row summaries,
+so a row's median stands for one observation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from learned.gnn import GnnConfig, GnnCostModel, GraphSample, artifact_dir, train_gnn
+from learned.profile import (
+    OpTiming,
+    ProfileStore,
+    file_digest,
+    layer_chains,
+    read_vidur_attention,
+    read_vidur_compute,
+    timing_features,
+    vidur_mlp_files,
+)
+from learned.roofline import RooflineCostModel, device_of_kind
+from learned.table import ProfileTableCostModel
+from service.core.cost import CostModel, OpFeatures
+from service.domain.cluster import Device
+
+DATA_DIR = Path(os.environ.get("SLICESCHED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+VIDUR_ROOT = Path("vidur-profiling") / "profiling"
+ATTENTION_CSV = VIDUR_ROOT / "legacy-a100" / "attention.csv"
+MODEL_TEST = ("internlm-20b", "Qwen-72B")
+SPLITS: tuple[str, ...] = ("model", "device-a40", "device-a40-to-gpus", "device-a100")
+
+
+@dataclass(frozen=True)
+class Split:
+    name: str
+    description: str
+    train: list[OpTiming]
+    test: list[OpTiming]
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One held-out measurement: operators, device and the measured median (ms)."""
+
+    ops: tuple[OpFeatures, ...]
+    device: Device
+    observed_ms: float
+
+
+def vidur_split(name: str, rows: Sequence[OpTiming]) -> Split:
+    """One of :data:`SPLITS` over Vidur rows (see the module docstring)."""
+    def by(pred: Callable[[OpTiming], bool], desc: str) -> Split:
+        return Split(name, desc, [t for t in rows if not pred(t)], [t for t in rows if pred(t)])
+
+    if name == "model":
+        return by(lambda t: t.model in MODEL_TEST, f"test models {', '.join(MODEL_TEST)}; train the rest")
+    if name == "device-a40":
+        return by(lambda t: t.device_kind == "A40", "train A100-80GB + H100-80GB, test A40")
+    if name == "device-a40-to-gpus":
+        return by(lambda t: t.device_kind != "A40", "train A40, test A100-80GB + H100-80GB")
+    if name == "device-a100":
+        return by(lambda t: t.device_kind == "A100-80GB", "train A40 + H100-80GB, test A100-80GB")
+    raise ValueError(f"unknown split {name!r} (known: {', '.join(SPLITS)})")
+
+
+def cpu_split(rows: Sequence[OpTiming], seed: int, test_fraction: float = 0.25) -> Split:
+    rng = np.random.default_rng(seed)
+    test = rng.random(len(rows)) < test_fraction
+    return Split("cpu", f"CPU profile, seeded {test_fraction:.0%} of rows held out",
+                 [t for t, m in zip(rows, test, strict=True) if not m], [t for t, m in zip(rows, test, strict=True) if m])
+
+
+def _device(kind: str, cache: dict[str, Device]) -> Device:
+    if kind not in cache:
+        cache[kind] = device_of_kind(kind)
+    return cache[kind]
+
+
+def training_samples(rows: Sequence[OpTiming], *, seed: int, subchains: bool = True) -> list[GraphSample]:
+    """GNN samples: each layer chain (per-op targets too), one random sub-chain of it, every
+    other operator (embedding, attention, our profiler's ops) as a one-node graph."""
+    rng = np.random.default_rng(seed)
+    devices: dict[str, Device] = {}
+    out: list[GraphSample] = []
+    in_chain: set[int] = set()
+    for chain in layer_chains(rows):
+        in_chain.update(id(t) for t in chain)
+        dev = _device(chain[0].device_kind, devices)
+        ops = tuple(timing_features(t) for t in chain)
+        meds = tuple(t.p50_ms for t in chain)
+        out.append(GraphSample(ops, dev, math.fsum(meds), meds))
+        if subchains and len(chain) > 1:
+            n = int(rng.integers(1, len(chain)))
+            s = int(rng.integers(0, len(chain) - n + 1))
+            out.append(GraphSample(ops[s:s + n], dev, math.fsum(meds[s:s + n]), meds[s:s + n]))
+    for t in rows:
+        if id(t) not in in_chain:
+            out.append(GraphSample((timing_features(t),), _device(t.device_kind, devices), t.p50_ms, (t.p50_ms,)))
+    return out
+
+
+def held_out_cases(rows: Sequence[OpTiming], *, chains: bool) -> list[Case]:
+    """Layer chains of ``rows`` (``chains=True``), else every row as a one-operator case."""
+    devices: dict[str, Device] = {}
+    if chains:
+        return [Case(tuple(timing_features(t) for t in c), _device(c[0].device_kind, devices),
+                     math.fsum(t.p50_ms for t in c)) for c in layer_chains(rows)]
+    return [Case((timing_features(t),), _device(t.device_kind, devices), t.p50_ms) for t in rows]
+
+
+def score(model: CostModel, cases: Sequence[Case]) -> dict[str, float]:
+    """MAPE of the median (%) and p90/p99 coverage over ``cases``."""
+    if isinstance(model, GnnCostModel):
+        preds = model.predict_many([(c.ops, c.device) for c in cases])
+    else:
+        preds = [model.predict(c.ops, c.device) for c in cases]
+    obs = np.asarray([c.observed_ms for c in cases])
+    p50 = np.asarray([p.p50_s for p in preds]) * 1e3
+    p90 = np.asarray([p.p90_s for p in preds]) * 1e3
+    p99 = np.asarray([p.p99_s for p in preds]) * 1e3
+    ape = np.abs(p50 - obs) / obs
+    return {"mape_pct": float(100 * ape.mean()), "median_ape_pct": float(100 * np.median(ape)),
+            "p90_coverage": float((obs <= p90).mean()), "p99_coverage": float((obs <= p99).mean()),
+            "n": len(cases)}
+
+
+def evaluate_split(split: Split, config: GnnConfig, *, chains: bool = True, max_train_samples: int | None = None,
+                   progress: Callable[[dict[str, float]], None] | None = None) -> dict[str, Any]:
+    """Fit roofline (calibrated), table and GNN on ``split.train``; score all on ``split.test``."""
+    samples = training_samples(split.train, seed=config.seed)
+    if max_train_samples is not None and len(samples) > max_train_samples:
+        pick = np.random.default_rng(config.seed).choice(len(samples), max_train_samples, replace=False)
+        samples = [samples[i] for i in sorted(pick)]
+    devices: dict[str, Device] = {}
+    roofline = RooflineCostModel()
+    calibrated = roofline.calibrated((timing_features(t), _device(t.device_kind, devices), t.p50_ms / 1e3)
+                                     for t in split.train)
+    table = ProfileTableCostModel.from_timings(split.train, fallback=calibrated)
+    gnn, report = train_gnn(samples, config, progress=progress, meta={"split": split.name})
+    cases = held_out_cases(split.test, chains=chains)
+    models: dict[str, CostModel] = {"roofline": roofline, "roofline-calibrated": calibrated, "table": table,
+                                    "gnn": gnn}
+    return {
+        "split": split.name, "description": split.description, "train_rows": len(split.train),
+        "train_samples": len(samples), "held_out_cases": len(cases), "train_seconds": round(report.seconds, 1),
+        "final_train_mape_pct": round(100 * report.epochs[-1]["mape_train"], 2),
+        "models": {name: score(m, cases) for name, m in models.items()},
+    }
+
+
+def load_vidur(data_dir: Path, *, attention: bool = True) -> list[OpTiming]:
+    rows = read_vidur_compute(data_dir / VIDUR_ROOT / "compute")
+    if attention and (data_dir / ATTENTION_CSV).exists():
+        rows += read_vidur_attention(data_dir / ATTENTION_CSV)
+    return rows
+
+
+def vidur_digests(data_dir: Path) -> list[str]:
+    files = [*vidur_mlp_files(data_dir / VIDUR_ROOT / "compute"), data_dir / ATTENTION_CSV]
+    return [file_digest(p) for p in files if p.exists()]
+
+
+def _print_progress(prefix: str) -> Callable[[dict[str, float]], None]:
+    def show(line: dict[str, float]) -> None:
+        print(f"[{prefix}] epoch {int(line['epoch']):3d}  loss {line['loss']:.4f}  "
+              f"train MAPE {100 * line['mape_train']:.2f}%  {line['seconds']:.0f}s", file=sys.stderr, flush=True)
+    return show
+
+
+def _gnn_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", type=Path, default=DATA_DIR, help="folder holding vidur-profiling/")
+    p.add_argument("--epochs", type=int, default=GnnConfig.epochs, help="training epochs")
+    p.add_argument("--hidden", type=int, default=GnnConfig.hidden, help="GNN hidden width")
+    p.add_argument("--seed", type=int, default=0, help="seed of initialisation, shuffling and splits")
+    p.add_argument("--threads", type=int, default=1, help="torch threads while training")
+    p.add_argument("--device-invariant", action="store_true",
+                   help="train without device features (for devices not in the training data)")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="an OpTiming CSV (e.g. from `slicesched profile`) to use instead of the Vidur data")
+
+
+def _config(args: argparse.Namespace) -> GnnConfig:
+    return replace(GnnConfig(), epochs=args.epochs, hidden=args.hidden, seed=args.seed, threads=args.threads,
+                   device_features=not args.device_invariant)
+
+
+def train_main(argv: Sequence[str] | None = None) -> int:
+    """``slicesched cost-model train``: train the GNN and save it under its artifact hash."""
+    p = argparse.ArgumentParser(prog="slicesched cost-model train", description=train_main.__doc__)
+    _gnn_args(p)
+    p.add_argument("--split", default="all", choices=["all", *SPLITS],
+                   help="train on this split's training part (all: every row)")
+    p.add_argument("--artifacts", type=Path, default=Path("artifacts") / "cost_models", help="artifact root")
+    p.add_argument("--force", action="store_true", help="retrain even if the artifact exists")
+    args = p.parse_args(argv)
+    config = _config(args)
+    if args.profile is not None:
+        rows, digests = ProfileStore(args.profile).load(), [file_digest(args.profile)]
+    else:
+        rows, digests = load_vidur(args.data_dir), vidur_digests(args.data_dir)
+    if args.split.startswith("device"):
+        config = replace(config, device_features=False)
+    if args.split != "all":
+        if args.profile is not None:
+            p.error("--split applies to the Vidur data only")
+        rows = vidur_split(args.split, rows).train
+    target = artifact_dir(args.artifacts, digests, config, extra=args.split)
+    if (target / "model.json").exists() and not args.force:
+        print(f"artifact exists: {target}")
+        return 0
+    model, report = train_gnn(training_samples(rows, seed=config.seed), config,
+                              progress=_print_progress(args.split),
+                              meta={"split": args.split, "data_digests": digests, "rows": len(rows)})
+    model.save(target)
+    print(json.dumps({"artifact": str(target), "train_seconds": round(report.seconds, 1),
+                      "final_train_mape_pct": round(100 * report.epochs[-1]["mape_train"], 2)}))
+    return 0
+
+
+def evaluate_all(data_dir: Path, splits: Sequence[str], config: GnnConfig, *, profile: Path | None = None,
+                 max_train_samples: int | None = None, verbose: bool = True) -> dict[str, Any]:
+    """Every requested Vidur split, plus the CPU split if ``profile`` is given.
+
+    Device splits train the GNN with ``device_features=False`` (the held-out device is unseen).
+    """
+    results: dict[str, Any] = {}
+    rows = load_vidur(data_dir) if splits else []
+    for name in splits:
+        # An unseen device: the GNN sees only device-independent features and scales by the roofline.
+        cfg = replace(config, device_features=False) if name.startswith("device") else config
+        results[name] = evaluate_split(vidur_split(name, rows), cfg, max_train_samples=max_train_samples,
+                                       progress=_print_progress(name) if verbose else None)
+    if profile is not None:
+        cpu_rows = ProfileStore(profile).load()
+        results["cpu"] = evaluate_split(cpu_split(cpu_rows, config.seed), config, chains=False,
+                                        progress=_print_progress("cpu") if verbose else None)
+    return results
+
+
+def evaluate_main(argv: Sequence[str] | None = None) -> int:
+    """``slicesched cost-model evaluate``: held-out MAPE and p90 coverage of every cost model."""
+    p = argparse.ArgumentParser(prog="slicesched cost-model evaluate", description=evaluate_main.__doc__)
+    _gnn_args(p)
+    p.add_argument("--splits", default=",".join(SPLITS), help=f"comma list of {', '.join(SPLITS)} (or empty)")
+    p.add_argument("--max-train-samples", type=int, default=None, help="subsample training graphs")
+    args = p.parse_args(argv)
+    splits = [s for s in args.splits.split(",") if s]
+    results = evaluate_all(args.data_dir, splits, _config(args), profile=args.profile,
+                           max_train_samples=args.max_train_samples)
+    print(json.dumps({"config": asdict(_config(args)), "results": results}))
+    return 0
