@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _record  # noqa: E402
+from benchmarks import _record
 
 
 def main() -> int:

@@ -5,4 +5,7 @@ CREATE RANGE INDEX operator_model_phase IF NOT EXISTS FOR (n:Operator) ON (n.mod
 CREATE RANGE INDEX tensor_model_kind IF NOT EXISTS FOR (n:Tensor) ON (n.model_uid, n.kind);
 CREATE RANGE INDEX tensor_tenant IF NOT EXISTS FOR (n:Tensor) ON (n.tenant_id);
 CREATE RANGE INDEX device_cluster IF NOT EXISTS FOR (n:Device) ON (n.cluster);
-CREATE RANGE INDEX device_kind IF NOT EXISTS FOR (n:Device) ON (n.kind)
+CREATE RANGE INDEX device_kind IF NOT EXISTS FOR (n:Device) ON (n.kind);
+CREATE RANGE INDEX slice_state_end IF NOT EXISTS FOR (n:Slice) ON (n.state, n.end_s);
+CREATE RANGE INDEX slice_tenant IF NOT EXISTS FOR (n:Slice) ON (n.tenant_id);
+CREATE RANGE INDEX host_cluster IF NOT EXISTS FOR (n:Host) ON (n.cluster)
