@@ -109,7 +109,7 @@ def fit_overhead(iterations: list[Any], table: Any) -> Any:
     y = np.array([it.duration_s - table.exact_s(batch_of(it)) for it in iterations])
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
     coef = np.clip(coef, 0.0, None)
-    return IterationOverhead(float(coef[0]), float(coef[1]), float(coef[2]))
+    return IterationOverhead(float(coef[0]), float(coef[1]), float(coef[2]), separate_prefill_passes=True)
 
 
 def ape(pred: float, real: float) -> float:
@@ -123,6 +123,7 @@ def evaluate_model(name: str, args: Any) -> dict[str, Any]:
     from executor.profiler import Sweep, profile_cpu
     from learned.table import ProfileTableCostModel
     from service.cluster.spec import load_cluster_spec
+    from service.core.cost import IterationOverhead
     from service.models.family import model_config
     from service.sim.cluster import ReplicaSpec, SimulatedCluster
     from service.sim.iteration import IterationCostTable
@@ -139,7 +140,9 @@ def evaluate_model(name: str, args: Any) -> dict[str, Any]:
     rows = profile_cpu(sweep, threads=args.threads, seed=args.seed)
     print(f"[{name}] profiled {len(rows)} operator shapes in {time.perf_counter() - started:.0f}s", flush=True)
     ops_model = ProfileTableCostModel.from_timings(rows, dtype_bytes=4)
-    ops_only = IterationCostTable(config, ops_model, device)
+    # The batcher runs each prompt as its own forward pass: price iterations that way.
+    ops_only = IterationCostTable(config, ops_model, device,
+                                  overhead=IterationOverhead(separate_prefill_passes=True))
 
     calib = run_real(name, workload(name, n, rate, args.seed + 100), max_batch, args.seed)
     overhead = fit_overhead(calib.iterations, ops_only)
@@ -160,7 +163,8 @@ def evaluate_model(name: str, args: Any) -> dict[str, Any]:
         spec = load_cluster_spec("local-cpu-2")
         replica = ReplicaSpec("r0", name, ("cpu:0",), max_batched_tokens=2048, max_num_seqs=max_batch)
         cluster = SimulatedCluster(spec, [replica], ops_model, rng=np.random.default_rng(args.seed),
-                                   overheads={name: overhead} if with_overhead else None)
+                                   overheads={name: overhead if with_overhead else
+                                              IterationOverhead(separate_prefill_passes=True)})
         cluster.submit(wl)
         cluster.run()
         return {o.request_id: o for o in cluster.report().requests}

@@ -90,6 +90,9 @@ class IterationOverhead:
     per_iteration_s: float = 0.0
     per_prefill_seq_s: float = 0.0
     per_decode_s: float = 0.0
+    # The executor runs each prompt as its own forward pass (batch of one) and the decodes as one
+    # batched pass, instead of one fused pass: every pass streams the weights again.
+    separate_prefill_passes: bool = False
 
     def seconds(self, num_prefill_seqs: int, num_decodes: int) -> float:
         return self.per_iteration_s + self.per_prefill_seq_s * num_prefill_seqs + self.per_decode_s * num_decodes

@@ -10,12 +10,21 @@ Replicas and batching
     :class:`~service.sim.iteration.IterationCostTable`). Each iteration batches every running
     decode (one token each) and then prompt chunks (chunked prefill) up to
     ``max_batched_tokens``: first the partially prefilled requests in admission order, then
-    waiting requests in arrival order. A waiting request is admitted when its prompt's KV (plus
+    waiting requests in the queue policy's order. A waiting request is admitted when its prompt's KV (plus
     one token) fits under the device limit minus a watermark; if the head of the queue does not
-    fit, admission stops (FIFO, no overtaking, no preemption); admission also keeps room for
+    fit, admission stops (no overtaking of the selected request, no preemption); admission also keeps room for
     the activations of a full iteration (``max_batched_tokens`` tokens). The iteration that finishes a
     prompt emits its first token; every later iteration emits one more. Iterations of a busy
     replica run back to back; one event per iteration per replica, never per token.
+
+Queue policies and output-length estimates
+    Each replica's waiting queue follows a :class:`~service.core.queue.QueuePolicy` (default:
+    arrival order, kept in a deque). At arrival a request gets its token budget from the
+    ``estimator`` (if any; the true length for an oracle policy without one) and its tenant's
+    priority and weight; the head is the policy's next request (head-of-line: if it does not
+    fit, admission stops). For fair-share policies the cluster counts served tokens per tenant
+    (prompt tokens at admission, one per output token as it is produced). Every completion is
+    fed to ``estimator.observe`` (online calibration during the run; forks do not calibrate).
 
 Memory
     Weights are allocated at construction (``InvalidInputError`` if they do not fit). KV of a
@@ -44,11 +53,13 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from service.core.cost import NO_OVERHEAD, CostModel, IterationOverhead, OpFeatures
 from service.core.memory import Allocation, MemoryLedger
+from service.core.queue import FifoPolicy, QueuedRequest, QueuePolicy, RequestQueue
 from service.domain.cluster import ClusterSpec, Device
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec, Workload
@@ -124,13 +135,22 @@ class SliceTiming:
     finish_s: float
 
 
+class OutputEstimator(Protocol):
+    """What the cluster needs of an output-length estimator (see ``learned.estimator``)."""
+
+    def estimate(self, req: RequestSpec) -> int: ...
+
+    def observe(self, req: RequestSpec, true_output_tokens: int) -> None: ...
+
+
 class _Live:
     """Mutable state of one request inside a replica."""
 
-    __slots__ = ("admitted_s", "first_iter", "first_token_s", "prefilled", "spec")
+    __slots__ = ("admitted_s", "estimate", "first_iter", "first_token_s", "prefilled", "spec")
 
-    def __init__(self, spec: RequestSpec) -> None:
+    def __init__(self, spec: RequestSpec, estimate: int = 0) -> None:
         self.spec = spec
+        self.estimate = estimate  # output-token budget given at arrival (0: none)
         self.prefilled = 0
         self.admitted_s = math.nan
         self.first_token_s = math.nan
@@ -146,6 +166,7 @@ class _Replica:
         "current",
         "current_start_s",
         "decode_context_sum",
+        "decoding_by_tenant",
         "device_ids",
         "ends",
         "finishing",
@@ -174,7 +195,9 @@ class _Replica:
 
         for name in _Replica.__slots__:
             setattr(other, name, getattr(self, name))
-        other.waiting = deque(c(x) for x in self.waiting)
+        other.waiting = (deque(c(x) for x in self.waiting) if isinstance(self.waiting, deque)
+                         else self.waiting.copy(c))
+        other.decoding_by_tenant = dict(self.decoding_by_tenant)
         other.prefilling = deque(c(x) for x in self.prefilling)
         other.finishing = {k: [c(x) for x in v] for k, v in self.finishing.items()}
         other.current = [(c(x), n) for x, n in self.current]
@@ -209,8 +232,24 @@ class SimulatedCluster:
                  record_log: bool = False, router: Router | None = None,
                  observers: Iterable[SimObserver] = (),
                  model_configs: dict[str, ModelConfig] | None = None,
-                 overheads: dict[str, IterationOverhead] | None = None) -> None:
+                 overheads: dict[str, IterationOverhead] | None = None,
+                 queue_policy: QueuePolicy | None = None, estimator: OutputEstimator | None = None,
+                 tenant_priority: dict[str, int] | None = None,
+                 tenant_weight: dict[str, float] | None = None) -> None:
         self.spec = spec
+        # Queueing: None or fifo keeps the plain deque (the fast path, arrival order).
+        self.queue_policy = queue_policy
+        self.estimator = estimator
+        self.tenant_priority = dict(tenant_priority or {})  # missing tenants: 0
+        self.tenant_weight = dict(tenant_weight or {})  # missing tenants: 1.0
+        for t, w in self.tenant_weight.items():
+            if not (0.0 < w < math.inf):
+                raise InvalidInputError(f"tenant {t!r}: weight must be finite and > 0, got {w}", culprit=t)
+        self._fifo = queue_policy is None or isinstance(queue_policy, FifoPolicy)
+        if queue_policy is not None and queue_policy.needs_estimate and estimator is None:
+            raise InvalidInputError(f"queue policy {queue_policy.name!r} needs an estimator", culprit=queue_policy.name)
+        self._track_served = queue_policy is not None and queue_policy.fair_share
+        self._served: dict[str, float] = {}  # tokens served per tenant (fair-share policies only)
         self.overheads = dict(overheads or {})  # per model name; none means zero
         self.cost_model = cost_model
         self.rng = rng
@@ -263,7 +302,9 @@ class SimulatedCluster:
                                      overhead=self.overheads.get(rs.model, NO_OVERHEAD))
         r.kv_bytes_per_token = kv_bytes_per_token(config) / tp
         r.act_bytes_per_token = activation_bytes_per_token(config) / tp
-        r.waiting, r.prefilling, r.finishing, r.current = deque(), deque(), {}, []
+        r.waiting = deque() if self._fifo else RequestQueue(self.queue_policy)
+        r.prefilling, r.finishing, r.current = deque(), {}, []
+        r.decoding_by_tenant = {}
         r.num_decodes = r.decode_context_sum = r.iteration = r.kv_tokens = 0
         r.busy = r.step_pending = False
         r.ends = np.zeros(1024)
@@ -321,6 +362,11 @@ class SimulatedCluster:
     def reservations(self, device_id: str) -> list[tuple[float, float, str]]:
         """Future windows ``(start_s, end_s, slice_id)`` of placed slices on the device."""
         return list(self._reserved[device_id])
+
+    @property
+    def served_tokens(self) -> dict[str, float]:
+        """Tokens served per tenant so far (prompt plus output); kept for fair-share policies only."""
+        return dict(self._served)
 
     def submit(self, requests: Workload | Iterable[RequestSpec]) -> None:
         """Schedule the arrivals (each at its ``arrival_s``, which must not be in the past)."""
@@ -401,11 +447,29 @@ class SimulatedCluster:
             return []
         rid = self._route(req, candidates)
         r = self._replicas[rid]
-        r.waiting.append(_Live(req))
+        if self._fifo and self.estimator is None:
+            r.waiting.append(_Live(req))
+        else:
+            self._enqueue(r, req)
         if r.busy or r.step_pending:
             return []
         r.step_pending = True
         return [StepRequested(time_s=ev.time_s, replica_id=rid)]
+
+    def _enqueue(self, r: _Replica, req: RequestSpec) -> None:
+        policy = self.queue_policy
+        truth = policy is not None and policy.needs_truth
+        # without an estimator only an oracle gets a budget: the true length
+        estimate = (self.estimator.estimate(req) if self.estimator is not None
+                    else req.output_tokens if truth else 0)
+        live = _Live(req, estimate)
+        if isinstance(r.waiting, deque):
+            r.waiting.append(live)
+            return
+        q = QueuedRequest(req.request_id, req.tenant_id, req.model, req.arrival_s, req.prompt_tokens, estimate,
+                          0, self.tenant_priority.get(req.tenant_id, 0), self.tenant_weight.get(req.tenant_id, 1.0),
+                          req.output_tokens if truth else None)
+        r.waiting.push(q, live)
 
     def _on_step_requested(self, ev: StepRequested) -> list[Event]:
         r = self._replicas[ev.replica_id]
@@ -431,12 +495,19 @@ class SimulatedCluster:
         # Every running decode produced one token; its next step sees one more cached token.
         kv_delta = r.num_decodes
         r.decode_context_sum += r.num_decodes
+        track = self._track_served
+        if track:
+            served = self._served
+            for t, n in r.decoding_by_tenant.items():
+                served[t] = served.get(t, 0.0) + n
         for live in r.finishing.pop(j, ()):
             spec = live.spec
             r.num_decodes -= 1
             r.decode_context_sum -= spec.prompt_tokens + spec.output_tokens - 1
             kv_delta -= spec.prompt_tokens + spec.output_tokens
-            self._notify_finished(self._outcome(r, live, now))
+            if track:
+                r.decoding_by_tenant[spec.tenant_id] -= 1
+            self._finished(r, live, now)
         prefilling = r.prefilling
         for live, n in r.current:
             live.prefilled += n
@@ -446,10 +517,14 @@ class SimulatedCluster:
             live.first_token_s = now
             live.first_iter = j
             spec = live.spec
+            if track:
+                self._served[spec.tenant_id] = self._served.get(spec.tenant_id, 0.0) + 1
             if spec.output_tokens == 1:
                 kv_delta -= spec.prompt_tokens + 1
-                self._notify_finished(self._outcome(r, live, now))
+                self._finished(r, live, now)
             else:
+                if track:
+                    r.decoding_by_tenant[spec.tenant_id] = r.decoding_by_tenant.get(spec.tenant_id, 0) + 1
                 r.num_decodes += 1
                 r.decode_context_sum += spec.prompt_tokens
                 r.finishing.setdefault(j + spec.output_tokens - 1, []).append(live)
@@ -508,12 +583,19 @@ class SimulatedCluster:
             kv_p += cached + n
         num_seqs = len(r.prefilling) + r.num_decodes
         waiting = r.waiting
+        fifo = isinstance(waiting, deque)
+        served = self._served
         while budget > 0 and waiting and num_seqs < r.spec.max_num_seqs:
-            live = waiting[0]
+            live = waiting[0] if fifo else waiting.peek(served)
             prompt = live.spec.prompt_tokens
             if not self._resize_kv(r, r.kv_tokens + prompt + 1, now, force=False, watermark=True):
-                break
-            waiting.popleft()
+                break  # head-of-line: the selected request waits, nothing overtakes it
+            if fifo:
+                waiting.popleft()
+            else:
+                waiting.pop(served)
+            if self._track_served:
+                served[live.spec.tenant_id] = served.get(live.spec.tenant_id, 0.0) + prompt
             live.admitted_s = now
             r.prefilling.append(live)
             num_seqs += 1
@@ -615,6 +697,11 @@ class SimulatedCluster:
         return RequestOutcome(req.request_id, req.tenant_id, req.model, "", req.sla_class, req.arrival_s,
                               nan, nan, nan, 0, nan, nan, nan, nan, -math.inf, False, dropped=True)
 
+    def _finished(self, r: _Replica, live: _Live, now: float) -> None:
+        self._notify_finished(self._outcome(r, live, now))
+        if self.estimator is not None:
+            self.estimator.observe(live.spec, live.spec.output_tokens)
+
     def _notify_finished(self, outcome: RequestOutcome) -> None:
         for obs in self._observers:
             obs.request_finished(outcome)
@@ -648,6 +735,10 @@ class SimulatedCluster:
         f.spec, f.cost_model, f.sla_classes = self.spec, self.cost_model, self.sla_classes
         f.rng = copy.deepcopy(self.rng)
         f.kv_watermark_fraction, f.router = self.kv_watermark_fraction, self.router
+        f.queue_policy, f._fifo, f._track_served = self.queue_policy, self._fifo, self._track_served
+        f.estimator = None  # a what-if must not calibrate the real estimator (no arrivals to estimate)
+        f.tenant_priority, f.tenant_weight = self.tenant_priority, self.tenant_weight
+        f._served = dict(self._served)
         f._devices = self._devices
         f.ledger = self.ledger.copy()
         f.ledger.reset_peaks(self.engine.now_s)

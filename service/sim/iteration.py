@@ -208,10 +208,26 @@ class IterationCostTable:
         return self.latency_s(batch.num_prefill_tokens, batch.prefill_pairs, batch.prefill_kv_tokens,
                               batch.num_prefill_seqs, batch.num_decodes, batch.decode_context_sum)
 
+    def _passes(self, batch: BatchFeatures) -> list[tuple[BatchFeatures, int]]:
+        """The forward passes one iteration takes, with multiplicities: one fused pass, or (for
+        an executor that runs each prompt alone) the decodes together plus one pass per prompt,
+        each priced as the batch's mean prompt."""
+        n = batch.num_prefill_seqs
+        if not self.overhead.separate_prefill_passes or n == 0 or (n == 1 and batch.num_decodes == 0):
+            return [(batch, 1)]
+        one = BatchFeatures(num_prefill_tokens=max(1, batch.num_prefill_tokens // n),
+                            prefill_pairs=max(1, batch.prefill_pairs // n),
+                            prefill_kv_tokens=max(1, batch.prefill_kv_tokens // n), num_prefill_seqs=1, logits_rows=1)
+        passes = [(one, n)]
+        if batch.num_decodes:
+            passes.append((BatchFeatures(num_decodes=batch.num_decodes, decode_context_sum=batch.decode_context_sum,
+                                         logits_rows=batch.num_decodes), 1))
+        return passes
+
     def exact_s(self, batch: BatchFeatures) -> float:
         """Unmemoised latency of ``batch`` (no bucketing)."""
-        ops = iteration_ops(self.config, batch)
-        compute_s = self.cost_model.predict(ops, self.device).p50_s / self.tp_degree
+        compute_s = sum(n * self.cost_model.predict(iteration_ops(self.config, b), self.device).p50_s
+                        for b, n in self._passes(batch)) / self.tp_degree
         stream_bytes = batch.num_tokens * self.config.d_model * dtype_bytes(self.config)
         comm_s = 2 * self.config.n_layers * allreduce_s(stream_bytes, self.tp_degree, self.link)
         return compute_s + comm_s + self.overhead.seconds(batch.num_prefill_seqs, batch.num_decodes)

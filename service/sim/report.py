@@ -8,6 +8,7 @@ dataclasses: the scheduler and the replay read them).
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -16,6 +17,8 @@ from service.core.memory import MemoryViolation
 # Upper edges (seconds) of the idle-window histogram buckets; the last bucket is open.
 IDLE_BUCKET_EDGES_S: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
 IDLE_BUCKET_LABELS: tuple[str, ...] = ("<1ms", "1-10ms", "10-100ms", "0.1-1s", "1-10s", ">=10s")
+# Share of finished requests, by true output length, that count as "long" for starvation.
+LONG_FRACTION = 0.1
 # Gaps shorter than this are float noise between back-to-back work, not idle windows.
 _IDLE_EPS_S = 1e-9
 
@@ -62,6 +65,11 @@ class SimReport:
     violations: list[MemoryViolation]  # forced allocations above a device's limit
     sla_attainment: float  # fraction of finished requests that met their SLA (1.0 if none)
     sla_attainment_by_tenant: dict[str, float] = field(default_factory=dict)
+    # Starvation: the worst queueing delay (admitted_s - arrival_s) among finished requests whose
+    # true output length is in the top LONG_FRACTION (the longest ceil(10%), ties included);
+    # 0.0 when nothing finished.
+    max_wait_s_long: float = 0.0
+    max_wait_s: float = 0.0  # worst queueing delay of any finished request (0.0 when none)
 
 
 class SimObserver(Protocol):
@@ -119,4 +127,16 @@ class MetricsCollector:
             makespan_s=makespan_s, num_events=num_events, requests=list(self.outcomes), devices=devices,
             violations=list(violations), sla_attainment=met / len(done) if done else 1.0,
             sla_attainment_by_tenant={t: m / n for t, (m, n) in sorted(by_tenant.items())},
+            max_wait_s_long=max_wait_s_long(done), max_wait_s=max((o.admitted_s - o.arrival_s for o in done), default=0.0),
         )
+
+
+def max_wait_s_long(outcomes: list[RequestOutcome], fraction: float = LONG_FRACTION) -> float:
+    """Worst ``admitted_s - arrival_s`` among the ``ceil(fraction * n)`` finished requests with the
+    longest outputs (every request tied with the shortest of them included); 0.0 if none."""
+    done = [o for o in outcomes if not o.dropped]
+    if not done:
+        return 0.0
+    lengths = sorted((o.num_output_tokens for o in done), reverse=True)
+    threshold = lengths[max(1, math.ceil(fraction * len(done))) - 1]
+    return max(o.admitted_s - o.arrival_s for o in done if o.num_output_tokens >= threshold)

@@ -1,0 +1,322 @@
+"""Request-level queue policies: which waiting request a replica admits next.
+
+Pure: no I/O, no wall clock, no randomness.
+
+One interface, :class:`QueuePolicy`: a policy gives every queued request a **static key**
+(smaller goes first; it must not change while the request waits), and may ask for
+**fair-share** selection across tenants: pick the backlogged tenant with the fewest served
+tokens per unit of weight, then the smallest key inside that tenant. Static keys let
+:class:`RequestQueue` keep a heap (O(log n) per push and pop, queues of thousands); fair share
+adds a scan over the backlogged tenants (few). Ties between equal keys go to the request pushed
+first, so the order is deterministic and ``fifo`` is exactly arrival order.
+
+Aging without changing keys: a policy whose score grows linearly with waiting time,
+``score(now) = base + (now - arrival_s) / scale``, orders requests at any instant like the static
+``arrival_s - base * scale`` (the ``now`` term is common to all), so aging is a static key too.
+
+Policies (the names are interfaces):
+
+========================  ===============================================================
+``fifo``                  arrival order
+``priority``              tenant priority (higher first), then arrival
+``weighted``              token-weighted fair share across tenants, arrival order within one
+``sjf``                   shortest estimated output first, then arrival (may starve long ones)
+``aging``                 priority plus one level per ``aging_s`` seconds waited
+``aging-spf``             shortest prompt first, a waited second worth ``aging_tokens_per_s``
+                          prompt tokens: a request is served before anything arriving later
+                          than ``arrival_s + prompt_tokens / aging_tokens_per_s``
+``oracle-remaining``      true remaining output tokens (a reference, not deployable)
+========================  ===============================================================
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+from service.domain.error import InvalidInputError
+
+__all__ = [
+    "QUEUE_POLICIES", "AgingPolicy", "AgingSpfPolicy", "FifoPolicy", "OracleRemainingPolicy", "PriorityPolicy",
+    "QueuePolicy", "QueuedRequest", "RequestQueue", "SjfPolicy", "WeightedPolicy", "make_queue_policy",
+    "select_index",
+]
+
+Key = tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRequest:
+    """What a queue policy may know about a waiting request."""
+
+    request_id: str
+    tenant_id: str
+    model: str
+    arrival_s: float
+    prompt_tokens: int
+    estimated_output_tokens: int  # the token budget given at arrival (0: no estimate)
+    generated_tokens: int = 0  # output already produced (a preempted request; 0 when never run)
+    priority: int = 0  # the tenant's priority; higher goes first
+    weight: float = 1.0  # the tenant's fair-share weight (> 0)
+    true_output_tokens: int | None = None  # only for oracle policies; None otherwise
+
+
+class QueuePolicy(Protocol):
+    """The order of a queue. See the module docstring for the contract of ``key``."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def fair_share(self) -> bool:
+        """True: select the tenant with the least served tokens / weight first."""
+        ...
+
+    @property
+    def needs_estimate(self) -> bool:
+        """True: ``key`` reads ``estimated_output_tokens`` (an estimator must supply it)."""
+        ...
+
+    @property
+    def needs_truth(self) -> bool:
+        """True: ``key`` reads ``true_output_tokens`` (an oracle; not deployable)."""
+        ...
+
+    def key(self, req: QueuedRequest) -> Key:
+        """Static order key, smaller first; must not depend on time or on other requests."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class FifoPolicy:
+    name: ClassVar[str] = "fifo"
+    fair_share: ClassVar[bool] = False
+    needs_estimate: ClassVar[bool] = False
+    needs_truth: ClassVar[bool] = False
+
+    def key(self, req: QueuedRequest) -> Key:
+        return (req.arrival_s,)
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityPolicy:
+    name: ClassVar[str] = "priority"
+    fair_share: ClassVar[bool] = False
+    needs_estimate: ClassVar[bool] = False
+    needs_truth: ClassVar[bool] = False
+
+    def key(self, req: QueuedRequest) -> Key:
+        return (-req.priority, req.arrival_s)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedPolicy:
+    """Token-weighted fair share: served tokens are counted by the caller (the simulator counts
+    prompt tokens at admission and each output token as it is produced). A tenant that was idle
+    keeps its count: it is not credited for the time it had nothing queued."""
+
+    name: ClassVar[str] = "weighted"
+    fair_share: ClassVar[bool] = True
+    needs_estimate: ClassVar[bool] = False
+    needs_truth: ClassVar[bool] = False
+
+    def key(self, req: QueuedRequest) -> Key:
+        return (req.arrival_s,)
+
+
+@dataclass(frozen=True, slots=True)
+class SjfPolicy:
+    name: ClassVar[str] = "sjf"
+    fair_share: ClassVar[bool] = False
+    needs_estimate: ClassVar[bool] = True
+    needs_truth: ClassVar[bool] = False
+
+    def key(self, req: QueuedRequest) -> Key:
+        return (float(req.estimated_output_tokens - req.generated_tokens), req.arrival_s)
+
+
+@dataclass(frozen=True, slots=True)
+class AgingPolicy:
+    """Effective priority ``priority + waited_s / aging_s``, highest first, then arrival."""
+
+    aging_s: float = 10.0  # seconds of waiting worth one priority level
+    name: ClassVar[str] = "aging"
+    fair_share: ClassVar[bool] = False
+    needs_estimate: ClassVar[bool] = False
+    needs_truth: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.aging_s < float("inf")):
+            raise InvalidInputError(f"aging: aging_s must be finite and > 0, got {self.aging_s}")
+
+    def key(self, req: QueuedRequest) -> Key:
+        return (req.arrival_s - req.priority * self.aging_s, req.arrival_s)
+
+
+@dataclass(frozen=True, slots=True)
+class AgingSpfPolicy:
+    """Effective size ``prompt_tokens - aging_tokens_per_s * waited_s``, smallest first."""
+
+    aging_tokens_per_s: float = 1000.0  # prompt tokens one second of waiting makes up for
+    name: ClassVar[str] = "aging-spf"
+    fair_share: ClassVar[bool] = False
+    needs_estimate: ClassVar[bool] = False
+    needs_truth: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.aging_tokens_per_s < float("inf")):
+            raise InvalidInputError(f"aging-spf: aging_tokens_per_s must be finite and > 0, "
+                                    f"got {self.aging_tokens_per_s}")
+
+    def key(self, req: QueuedRequest) -> Key:
+        return (req.arrival_s + req.prompt_tokens / self.aging_tokens_per_s, req.arrival_s)
+
+
+@dataclass(frozen=True, slots=True)
+class OracleRemainingPolicy:
+    name: ClassVar[str] = "oracle-remaining"
+    fair_share: ClassVar[bool] = False
+    needs_estimate: ClassVar[bool] = False
+    needs_truth: ClassVar[bool] = True
+
+    def key(self, req: QueuedRequest) -> Key:
+        if req.true_output_tokens is None:
+            raise InvalidInputError(f"oracle-remaining: request {req.request_id} has no true_output_tokens",
+                                    culprit=req.request_id)
+        return (float(req.true_output_tokens - req.generated_tokens), req.arrival_s)
+
+
+QUEUE_POLICIES: dict[str, Callable[..., QueuePolicy]] = {
+    p.name: p for p in (FifoPolicy, PriorityPolicy, WeightedPolicy, SjfPolicy, AgingPolicy, AgingSpfPolicy,
+                        OracleRemainingPolicy)
+}
+
+
+def make_queue_policy(name: str, **params: Any) -> QueuePolicy:
+    """The policy registered as ``name`` built with ``params``; ``InvalidInputError`` on an unknown
+    name (listing the known ones) or parameters the policy does not take."""
+    factory = QUEUE_POLICIES.get(name)
+    if factory is None:
+        raise InvalidInputError(f"unknown queue policy {name!r}; known: {', '.join(sorted(QUEUE_POLICIES))}",
+                                culprit=name)
+    try:
+        return factory(**params)
+    except TypeError as exc:
+        raise InvalidInputError(f"queue policy {name!r}: bad parameters {sorted(params)}: {exc}", culprit=name) from None
+
+
+def _share(tenant_id: str, weight: float, served: Mapping[str, float]) -> float:
+    return served.get(tenant_id, 0.0) / weight
+
+
+def select_index(policy: QueuePolicy, waiting: Sequence[QueuedRequest], served: Mapping[str, float]) -> int:
+    """Index in ``waiting`` (listed in push order) of the request ``policy`` admits next: the
+    reference semantics, by linear scan. ``InvalidInputError`` if ``waiting`` is empty."""
+    if not waiting:
+        raise InvalidInputError("select_index: empty queue")
+    if policy.fair_share:
+        def rank(i: int) -> tuple[float, Key, int]:
+            q = waiting[i]
+            return _share(q.tenant_id, q.weight, served), policy.key(q), i
+    else:
+        def rank(i: int) -> tuple[float, Key, int]:
+            return 0.0, policy.key(waiting[i]), i
+    # Within a tenant the key decides; across tenants the share decides, then the best key.
+    return min(range(len(waiting)), key=rank)
+
+
+T = TypeVar("T")
+
+
+class RequestQueue(Generic[T]):
+    """A waiting queue ordered by ``policy``, holding caller items (e.g. simulator state) next to
+    their :class:`QueuedRequest`. Same order as :func:`select_index`, in O(log n) per operation
+    (plus a scan over backlogged tenants for fair-share policies).
+
+    ``served`` (tokens per tenant) is read at :meth:`peek` / :meth:`pop`; the caller keeps it.
+    """
+
+    __slots__ = ("_groups", "_policy", "_seq", "_size", "_weights")
+
+    def __init__(self, policy: QueuePolicy) -> None:
+        self._policy = policy
+        self._seq = itertools.count()
+        # one heap for everything, or one per tenant under fair share
+        self._groups: dict[str, list[tuple[Key, int, QueuedRequest, T]]] = {}
+        self._weights: dict[str, float] = {}
+        self._size = 0
+
+    @property
+    def policy(self) -> QueuePolicy:
+        return self._policy
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[T]:
+        """The items, in no particular order."""
+        for heap in self._groups.values():
+            for entry in heap:
+                yield entry[3]
+
+    def requests(self) -> Iterator[QueuedRequest]:
+        for heap in self._groups.values():
+            for entry in heap:
+                yield entry[2]
+
+    def push(self, req: QueuedRequest, item: T) -> None:
+        group = req.tenant_id if self._policy.fair_share else ""
+        if not (req.weight > 0.0):
+            raise InvalidInputError(f"request {req.request_id}: weight must be > 0, got {req.weight}",
+                                    culprit=req.request_id)
+        heap = self._groups.get(group)
+        if heap is None:
+            heap = self._groups[group] = []
+        self._weights[group] = req.weight
+        heapq.heappush(heap, (self._policy.key(req), next(self._seq), req, item))
+        self._size += 1
+
+    def _heap(self, served: Mapping[str, float]) -> list[tuple[Key, int, QueuedRequest, T]]:
+        if not self._size:
+            raise InvalidInputError("RequestQueue: empty queue")
+        if not self._policy.fair_share:
+            return self._groups[""]
+        best: list[tuple[Key, int, QueuedRequest, T]] | None = None
+        best_rank: tuple[float, Key, int] | None = None
+        for tenant, heap in self._groups.items():
+            if not heap:
+                continue
+            head = heap[0]
+            rank = (_share(tenant, self._weights[tenant], served), head[0], head[1])
+            if best_rank is None or rank < best_rank:
+                best, best_rank = heap, rank
+        assert best is not None
+        return best
+
+    def peek(self, served: Mapping[str, float]) -> T:
+        """The item admitted next (``InvalidInputError`` when empty)."""
+        return self._heap(served)[0][3]
+
+    def peek_request(self, served: Mapping[str, float]) -> QueuedRequest:
+        return self._heap(served)[0][2]
+
+    def pop(self, served: Mapping[str, float]) -> T:
+        """Remove and return the item :meth:`peek` gives for the same ``served``."""
+        item = heapq.heappop(self._heap(served))[3]
+        self._size -= 1
+        return item
+
+    def copy(self, convert: Callable[[T], T]) -> RequestQueue[T]:
+        """A queue in the same state, with every item passed through ``convert``."""
+        other: RequestQueue[T] = RequestQueue(self._policy)
+        other._groups = {g: [(k, s, q, convert(x)) for k, s, q, x in heap] for g, heap in self._groups.items()}
+        other._weights = dict(self._weights)
+        other._size = self._size
+        # continue the counter past every sequence number in use so ties keep their order
+        start = 1 + max((s for heap in self._groups.values() for _, s, _, _ in heap), default=-1)
+        seen = next(self._seq)  # advances this queue's counter too; harmless, numbers stay increasing
+        other._seq = itertools.count(max(start, seen))
+        return other

@@ -1,0 +1,184 @@
+"""Queue policies: each policy's order on hand-made queues, the heap queue against the linear
+reference, weighted fairness, aging against starvation, and the registry."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.core.queue import (
+    QUEUE_POLICIES,
+    QueuedRequest,
+    QueuePolicy,
+    RequestQueue,
+    make_queue_policy,
+    select_index,
+)
+from service.domain.error import InvalidInputError
+
+
+def _q(rid: str, at: float, *, prompt: int = 100, est: int = 10, prio: int = 0, tenant: str = "a",
+       weight: float = 1.0, true: int | None = None) -> QueuedRequest:
+    return QueuedRequest(rid, tenant, "m", at, prompt, est, 0, prio, weight, true)
+
+
+def _drain(policy: QueuePolicy, reqs: list[QueuedRequest]) -> list[str]:
+    q: RequestQueue[str] = RequestQueue(policy)
+    for r in reqs:
+        q.push(r, r.request_id)
+    return [q.pop({}) for _ in range(len(reqs))]
+
+
+def test_fifo_is_arrival_order_and_ties_keep_push_order() -> None:
+    reqs = [_q("a", 0.0), _q("b", 1.0, prio=5), _q("c", 1.0, est=1), _q("d", 0.5)]
+    assert _drain(make_queue_policy("fifo"), reqs) == ["a", "d", "b", "c"]
+
+
+def test_priority_orders_by_priority_then_arrival() -> None:
+    reqs = [_q("lo", 0.0, prio=0), _q("hi2", 2.0, prio=2), _q("hi1", 1.0, prio=2), _q("mid", 0.5, prio=1)]
+    assert _drain(make_queue_policy("priority"), reqs) == ["hi1", "hi2", "mid", "lo"]
+
+
+def test_sjf_orders_by_estimate_and_oracle_by_true_remaining_length() -> None:
+    reqs = [_q("long", 0.0, est=500, true=10), _q("short", 1.0, est=5, true=900), _q("mid", 2.0, est=50, true=50),
+            _q("short2", 0.5, est=5, true=1)]
+    assert _drain(make_queue_policy("sjf"), reqs) == ["short2", "short", "mid", "long"]
+    assert _drain(make_queue_policy("oracle-remaining"), reqs) == ["short2", "long", "mid", "short"]
+
+
+def test_oracle_without_true_length_is_refused() -> None:
+    with pytest.raises(InvalidInputError, match="true_output_tokens"):
+        make_queue_policy("oracle-remaining").key(_q("x", 0.0))
+
+
+def test_aging_trades_priority_levels_for_waiting_time() -> None:
+    policy = make_queue_policy("aging", aging_s=10.0)
+    # the old low-priority request waited 15 s more: more than one level's worth
+    assert _drain(policy, [_q("new-hi", 15.0, prio=1), _q("old-lo", 0.0, prio=0)]) == ["old-lo", "new-hi"]
+    # only 5 s more: the level wins
+    assert _drain(policy, [_q("new-hi", 5.0, prio=1), _q("old-lo", 0.0, prio=0)]) == ["new-hi", "old-lo"]
+
+
+def test_aging_spf_prefers_short_prompts_until_the_long_one_has_waited_enough() -> None:
+    policy = make_queue_policy("aging-spf", aging_tokens_per_s=1000.0)
+    # 4000-token prompt at t=0: key 4 s; a 100-token prompt at t=3 has key 3.1 s, at t=4.5 key 4.6 s
+    assert _drain(policy, [_q("long", 0.0, prompt=4000), _q("short", 3.0, prompt=100)]) == ["short", "long"]
+    assert _drain(policy, [_q("long", 0.0, prompt=4000), _q("short", 4.5, prompt=100)]) == ["long", "short"]
+
+
+def test_weighted_picks_the_tenant_with_least_served_tokens_per_weight() -> None:
+    policy = make_queue_policy("weighted")
+    q: RequestQueue[str] = RequestQueue(policy)
+    for r in (_q("a1", 0.0, tenant="a"), _q("a2", 0.1, tenant="a"), _q("b1", 5.0, tenant="b", weight=2.0)):
+        q.push(r, r.request_id)
+    # a: 100/1 = 100, b: 150/2 = 75 -> b first although it arrived last
+    assert q.peek({"a": 100.0, "b": 150.0}) == "b1"
+    assert q.pop({"a": 100.0, "b": 150.0}) == "b1"
+    assert q.pop({"a": 100.0, "b": 150.0}) == "a1"  # b has nothing queued any more
+
+
+@pytest.mark.parametrize("weights", [(1.0, 1.0), (1.0, 3.0), (2.0, 5.0)])
+def test_weighted_fair_share_converges_to_the_weights(weights: tuple[float, float]) -> None:
+    policy = make_queue_policy("weighted")
+    q: RequestQueue[str] = RequestQueue(policy)
+    served: dict[str, float] = {"a": 0.0, "b": 0.0}
+    cost = {"a": 70, "b": 130}  # different request sizes: fairness is in tokens, not requests
+    w = dict(zip("ab", weights, strict=True))
+    t = 0.0
+    for tenant in "ab":  # both tenants stay backlogged: refill after each pop
+        for _ in range(3):
+            t += 1.0
+            q.push(_q(f"{tenant}{t}", t, tenant=tenant, weight=w[tenant], prompt=cost[tenant]), tenant)
+    for _ in range(3000):
+        tenant = q.pop(served)
+        served[tenant] += cost[tenant]
+        t += 1.0
+        q.push(_q(f"{tenant}{t}", t, tenant=tenant, weight=w[tenant], prompt=cost[tenant]), tenant)
+    ratio = (served["b"] / served["a"]) / (w["b"] / w["a"])
+    assert ratio == pytest.approx(1.0, rel=0.01)
+
+
+def _starvation_steps(policy: QueuePolicy, *, victim: QueuedRequest, stream: str, steps: int = 100) -> int | None:
+    """Push the victim at t=0, then every second push one stream request and pop one; the step
+    at which the victim is served, or None."""
+    q: RequestQueue[str] = RequestQueue(policy)
+    q.push(victim, victim.request_id)
+    for k in range(1, steps + 1):
+        extra = (_q(f"s{k}", float(k), prio=1) if stream == "priority" else _q(f"s{k}", float(k), prompt=10))
+        q.push(extra, extra.request_id)
+        if q.pop({}) == victim.request_id:
+            return k
+    return None
+
+
+def test_priority_starves_a_low_priority_request_and_aging_serves_it() -> None:
+    victim = _q("victim", 0.0, prio=0)
+    assert _starvation_steps(make_queue_policy("priority"), victim=victim, stream="priority") is None
+    served_at = _starvation_steps(make_queue_policy("aging", aging_s=10.0), victim=victim, stream="priority")
+    assert served_at is not None and served_at <= 11
+
+
+def test_aging_spf_serves_a_long_prompt_under_a_stream_of_short_ones() -> None:
+    victim = _q("victim", 0.0, prompt=8000)
+    served_at = _starvation_steps(make_queue_policy("aging-spf", aging_tokens_per_s=1000.0), victim=victim,
+                                  stream="short")
+    assert served_at is not None and served_at <= 9
+
+
+def test_unknown_policy_names_the_known_ones_and_bad_parameters_are_refused() -> None:
+    with pytest.raises(InvalidInputError) as err:
+        make_queue_policy("lifo")
+    assert all(name in str(err.value) for name in QUEUE_POLICIES)
+    with pytest.raises(InvalidInputError, match="bad parameters"):
+        make_queue_policy("fifo", aging_s=3.0)
+    with pytest.raises(InvalidInputError, match="aging_s"):
+        make_queue_policy("aging", aging_s=0.0)
+    assert set(QUEUE_POLICIES) == {"fifo", "priority", "weighted", "sjf", "aging", "aging-spf", "oracle-remaining"}
+
+
+def test_an_empty_queue_refuses_to_select() -> None:
+    with pytest.raises(InvalidInputError):
+        RequestQueue(make_queue_policy("fifo")).peek({})
+    with pytest.raises(InvalidInputError):
+        select_index(make_queue_policy("fifo"), [], {})
+
+
+_requests = st.lists(
+    st.tuples(st.integers(0, 20), st.integers(1, 5000), st.integers(1, 500), st.integers(0, 3),
+              st.sampled_from("abc"), st.integers(1, 500)),
+    min_size=1, max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=_requests, name=st.sampled_from(sorted(QUEUE_POLICIES)), pops_between=st.integers(1, 3))
+def test_the_heap_queue_pops_what_the_linear_reference_selects(
+        rows: list[tuple[int, int, int, int, str, int]], name: str, pops_between: int) -> None:
+    policy = make_queue_policy(name)
+    weights = {"a": 1.0, "b": 2.0, "c": 0.5}
+    reqs = [_q(f"r{i}", float(at) / 2, prompt=p, est=e, prio=prio, tenant=t, weight=weights[t], true=true)
+            for i, (at, p, e, prio, t, true) in enumerate(rows)]
+    queue: RequestQueue[QueuedRequest] = RequestQueue(policy)
+    pending: list[QueuedRequest] = []  # push order, for the reference
+    served: dict[str, float] = {}
+    for i, r in enumerate(reqs):
+        queue.push(r, r)
+        pending.append(r)
+        if i % pops_between == 0 or i == len(reqs) - 1:
+            while pending and (i == len(reqs) - 1 or len(pending) > 2):
+                expect = pending.pop(select_index(policy, pending, served))
+                got = queue.pop(served)
+                assert got is expect
+                served[got.tenant_id] = served.get(got.tenant_id, 0.0) + got.prompt_tokens
+    assert len(queue) == 0
+
+
+def test_a_copied_queue_keeps_its_order_and_converts_items() -> None:
+    policy = make_queue_policy("sjf")
+    q: RequestQueue[str] = RequestQueue(policy)
+    for r in (_q("x", 0.0, est=30), _q("y", 1.0, est=10), _q("z", 2.0, est=10)):
+        q.push(r, r.request_id)
+    c = q.copy(str.upper)
+    c.push(_q("w", 3.0, est=10), "W")
+    assert [c.pop({}) for _ in range(4)] == ["Y", "Z", "W", "X"]
+    assert len(q) == 3 and sorted(q) == ["x", "y", "z"]  # the original is unchanged
