@@ -317,6 +317,10 @@ def build_parser() -> argparse.ArgumentParser:
             m.add_argument("-o", "--output", help="write to this file instead of stdout")
             m.set_defaults(func=cmd_model_export)
 
+    from service.replay.command import add_parser as add_replay
+
+    add_replay(sub)
+
     tr = sub.add_parser("trace", help="production traces").add_subparsers(dest="action", required=True)
     ts = tr.add_parser("stats", help="summarise an Azure CSV or Mooncake JSONL trace")
     ts.add_argument("file")

@@ -95,6 +95,8 @@ class ReplicaSpec:
     device_ids: tuple[str, ...]  # one device, or several for tensor parallelism
     max_batched_tokens: int = 2048  # token budget of one iteration (a decode counts one)
     max_num_seqs: int = 256  # admitted sequences at most (prefilling plus decoding)
+    tenant_id: str | None = None  # serves only this tenant's requests (None: any tenant of the model)
+    guest: bool = False  # added at run time outside the tenant's home devices
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +277,13 @@ class SimulatedCluster:
         self._by_device: dict[str, list[str]] = {d: [] for d in self._devices}
         self._shared = False
         configs = model_configs or MODEL_CONFIGS
+        self._configs = configs
+        # Run-time replica changes (the slice placement policy): readiness, draining, activity.
+        self._dynamic = False
+        self._ready_at: dict[str, float] = {}
+        self._draining: set[str] = set()
+        self._last_active_s: dict[str, float] = {}
+        self._arrived: list[RequestSpec] = []  # in arrival order, for load forecasts
         for rs in replicas:
             self._add_replica(rs, configs)
         self._wire()
@@ -439,7 +448,8 @@ class SimulatedCluster:
     # ---- handlers -----------------------------------------------------------------------
     def _on_request_arrived(self, ev: RequestArrived) -> list[Event]:
         req = ev.request
-        candidates = self._by_model.get(req.model, [])
+        self._arrived.append(req)
+        candidates = self._routable(req)
         if candidates and not self._fits_ever(req, candidates):
             candidates = []
         if not candidates:
@@ -472,7 +482,11 @@ class SimulatedCluster:
         r.waiting.push(q, live)
 
     def _on_step_requested(self, ev: StepRequested) -> list[Event]:
-        r = self._replicas[ev.replica_id]
+        r = self._replicas.get(ev.replica_id)
+        if r is None:  # removed after draining
+            return []
+        if self._ready_at.get(ev.replica_id, 0.0) == ev.time_s and r.spec.guest and not r.waiting:
+            self._steal_waiting(r)
         r.step_pending = False
         if r.busy:
             return []
@@ -533,6 +547,10 @@ class SimulatedCluster:
             self._resize_kv(r, r.kv_tokens + kv_delta, now, force=True)
         r.iteration = j + 1
         r.busy = False
+        if self._dynamic:
+            self._last_active_s[ev.replica_id] = now
+            if ev.replica_id in self._draining and self.replica_load(ev.replica_id) == 0:
+                return self._remove_replica(ev.replica_id, now)
         follow = self._start_iteration(r, now)
         if kv_delta < 0 and self._shared:
             follow += self._wake_idle(r.device_ids, now)
@@ -652,6 +670,15 @@ class SimulatedCluster:
         r.kv_tokens = tokens
         return True
 
+    def _routable(self, req: RequestSpec) -> list[str]:
+        """Replicas that may take ``req`` now: its model, its tenant (or any), ready, not draining."""
+        ids = self._by_model.get(req.model, [])
+        if not self._dynamic:
+            return [rid for rid in ids if self._replicas[rid].spec.tenant_id in (None, req.tenant_id)]
+        now = self.engine.now_s
+        return [rid for rid in ids if self._replicas[rid].spec.tenant_id in (None, req.tenant_id)
+                and rid not in self._draining and self._ready_at.get(rid, 0.0) <= now]
+
     def _fits_ever(self, req: RequestSpec, candidates: Sequence[str]) -> bool:
         """Could the whole request's KV fit on an otherwise empty replica of its model?"""
         for rid in candidates:
@@ -757,6 +784,11 @@ class SimulatedCluster:
         f._by_model = {m: [x for x in ids if x in replicas] for m, ids in self._by_model.items()}
         f._by_device = {d: [x for x in ids if x in replicas] for d, ids in self._by_device.items()}
         f._shared = self._shared
+        f._configs, f._dynamic, f.overheads = self._configs, self._dynamic, self.overheads
+        f._ready_at = dict(self._ready_at)
+        f._draining = set(self._draining) & set(f._replicas)
+        f._last_active_s = dict(self._last_active_s)
+        f._arrived = []
 
         def keep(ev: Event) -> bool:
             if isinstance(ev, (IterationFinished, StepRequested)):
@@ -770,6 +802,125 @@ class SimulatedCluster:
         f.engine = self.engine.fork(keep)
         f._wire()
         return f
+
+    # ---- run-time replica changes -----------------------------------------------------------
+    def add_replica(self, spec: ReplicaSpec, *, weights_from: str | None = None) -> float | None:
+        """Create a replica now; returns the time it starts taking requests, or ``None`` when
+        its weights do not fit (nothing changes then).
+
+        With ``weights_from`` (a device holding the model's weights) each device's shard is
+        copied over the link from there (FIFO on the link); the replica is ready when the last
+        shard has arrived, and then takes over part of its tenant's queued requests.
+        """
+        self._dynamic = True
+        try:
+            self._add_replica(spec, self._configs)
+        except InvalidInputError:
+            return None
+        now = self.engine.now_s
+        ready = now
+        if weights_from is not None:
+            shard = -(-weight_bytes(self._configs[spec.model]) // len(spec.device_ids))
+            for d in spec.device_ids:
+                if d == weights_from:
+                    continue
+                tt = self.transfer(weights_from, d, shard)
+                buf = self._transfer_buffers.pop(tt.transfer_id, None)
+                if buf is not None:  # the weights allocation already holds these bytes
+                    self.ledger.free(buf)
+                ready = max(ready, tt.arrival_s)
+        self._ready_at[spec.replica_id] = ready
+        self._last_active_s[spec.replica_id] = ready
+        r = self._replicas[spec.replica_id]
+        r.step_pending = True
+        self.engine.schedule(StepRequested(time_s=ready, replica_id=spec.replica_id))
+        return ready
+
+    def drain_replica(self, replica_id: str) -> None:
+        """Stop routing to the replica; its queued requests move to the tenant's other
+        replicas, and it is removed (memory freed) once its running requests finish."""
+        if replica_id not in self._replicas:
+            raise InvalidInputError(f"unknown replica {replica_id!r}", culprit=replica_id)
+        self._dynamic = True
+        self._draining.add(replica_id)
+        r = self._replicas[replica_id]
+        moved = self._take_waiting(r, len(r.waiting))
+        for live in moved:
+            others = self._routable(live.spec)
+            if not others:
+                self._push_waiting(r, live)  # nowhere else: it stays and is served before removal
+                continue
+            dest = self._replicas[self._route(live.spec, others)]
+            self._push_waiting(dest, live)
+            if not dest.busy and not dest.step_pending:
+                dest.step_pending = True
+                self.engine.schedule(StepRequested(time_s=self.engine.now_s, replica_id=dest.spec.replica_id))
+        if self.replica_load(replica_id) == 0 and not r.busy:
+            for ev in self._remove_replica(replica_id, self.engine.now_s):
+                self.engine.schedule(ev)
+
+    def replica_state(self, replica_id: str) -> tuple[int, int, bool, float]:
+        """(waiting, running, draining, idle seconds) of a replica."""
+        r = self._replicas[replica_id]
+        running = len(r.prefilling) + r.num_decodes
+        idle = 0.0
+        if len(r.waiting) + running == 0:
+            idle = max(0.0, self.engine.now_s - self._last_active_s.get(replica_id, 0.0))
+        return len(r.waiting), running, replica_id in self._draining, idle
+
+    def arrivals_since(self, since_s: float) -> list[RequestSpec]:
+        """Requests that arrived at or after ``since_s`` (oldest first)."""
+        i = len(self._arrived)
+        while i > 0 and self._arrived[i - 1].arrival_s >= since_s:
+            i -= 1
+        return self._arrived[i:]
+
+    def ready_at_s(self, replica_id: str) -> float:
+        return self._ready_at.get(replica_id, 0.0)
+
+    def _remove_replica(self, replica_id: str, now: float) -> list[Event]:
+        r = self._replicas.pop(replica_id)
+        for a in [*r.kv_allocs, *r.act_allocs]:
+            self.ledger.free(a)
+        for d in r.device_ids:
+            weights = [a for a in self.ledger.allocations(d) if a.owner == f"{replica_id}/weights"]
+            for a in weights:
+                self.ledger.free(a)
+            self._by_device[d].remove(replica_id)
+        self._by_model[r.spec.model].remove(replica_id)
+        self._draining.discard(replica_id)
+        self._shared = any(len(v) > 1 for v in self._by_device.values())
+        return self._wake_idle(r.device_ids, now)
+
+    def _take_waiting(self, r: _Replica, n: int) -> list[_Live]:
+        out: list[_Live] = []
+        while r.waiting and len(out) < n:
+            out.append(r.waiting.pop() if isinstance(r.waiting, deque) else r.waiting.pop(self._served))
+        return out
+
+    def _push_waiting(self, r: _Replica, live: _Live) -> None:
+        if isinstance(r.waiting, deque):
+            r.waiting.append(live)
+            return
+        spec = live.spec
+        truth = self.queue_policy is not None and self.queue_policy.needs_truth
+        q = QueuedRequest(spec.request_id, spec.tenant_id, spec.model, spec.arrival_s, spec.prompt_tokens,
+                          live.estimate, 0, self.tenant_priority.get(spec.tenant_id, 0),
+                          self.tenant_weight.get(spec.tenant_id, 1.0), spec.output_tokens if truth else None)
+        r.waiting.push(q, live)
+
+    def _steal_waiting(self, r: _Replica) -> None:
+        """A new replica takes an even share of its tenant's queued requests."""
+        tenant = r.spec.tenant_id
+        peers = [self._replicas[x] for x in self._by_model.get(r.spec.model, [])
+                 if x != r.spec.replica_id and self._replicas[x].spec.tenant_id == tenant]
+        target = sum(len(p.waiting) for p in peers) // (len(peers) + 1)  # each replica's fair share
+        share = target
+        for p in sorted(peers, key=lambda p: -len(p.waiting)):
+            take = min(share, max(0, len(p.waiting) - target))
+            for live in reversed(self._take_waiting(p, take)):
+                self._push_waiting(r, live)
+            share -= take
 
     def in_flight(self) -> list[tuple[str, RequestSpec]]:
         """(replica_id, request) of every request routed to a replica and not finished."""

@@ -90,6 +90,10 @@ class MetricsCollector:
         self._num_slices = dict.fromkeys(device_ids, 0)
         self._idle = {d: [0] * len(IDLE_BUCKET_LABELS) for d in device_ids}
 
+    def busy_s(self) -> dict[str, float]:
+        """Busy seconds per device so far (for utilisation over a window)."""
+        return dict(self._busy_s)
+
     def slice_executed(self, device_id: str, start_s: float, end_s: float, owner: str) -> None:
         self._busy_s[device_id] += end_s - start_s
         self._num_slices[device_id] += 1

@@ -1,0 +1,199 @@
+"""Placement policies: where each tenant's work runs.
+
+``container`` stands for today's practice and is made strong: every tenant's model gets a
+static set of whole devices sized from the tenant's share of the offered load (largest
+remainder over the work each tenant brings, at least one replica each, tensor parallel where the
+weights need it), with continuous batching and memory-aware admission inside, as vLLM does.
+It is sized with the *true* average load of the run, which a real operator only estimates.
+
+``slice`` starts from the same home devices and then fills idle windows across tenants: at
+every step it looks for tenants with a backlog, asks the candidate-slot search for devices
+with memory headroom where the tenant's weights can be made resident (a copy over NVLink or
+the network, charged by the simulator), judges the best candidates with the what-if
+simulator, and commits the one that gains most output tokens over the horizon without adding
+an SLA violation for any tenant or any memory violation. Guest replicas share their devices
+with the owners' work iteration by iteration (a device runs one slice at a time), and are
+drained when idle. It never places work the simulator predicts would overflow memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from service.core.scheduler import ClusterView, Decision, DeviceInfo, ReplicaChange, WhatIfOutcome
+from service.domain.cluster import ClusterSpec
+from service.domain.error import InvalidInputError
+
+TP_DEGREES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantDemand:
+    tenant_id: str
+    model: str
+    device_s_per_s: float  # work offered per second, in seconds of one device (>= 0)
+
+
+def min_tp(weight_bytes: int, reserve_bytes: int, device_mem_bytes: int, usable_fraction: float = 0.9) -> int:
+    """Smallest tensor-parallel degree whose per-device weights plus reserve fit."""
+    for tp in TP_DEGREES:
+        if (weight_bytes + reserve_bytes) / tp <= device_mem_bytes * usable_fraction:
+            return tp
+    raise InvalidInputError(f"a model of {weight_bytes / 2**30:.0f} GiB does not fit on 8 devices")
+
+
+def container_replicas(spec: ClusterSpec, demands: Sequence[TenantDemand], *,
+                       weight_bytes: Callable[[str], int], reserve_bytes: Callable[[str], int]
+                       ) -> list[tuple[str, str, tuple[str, ...]]]:
+    """Static whole-device allocation: ``(tenant_id, model, device_ids)`` per replica.
+
+    Devices are shared out in proportion to each tenant's offered work (largest remainder, in
+    units of the tenant's tensor-parallel group), every tenant getting at least one group; a
+    group never spans hosts. Raises :class:`InvalidInputError` when the tenants' minimum groups
+    do not fit the cluster.
+    """
+    mem = min(d.mem_bytes for d in spec.devices)
+    tp = {t.tenant_id: min_tp(weight_bytes(t.model), reserve_bytes(t.model), mem) for t in demands}
+    need = sum(tp.values())
+    if need > len(spec.devices):
+        raise InvalidInputError(
+            f"the cluster's {len(spec.devices)} devices cannot hold one replica per tenant "
+            f"({need} devices needed: " + ", ".join(f"{t.tenant_id} x{tp[t.tenant_id]}" for t in demands) + ")")
+    groups = dict.fromkeys(tp, 1)
+    spare = len(spec.devices) - need
+    total = sum(t.device_s_per_s for t in demands) or 1.0
+    # Largest remainder over the spare devices, in whole groups of each tenant's TP degree.
+    ideal = {t.tenant_id: len(spec.devices) * t.device_s_per_s / total / tp[t.tenant_id] for t in demands}
+    while spare > 0:
+        fits = [t for t in tp if tp[t] <= spare]
+        if not fits:
+            break
+        best = max(fits, key=lambda t: (ideal[t] - groups[t], -tp[t], t))
+        groups[best] += 1
+        spare -= tp[best]
+    by_host: dict[str, list[str]] = {}
+    for d in spec.devices:
+        by_host.setdefault(d.host_id, []).append(d.device_id)
+    out: list[tuple[str, str, tuple[str, ...]]] = []
+    model_of = {t.tenant_id: t.model for t in demands}
+    for tenant in sorted(tp, key=lambda t: (-tp[t], t)):  # big groups first, they fragment worst
+        for _ in range(groups[tenant]):
+            host = next((h for h, free in by_host.items() if len(free) >= tp[tenant]), None)
+            if host is None:
+                raise InvalidInputError(f"no host has {tp[tenant]} free devices for {tenant}'s {model_of[tenant]}")
+            ids = tuple(by_host[host][: tp[tenant]])
+            del by_host[host][: tp[tenant]]
+            out.append((tenant, model_of[tenant], ids))
+    return out
+
+
+class ContainerPlacementPolicy:
+    """Static: the initial allocation is the whole decision."""
+
+    name = "container"
+
+    def step(self, now_s: float, state: ClusterView) -> Decision:
+        return Decision()
+
+
+@dataclass
+class SlicePlacementPolicy:
+    """Fill idle windows across tenants, judged by the what-if simulator (see module doc)."""
+
+    horizon_s: float = 20.0  # what-if look-ahead
+    max_candidates: int = 3  # what-ifs per backlogged tenant and step
+    min_backlog: int = 2  # waiting requests before a tenant looks for more room
+    idle_drain_s: float = 30.0  # a guest replica idle this long is drained
+    max_guests_per_tenant: int = 4
+    name: str = "slice"
+    find_devices: Callable[[ClusterView, str, int], list[tuple[str, ...]]] | None = None
+
+    def step(self, now_s: float, state: ClusterView) -> Decision:
+        decision = Decision()
+        replicas = list(state.replicas())
+        for r in replicas:
+            if r.guest and not r.draining and r.waiting + r.running == 0 and r.idle_s >= self.idle_drain_s:
+                decision.drain.append(r.replica_id)
+                decision.notes.append(f"drain {r.replica_id}: idle {r.idle_s:.0f}s")
+        backlog: dict[str, int] = {}
+        model_of: dict[str, str] = {}
+        guests: dict[str, int] = {}
+        for r in replicas:
+            if r.draining:
+                continue
+            backlog[r.tenant_id] = backlog.get(r.tenant_id, 0) + r.waiting
+            model_of[r.tenant_id] = r.model
+            guests[r.tenant_id] = guests.get(r.tenant_id, 0) + int(r.guest)
+        pressing = sorted((t for t, n in backlog.items() if n >= self.min_backlog
+                           and guests.get(t, 0) < self.max_guests_per_tenant), key=lambda t: -backlog[t])
+        if not pressing:
+            return decision
+        best: tuple[float, ReplicaChange] | None = None
+        for tenant in pressing:
+            finder = self.find_devices or candidate_groups
+            for group in finder(state, tenant, self.max_candidates):
+                change = ReplicaChange(tenant, model_of[tenant], group)
+                baseline, outcome = state.what_if(change, self.horizon_s)
+                decision.num_whatifs += 1
+                if not _safe(outcome, baseline):
+                    continue
+                gain = outcome.output_tokens - baseline.output_tokens
+                if gain > 0 and (best is None or gain > best[0]):
+                    best = (gain, change)
+        if best is not None:
+            decision.add.append(best[1])
+            decision.notes.append(f"add {best[1].tenant_id} on {','.join(best[1].device_ids)}: "
+                                  f"+{best[0]:.0f} tokens in {self.horizon_s:.0f}s, no SLA or memory at risk")
+        return decision
+
+
+def _safe(outcome: WhatIfOutcome, baseline: WhatIfOutcome) -> bool:
+    """No memory violation, and no tenant with more (predicted) SLA violations than without."""
+    if outcome.memory_violations > baseline.memory_violations:
+        return False
+    return all(outcome.violations_by_tenant.get(t, 0) <= n for t, n in baseline.violations_by_tenant.items()) and \
+        all(t in baseline.violations_by_tenant or n == 0 for t, n in outcome.violations_by_tenant.items())
+
+
+def candidate_groups(state: ClusterView, tenant: str, k: int) -> list[tuple[str, ...]]:
+    """Memory-safe device groups for a guest replica of ``tenant``'s model, best first.
+
+    A group is the smallest tensor-parallel set of devices on one host, none already holding
+    this tenant's weights, each with free memory for its weight shard plus the KV reserve.
+    Ranked by utilisation (idle windows first), then headroom.
+    """
+    replicas = list(state.replicas())
+    model = next(r.model for r in replicas if r.tenant_id == tenant)
+    taken = {d for r in replicas if r.tenant_id == tenant and not r.draining for d in r.device_ids}
+    weights = state.weight_bytes(model)
+    reserve = state.kv_reserve_bytes(model)
+    devices = [d for d in state.devices() if d.device_id not in taken]
+    by_host: dict[str, list[DeviceInfo]] = {}
+    for d in devices:
+        by_host.setdefault(d.host_id, []).append(d)
+    groups: list[tuple[float, int, tuple[str, ...]]] = []
+    for tp in TP_DEGREES:
+        need = math.ceil((weights + reserve) / tp)
+        for host_devices in by_host.values():
+            fit = sorted((d for d in host_devices if d.free_bytes >= need),
+                         key=lambda d: (d.utilisation, -d.free_bytes, d.device_id))
+            for i in range(0, len(fit) - tp + 1, tp):
+                chunk = fit[i:i + tp]
+                groups.append((sum(d.utilisation for d in chunk) / tp, -min(d.free_bytes for d in chunk),
+                               tuple(d.device_id for d in chunk)))
+        if groups:
+            break  # the smallest degree that fits anywhere
+    groups.sort()
+    return [g for _, _, g in groups[:k]]
+
+
+PLACEMENT_POLICIES: Mapping[str, type] = {"container": ContainerPlacementPolicy, "slice": SlicePlacementPolicy}
+
+
+def make_placement_policy(name: str, **params: object) -> ContainerPlacementPolicy | SlicePlacementPolicy:
+    cls = PLACEMENT_POLICIES.get(name)
+    if cls is None:
+        raise InvalidInputError(f"unknown placement policy {name!r} (known: {', '.join(PLACEMENT_POLICIES)})")
+    return cls(**params)  # type: ignore[no-any-return]

@@ -1,0 +1,205 @@
+"""Trace replay: the scheduler's very ``Scheduler.step`` driving the simulated cluster.
+
+For each policy ``QUEUE/PLACEMENT`` and each offered load, the run:
+
+1. samples the tenant mix into a workload (same seed for every policy: identical requests);
+2. sizes every tenant's home devices from its share of the offered work (the container
+   allocation; the slice policy starts from the same homes);
+3. fits the output-length estimator on a *previous* sample of the mix (another seed: the
+   service's history), then calibrates it online from completions during the run;
+4. advances the simulation in steps of ``interval_s``, calling ``Scheduler.step`` and applying
+   its decision, until the trace horizon; then lets queued work finish (up to a cut-off);
+5. summarises the run (:mod:`service.replay.report`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from service.core.cost import CostModel
+from service.core.placement import TenantDemand, container_replicas, make_placement_policy
+from service.core.queue import make_queue_policy
+from service.core.scheduler import Scheduler
+from service.domain.cluster import ClusterSpec
+from service.domain.error import InvalidInputError
+from service.domain.request import Workload
+from service.models.family import MODEL_CONFIGS
+from service.replay.mix import TenantMix, build_workload
+from service.replay.report import PolicyResult, summarise
+from service.sim.cluster import ReplicaSpec, SimulatedCluster
+from service.sim.iteration import BatchFeatures, IterationCostTable, kv_bytes_per_token, weight_bytes
+from service.sim.view import SimClusterView
+
+Progress = Callable[[str, float], None]  # (run label, fraction of the horizon simulated)
+
+
+@dataclass(frozen=True)
+class PolicyName:
+    queue: str
+    placement: str
+
+    @staticmethod
+    def parse(text: str) -> PolicyName:
+        queue, sep, placement = text.partition("/")
+        if not sep or not queue or not placement:
+            raise InvalidInputError(f"a policy is QUEUE/PLACEMENT (e.g. fifo/container), got {text!r}")
+        make_queue_policy(queue)  # validates the names
+        make_placement_policy(placement)
+        return PolicyName(queue, placement)
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.placement}"
+
+
+@dataclass
+class ReplayConfig:
+    cluster: ClusterSpec
+    mix: TenantMix
+    cost_model: CostModel
+    seed: int = 0
+    duration_s: float | None = None  # default: the mix's
+    interval_s: float = 5.0  # scheduling step
+    cutoff_factor: float = 2.0  # stop at horizon * factor; unfinished requests count as late
+    max_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    slice_params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def horizon_s(self) -> float:
+        return self.duration_s or self.mix.duration_s
+
+
+class SpanRecorder:
+    """Observer keeping the slices that overlap a time window (for the timeline plot)."""
+
+    def __init__(self, window_s: tuple[float, float]) -> None:
+        self.window_s = window_s
+        self.spans: dict[str, list[tuple[float, float, str]]] = {}
+
+    def slice_executed(self, device_id: str, start_s: float, end_s: float, owner: str) -> None:
+        lo, hi = self.window_s
+        if end_s >= lo and start_s <= hi:
+            self.spans.setdefault(device_id, []).append((start_s, end_s, owner))
+
+    def request_finished(self, outcome: object) -> None:
+        pass
+
+
+def check_fits(cluster: ClusterSpec, mix: TenantMix) -> None:
+    """Every model of the mix must fit the cluster (tensor parallel within one host)."""
+    per_host: dict[str, list[int]] = {}
+    for d in cluster.devices:
+        per_host.setdefault(d.host_id, []).append(d.mem_bytes)
+    largest_host = max(sum(v) for v in per_host.values())
+    for t in mix.tenants:
+        need = weight_bytes(MODEL_CONFIGS[t.model])
+        if need > 0.9 * largest_host:
+            raise InvalidInputError(
+                f"tenant {t.tenant_id}: {t.model} needs {need / 2**30:.0f} GiB of weights; the largest host of "
+                f"{cluster.name} has {largest_host / 2**30:.0f} GiB")
+
+
+def demands(config: ReplayConfig, workload: Workload) -> list[TenantDemand]:
+    """Offered work per tenant in device-seconds per second (one device of the cluster's kind):
+    each request's prompt as one pass plus its output tokens at the per-token cost of a
+    32-sequence decode batch."""
+    device = config.cluster.devices[0]
+    out = []
+    for t in config.mix.tenants:
+        reqs = [r for r in workload.requests if r.tenant_id == t.tenant_id]
+        table = IterationCostTable(MODEL_CONFIGS[t.model], config.cost_model, device)
+        work = 0.0
+        for r in reqs[:: max(1, len(reqs) // 300)]:  # a sample is enough for a share
+            prefill = table.exact_s(BatchFeatures.of([(r.prompt_tokens, 0)], []))
+            ctx = r.prompt_tokens + r.output_tokens // 2
+            decode = table.exact_s(BatchFeatures.of([], [ctx] * 32)) / 32
+            work += prefill + r.output_tokens * decode
+        sampled = len(reqs[:: max(1, len(reqs) // 300)]) or 1
+        out.append(TenantDemand(t.tenant_id, t.model, work * len(reqs) / sampled / workload.duration_s))
+    return out
+
+
+def home_replicas(config: ReplayConfig, workload: Workload) -> list[ReplicaSpec]:
+    def reserve(model: str) -> int:
+        return 8192 * kv_bytes_per_token(MODEL_CONFIGS[model])
+
+    groups = container_replicas(config.cluster, demands(config, workload),
+                                weight_bytes=lambda m: weight_bytes(MODEL_CONFIGS[m]), reserve_bytes=reserve)
+    count: dict[str, int] = {}
+    out = []
+    for tenant, model, devices in groups:
+        count[tenant] = count.get(tenant, 0) + 1
+        out.append(ReplicaSpec(f"{tenant}/{count[tenant]}", model, devices, config.max_batched_tokens,
+                               config.max_num_seqs, tenant_id=tenant))
+    return out
+
+
+def fitted_estimator(config: ReplayConfig) -> Any:
+    from learned.estimator import OutputLengthEstimator
+
+    history = build_workload(config.mix, np.random.default_rng(config.seed + 10_007), duration_s=config.horizon_s)
+    return OutputLengthEstimator().fit(history.requests)
+
+
+def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, load_scale: float = 1.0,
+               progress: Progress | None = None, timeline_window_s: tuple[float, float] | None = None
+               ) -> tuple[PolicyResult, dict[str, list[tuple[float, float, str]]]]:
+    started = time.perf_counter()
+    queue = make_queue_policy(policy.queue)
+    params = config.slice_params if policy.placement == "slice" else {}
+    scheduler = Scheduler(queue, make_placement_policy(policy.placement, **params))
+    horizon = config.horizon_s
+    window = timeline_window_s or (horizon / 2, horizon / 2 + min(30.0, horizon / 4))
+    spans = SpanRecorder(window)
+    priority = {t.tenant_id: t.priority for t in config.mix.tenants}
+    weight = {t.tenant_id: t.weight for t in config.mix.tenants}
+    cluster = SimulatedCluster(
+        config.cluster, home_replicas(config, workload), config.cost_model,
+        rng=np.random.default_rng(config.seed), queue_policy=queue,
+        estimator=fitted_estimator(config) if queue.needs_estimate or policy.queue != "fifo" else None,
+        tenant_priority=priority, tenant_weight=weight, observers=[spans])
+    view = SimClusterView(cluster, max_batched_tokens=config.max_batched_tokens, max_num_seqs=config.max_num_seqs)
+    cluster.submit(workload)
+    label = f"{policy} x{load_scale:g}"
+    guests = whatifs = 0
+    t = 0.0
+    while t < horizon:
+        t = min(horizon, t + config.interval_s)
+        cluster.run(until=t)
+        view.mark()
+        decision = scheduler.step(t, view)
+        whatifs += decision.num_whatifs
+        for rid in decision.drain:
+            cluster.drain_replica(rid)
+        for change in decision.add:
+            if view.apply(change) is not None:
+                guests += 1
+        if progress is not None:
+            progress(label, t / horizon)
+    cluster.run(until=horizon * config.cutoff_factor)
+    result = summarise(str(policy), load_scale, workload, cluster.report(), horizon_s=horizon)
+    result.num_guest_replicas = guests
+    result.num_whatifs = whatifs
+    result.wall_s = time.perf_counter() - started
+    return result, spans.spans
+
+
+def sustained_load(results: Sequence[PolicyResult], *, sla_target: float = 0.09) -> float:
+    """Highest offered load with SLA violations <= target, interpolated between sweep points
+    (0 when even the lowest load violates; the highest tried when none does)."""
+    pts = sorted((r.load_scale, r.sla_violation_rate) for r in results)
+    best = 0.0
+    for (l0, v0), (l1, v1) in zip(pts, pts[1:], strict=False):
+        if v0 <= sla_target < v1:
+            return l0 + (l1 - l0) * (sla_target - v0) / (v1 - v0)
+        if v1 <= sla_target:
+            best = l1
+    if pts and pts[0][1] <= sla_target:
+        best = max(best, pts[0][0])
+    return best if not math.isnan(best) else 0.0

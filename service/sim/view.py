@@ -1,0 +1,152 @@
+"""The simulated cluster seen through the scheduler's :class:`~service.core.scheduler.ClusterView`.
+
+Replica ids are ``"<tenant_id>/<n>"`` (home replicas) and ``"<tenant_id>/g<n>"`` (guests), so
+timelines and reports can colour work by tenant. Device utilisation is measured over the
+window since the previous :meth:`SimClusterView.mark` (one scheduling interval).
+
+A what-if forks the part of the simulation the change can touch (the tenant's replicas and the
+candidate devices, closed over the replicas sharing them), applies the change on the fork,
+and runs the queued work forward together with a persistence forecast of arrivals (the last
+``horizon_s`` of arrivals of the tenants involved, replayed shifted by ``horizon_s``: only the
+past is used, as a deployed scheduler would). Predicted late requests are those that finished
+late or are still running past their end-to-end deadline at the horizon.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from service.core.scheduler import (
+    DeviceInfo,
+    ReplicaChange,
+    ReplicaInfo,
+    WhatIfOutcome,
+)
+from service.domain.cluster import ClusterSpec
+from service.domain.request import RequestSpec
+from service.models.family import MODEL_CONFIGS
+from service.sim.cluster import ReplicaSpec, SimulatedCluster
+from service.sim.iteration import kv_bytes_per_token, weight_bytes
+
+
+class SimClusterView:
+    def __init__(self, cluster: SimulatedCluster, *, max_batched_tokens: int = 2048, max_num_seqs: int = 256,
+                 kv_reserve_tokens: int = 32_768) -> None:
+        self.cluster = cluster
+        self.max_batched_tokens = max_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.kv_reserve_tokens = kv_reserve_tokens
+        self._busy_mark: dict[str, float] = {}
+        self._mark_s = 0.0
+        self._utilisation: dict[str, float] = {}
+        self._guests = 0
+        self.mark()
+
+    # ---- ClusterView --------------------------------------------------------------------------
+    @property
+    def now_s(self) -> float:
+        return self.cluster.now_s
+
+    @property
+    def spec(self) -> ClusterSpec:
+        return self.cluster.spec
+
+    def mark(self) -> None:
+        """Close a utilisation window at the current time."""
+        now = self.cluster.now_s
+        busy = self.cluster.metrics.busy_s()
+        span = now - self._mark_s
+        self._utilisation = {d: (b - self._busy_mark.get(d, 0.0)) / span if span > 0 else 0.0
+                             for d, b in busy.items()}
+        self._busy_mark, self._mark_s = busy, now
+
+    def replicas(self) -> Sequence[ReplicaInfo]:
+        out = []
+        for rid in self.cluster.replica_ids:
+            spec = self.cluster.replica_spec(rid)
+            waiting, running, draining, idle = self.cluster.replica_state(rid)
+            out.append(ReplicaInfo(rid, spec.tenant_id or rid.split("/")[0], spec.model, spec.device_ids,
+                                   waiting, running, spec.guest, draining, idle))
+        return out
+
+    def devices(self) -> Sequence[DeviceInfo]:
+        ledger = self.cluster.ledger
+        hosting: dict[str, list[str]] = {}
+        for rid in self.cluster.replica_ids:
+            for d in self.cluster.replica_spec(rid).device_ids:
+                hosting.setdefault(d, []).append(rid)
+        return [DeviceInfo(d.device_id, d.host_id, ledger.free_bytes(d.device_id),
+                           self._utilisation.get(d.device_id, 0.0), tuple(hosting.get(d.device_id, ())))
+                for d in self.spec.devices]
+
+    def weight_bytes(self, model: str) -> int:
+        return weight_bytes(MODEL_CONFIGS[model])
+
+    def kv_reserve_bytes(self, model: str) -> int:
+        return self.kv_reserve_tokens * kv_bytes_per_token(MODEL_CONFIGS[model])
+
+    def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:
+        homes = [d for rid in self.cluster.replica_ids
+                 if self.cluster.replica_spec(rid).tenant_id == change.tenant_id
+                 for d in self.cluster.replica_spec(rid).device_ids]
+        devices = set(homes) | set(change.device_ids)
+        base = self._run(self.cluster.fork(devices), None, horizon_s)
+        fork = self.cluster.fork(devices)
+        return base, self._run(fork, change, horizon_s, source=homes[0] if homes else None)
+
+    # ---- applying decisions ----------------------------------------------------------------------
+    def apply(self, change: ReplicaChange) -> str | None:
+        """Add the guest replica for real; returns its id, or None if its weights do not fit."""
+        self._guests += 1
+        rid = f"{change.tenant_id}/g{self._guests}"
+        homes = [self.cluster.replica_spec(r).device_ids[0] for r in self.cluster.replica_ids
+                 if self.cluster.replica_spec(r).tenant_id == change.tenant_id]
+        spec = self._spec(rid, change)
+        ready = self.cluster.add_replica(spec, weights_from=self._source(homes, change))
+        return rid if ready is not None else None
+
+    def _spec(self, rid: str, change: ReplicaChange) -> ReplicaSpec:
+        return ReplicaSpec(rid, change.model, change.device_ids, max_batched_tokens=self.max_batched_tokens,
+                           max_num_seqs=self.max_num_seqs, tenant_id=change.tenant_id, guest=True)
+
+    def _source(self, homes: Sequence[str], change: ReplicaChange) -> str | None:
+        """The home device to copy weights from: one with a link to the first target device."""
+        for h in homes:
+            if h not in change.device_ids and self.spec.link(h, change.device_ids[0]) is not None:
+                return h
+        return None
+
+    def _forecast(self, fork: SimulatedCluster, horizon_s: float) -> list[RequestSpec]:
+        """Persistence forecast: the next ``horizon_s`` brings what the last ``horizon_s`` brought,
+        for the tenants whose replicas are in the fork (only the past is used)."""
+        now = self.cluster.now_s
+        tenants = {fork.replica_spec(rid).tenant_id for rid in fork.replica_ids}
+        return [replace(r, request_id=r.request_id + "~f", arrival_s=r.arrival_s + horizon_s)
+                for r in self.cluster.arrivals_since(now - horizon_s) if r.tenant_id in tenants]
+
+    def _run(self, fork: SimulatedCluster, change: ReplicaChange | None, horizon_s: float, *,
+             source: str | None = None) -> WhatIfOutcome:
+        now = fork.now_s
+        violations_before = len(fork.ledger.violations)
+        if change is not None:
+            spec = self._spec(f"{change.tenant_id}/whatif", change)
+            if fork.add_replica(spec, weights_from=source if source not in change.device_ids else None) is None:
+                return WhatIfOutcome(horizon_s, -1, {change.tenant_id: 1 << 30}, 1, {})
+        end = now + horizon_s
+        fork.submit(self._forecast(fork, horizon_s))
+        fork.run(until=end)
+        tokens = 0
+        late: dict[str, int] = {}
+        for o in fork.metrics.outcomes:
+            if o.finish_s <= end:
+                tokens += o.num_output_tokens
+            if not o.sla_met:
+                late[o.tenant_id] = late.get(o.tenant_id, 0) + 1
+        for _, spec in fork.in_flight():
+            sla = fork.sla_classes.get(spec.sla_class) or fork.sla_classes["standard"]
+            if spec.arrival_s + sla.e2e_s < end:
+                late[spec.tenant_id] = late.get(spec.tenant_id, 0) + 1
+        peaks = {d: fork.ledger.peak_bytes(d) for d in {d for rid in fork.replica_ids
+                                                        for d in fork.replica_spec(rid).device_ids}}
+        return WhatIfOutcome(horizon_s, tokens, late, len(fork.ledger.violations) - violations_before, peaks)
