@@ -14,6 +14,7 @@ For each policy ``QUEUE/PLACEMENT`` and each offered load, the run:
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -195,7 +196,7 @@ def sustained_load(results: Sequence[PolicyResult], *, sla_target: float = 0.09)
     (0 when even the lowest load violates; the highest tried when none does)."""
     pts = sorted((r.load_scale, r.sla_violation_rate) for r in results)
     best = 0.0
-    for (l0, v0), (l1, v1) in zip(pts, pts[1:], strict=False):
+    for (l0, v0), (l1, v1) in itertools.pairwise(pts):
         if v0 <= sla_target < v1:
             return l0 + (l1 - l0) * (sla_target - v0) / (v1 - v0)
         if v1 <= sla_target:
