@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _record  # noqa: E402
+from benchmarks import _record
 
 
 def main() -> int:

@@ -8,6 +8,7 @@ itself refuses a write.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterable, Mapping
@@ -84,7 +85,7 @@ class GraphRepository:
         "create_model_phase", "place_weights", "upsert_hosts", "upsert_devices", "replace_links", "delete_stale_devices",
         "delete_tenant", "model_summary", "list_devices", "count_labels",
         "place_slices", "mark_slices_done", "delete_done_slices", "refresh_device_state", "replace_host_links",
-        "find_candidate_slots",
+        "find_candidate_slots", "create_experiment",
     )
 
     def __init__(self, driver: Driver, catalog: QueryCatalog | None = None, *, database: str = "neo4j") -> None:
@@ -354,3 +355,11 @@ class GraphRepository:
 
     def inspection_queries(self) -> Iterable[Query]:
         return sorted(self.catalog.by_category("inspect"), key=lambda q: q.name)
+
+    # ---- experiment records ----------------------------------------------------------------------
+    def create_experiment(self, uid: str, *, kind: str, config: Mapping[str, Any], results: Any) -> str:
+        """Persist a run (replay, benchmark) with its config and results as JSON properties."""
+        rows = self._write("create_experiment", uid=uid, kind=kind,
+                           config_json=json.dumps(config, default=float),
+                           results_json=json.dumps(results, default=float))
+        return str(rows[0]["uid"])
