@@ -54,7 +54,7 @@ class WhatIfOutcome:
     """What the simulator predicts over the next ``horizon_s`` for the work already queued."""
 
     horizon_s: float
-    output_tokens: int  # output tokens produced within the horizon, all tenants
+    output_tokens: int  # output tokens produced within the horizon (finished requests or not)
     violations_by_tenant: dict[str, int]  # requests finishing late (or predicted late) per tenant
     memory_violations: int  # forced allocations over a device's limit
     peak_bytes: dict[str, int]  # per affected device

@@ -28,9 +28,11 @@ Queue policies and output-length estimates
 
 Memory
     Weights are allocated at construction (``InvalidInputError`` if they do not fit). KV of a
-    replica is one growing allocation per device (``kv_cache``, owner ``<replica>/kv``): prompt
-    plus one at admission, one token per decoding request per iteration (forced growth: an
-    overflow is recorded as a violation, never absorbed), released at completion. Live
+    replica is one allocation per device (``kv_cache``, owner ``<replica>/kv``): a request is
+    admitted only when its prompt plus its whole output (the ``max_tokens`` it declares; the
+    traces' output lengths stand for it) fits, so decoding never outgrows memory and no
+    preemption is needed; released at completion. Any forced allocation over a device's limit
+    is recorded as a violation, never absorbed. Live
     activations of an iteration are allocated for its duration. Placed slices hold
     ``resident_bytes`` from commit to finish and their input bytes as a transfer buffer.
 
@@ -181,6 +183,7 @@ class _Replica:
         "spec",
         "step_pending",
         "table",
+        "tokens_out",
         "tp",
         "waiting",
     )
@@ -284,6 +287,7 @@ class SimulatedCluster:
         self._draining: set[str] = set()
         self._last_active_s: dict[str, float] = {}
         self._arrived: list[RequestSpec] = []  # in arrival order, for load forecasts
+        self.tokens_out = 0  # output tokens produced so far, all replicas
         for rs in replicas:
             self._add_replica(rs, configs)
         self._wire()
@@ -316,6 +320,7 @@ class SimulatedCluster:
         r.decoding_by_tenant = {}
         r.num_decodes = r.decode_context_sum = r.iteration = r.kv_tokens = 0
         r.busy = r.step_pending = False
+        r.tokens_out = 0
         r.ends = np.zeros(1024)
         r.current_start_s = 0.0
         per_device_weights = -(-weight_bytes(config) // tp)
@@ -507,7 +512,11 @@ class SimulatedCluster:
             r.ends = np.concatenate([r.ends, np.zeros(len(r.ends))])
         r.ends[j] = now
         # Every running decode produced one token; its next step sees one more cached token.
-        kv_delta = r.num_decodes
+        # KV for a request's whole output is reserved at admission (its max_tokens): decodes grow
+        # into the reservation, so nothing grows here and completions release all of it.
+        kv_delta = 0
+        r.tokens_out += r.num_decodes
+        self.tokens_out += r.num_decodes
         r.decode_context_sum += r.num_decodes
         track = self._track_served
         if track:
@@ -529,12 +538,14 @@ class SimulatedCluster:
                 continue
             prefilling.popleft()  # completed prompts form a prefix of the admission order
             live.first_token_s = now
+            r.tokens_out += 1
+            self.tokens_out += 1
             live.first_iter = j
             spec = live.spec
             if track:
                 self._served[spec.tenant_id] = self._served.get(spec.tenant_id, 0.0) + 1
             if spec.output_tokens == 1:
-                kv_delta -= spec.prompt_tokens + 1
+                kv_delta -= spec.prompt_tokens + spec.output_tokens
                 self._finished(r, live, now)
             else:
                 if track:
@@ -606,7 +617,8 @@ class SimulatedCluster:
         while budget > 0 and waiting and num_seqs < r.spec.max_num_seqs:
             live = waiting[0] if fifo else waiting.peek(served)
             prompt = live.spec.prompt_tokens
-            if not self._resize_kv(r, r.kv_tokens + prompt + 1, now, force=False, watermark=True):
+            reserve = prompt + live.spec.output_tokens
+            if not self._resize_kv(r, r.kv_tokens + reserve, now, force=False, watermark=True):
                 break  # head-of-line: the selected request waits, nothing overtakes it
             if fifo:
                 waiting.popleft()
@@ -789,6 +801,7 @@ class SimulatedCluster:
         f._draining = set(self._draining) & set(f._replicas)
         f._last_active_s = dict(self._last_active_s)
         f._arrived = []
+        f.tokens_out = self.tokens_out
 
         def keep(ev: Event) -> bool:
             if isinstance(ev, (IterationFinished, StepRequested)):

@@ -129,6 +129,7 @@ class SimClusterView:
              source: str | None = None) -> WhatIfOutcome:
         now = fork.now_s
         violations_before = len(fork.ledger.violations)
+        tokens_before = fork.tokens_out
         if change is not None:
             spec = self._spec(f"{change.tenant_id}/whatif", change)
             if fork.add_replica(spec, weights_from=source if source not in change.device_ids else None) is None:
@@ -136,11 +137,9 @@ class SimClusterView:
         end = now + horizon_s
         fork.submit(self._forecast(fork, horizon_s))
         fork.run(until=end)
-        tokens = 0
+        tokens = fork.tokens_out - tokens_before  # produced within the horizon, finished or not
         late: dict[str, int] = {}
         for o in fork.metrics.outcomes:
-            if o.finish_s <= end:
-                tokens += o.num_output_tokens
             if not o.sla_met:
                 late[o.tenant_id] = late.get(o.tenant_id, 0) + 1
         for _, spec in fork.in_flight():

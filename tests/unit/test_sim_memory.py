@@ -101,19 +101,19 @@ def _small_cluster(mem_bytes: int) -> ClusterSpec:
 
 
 def _recount(sim: SimulatedCluster) -> dict[str, int]:
-    """Per-device bytes from first principles: weights, KV of every admitted request (prompt
-    plus one, plus one per decode step done), current iteration activations, placed slices and
-    in-flight transfers."""
+    """Per-device bytes from first principles: weights, KV of every admitted request (its prompt
+    plus its whole output, reserved at admission), current iteration activations, placed slices
+    and in-flight transfers."""
     from service.sim.iteration import activation_bytes_per_token, kv_bytes_per_token, weight_bytes
 
     total = dict.fromkeys((d.device_id for d in sim.spec.devices), 0)
     for r in sim._replicas.values():
         tokens = 0
         for live in r.prefilling:
-            tokens += live.spec.prompt_tokens + 1
+            tokens += live.spec.prompt_tokens + live.spec.output_tokens
         for lives in r.finishing.values():
             for live in lives:
-                tokens += live.spec.prompt_tokens + 1 + (r.iteration - 1 - live.first_iter)
+                tokens += live.spec.prompt_tokens + live.spec.output_tokens
         batch_tokens = sum(n for _, n in r.current) + (r.num_decodes if r.busy else 0)
         for d in r.device_ids:
             total[d] += -(-weight_bytes(r.config) // r.tp)
