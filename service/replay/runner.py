@@ -126,6 +126,28 @@ def demands(config: ReplayConfig, workload: Workload) -> list[TenantDemand]:
     return out
 
 
+CHUNK_CHOICES = (128, 256, 512, 1024, 2048)
+
+
+def chunk_tokens(config: ReplayConfig, model: str, sla_class: str, tp: int) -> int:
+    """Token budget of one iteration for a tenant (chunked prefill, as Sarathi-Serve tunes it):
+    the largest chunk whose iteration, with 32 decodes riding along, stays within half the
+    tenant's time-per-output-token target, so prompts do not stall running decodes."""
+    from service.sim.sla import SLA_CLASSES
+
+    target = 0.5 * SLA_CLASSES[sla_class].tbt_s
+    table = IterationCostTable(MODEL_CONFIGS[model], config.cost_model, config.cluster.devices[0])
+    best = CHUNK_CHOICES[0]
+    for chunk in CHUNK_CHOICES:
+        if table.exact_s(BatchFeatures.of([(chunk, 0)], [1024] * 32)) / tp <= target:
+            best = chunk
+    return min(best, config.max_batched_tokens)
+
+
+def tenant_chunks(config: ReplayConfig, replicas: Sequence[ReplicaSpec]) -> dict[str, int]:
+    return {r.tenant_id: r.max_batched_tokens for r in replicas if r.tenant_id is not None}
+
+
 def home_replicas(config: ReplayConfig, workload: Workload) -> list[ReplicaSpec]:
     def reserve(model: str) -> int:
         return 8192 * kv_bytes_per_token(MODEL_CONFIGS[model])
@@ -136,8 +158,9 @@ def home_replicas(config: ReplayConfig, workload: Workload) -> list[ReplicaSpec]
     out = []
     for tenant, model, devices in groups:
         count[tenant] = count.get(tenant, 0) + 1
-        out.append(ReplicaSpec(f"{tenant}/{count[tenant]}", model, devices, config.max_batched_tokens,
-                               config.max_num_seqs, tenant_id=tenant))
+        chunk = chunk_tokens(config, model, config.mix.tenant(tenant).sla_class, len(devices))
+        out.append(ReplicaSpec(f"{tenant}/{count[tenant]}", model, devices, chunk, config.max_num_seqs,
+                               tenant_id=tenant))
     return out
 
 
@@ -160,12 +183,14 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
     spans = SpanRecorder(window)
     priority = {t.tenant_id: t.priority for t in config.mix.tenants}
     weight = {t.tenant_id: t.weight for t in config.mix.tenants}
+    homes = home_replicas(config, workload)
     cluster = SimulatedCluster(
-        config.cluster, home_replicas(config, workload), config.cost_model,
+        config.cluster, homes, config.cost_model,
         rng=np.random.default_rng(config.seed), queue_policy=queue,
         estimator=fitted_estimator(config) if queue.needs_estimate or policy.queue != "fifo" else None,
         tenant_priority=priority, tenant_weight=weight, observers=[spans])
-    view = SimClusterView(cluster, max_batched_tokens=config.max_batched_tokens, max_num_seqs=config.max_num_seqs)
+    view = SimClusterView(cluster, max_batched_tokens=config.max_batched_tokens, max_num_seqs=config.max_num_seqs,
+                          tenant_chunks=tenant_chunks(config, homes))
     cluster.submit(workload)
     label = f"{policy} x{load_scale:g}"
     guests = whatifs = 0

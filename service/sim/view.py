@@ -32,8 +32,9 @@ from service.sim.iteration import kv_bytes_per_token, weight_bytes
 
 class SimClusterView:
     def __init__(self, cluster: SimulatedCluster, *, max_batched_tokens: int = 2048, max_num_seqs: int = 256,
-                 kv_reserve_tokens: int = 32_768) -> None:
+                 kv_reserve_tokens: int = 8192, tenant_chunks: dict[str, int] | None = None) -> None:
         self.cluster = cluster
+        self.tenant_chunks = dict(tenant_chunks or {})  # a guest batches like its tenant's home replicas
         self.max_batched_tokens = max_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.kv_reserve_tokens = kv_reserve_tokens
@@ -107,7 +108,8 @@ class SimClusterView:
         return rid if ready is not None else None
 
     def _spec(self, rid: str, change: ReplicaChange) -> ReplicaSpec:
-        return ReplicaSpec(rid, change.model, change.device_ids, max_batched_tokens=self.max_batched_tokens,
+        chunk = self.tenant_chunks.get(change.tenant_id, self.max_batched_tokens)
+        return ReplicaSpec(rid, change.model, change.device_ids, max_batched_tokens=chunk,
                            max_num_seqs=self.max_num_seqs, tenant_id=change.tenant_id, guest=True)
 
     def _source(self, homes: Sequence[str], change: ReplicaChange) -> str | None:
