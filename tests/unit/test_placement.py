@@ -8,8 +8,8 @@ import pytest
 from learned.roofline import RooflineCostModel
 from service.cluster.spec import load_cluster_spec
 from service.core.placement import ContainerPlacementPolicy, SlicePlacementPolicy, TenantDemand, container_replicas
-from service.core.scheduler import ReplicaChange, Scheduler
 from service.core.queue import make_queue_policy
+from service.core.scheduler import ReplicaChange, Scheduler
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec, Workload
 from service.models.family import MODEL_CONFIGS
