@@ -95,7 +95,7 @@ def cmd_neo4j(args: argparse.Namespace) -> int:
     server = LocalNeo4j(Path(args.state_dir) if args.state_dir else settings.state_dir)
     if args.action == "start":
         info = server.start()
-        print(f"running  {info.uri}  Neo4j {server.server_version(info)}  pid {info.pid}  state {info.state_dir}")
+        print(f"running  {info.uri}  {server.server_version(info)}  pid {info.pid}  state {info.state_dir}")
         return 0
     if args.action == "stop":
         print("stopped" if server.stop() else "not running")
@@ -104,7 +104,7 @@ def cmd_neo4j(args: argparse.Namespace) -> int:
     if found is None:
         print(f"not running (state dir {server.state_dir})")
         return 1
-    print(f"running  {found.uri}  Neo4j {server.server_version(found)}  pid {found.pid}  state {found.state_dir}")
+    print(f"running  {found.uri}  {server.server_version(found)}  pid {found.pid}  state {found.state_dir}")
     return 0
 
 
