@@ -32,11 +32,11 @@ def main() -> int:
     p = _record.parser("replay_headline", __doc__.splitlines()[0])
     p.add_argument("--duration", type=float, help="simulated seconds of traffic per run")
     p.add_argument("--loads", help="comma-separated load multiples of the mix")
-    p.add_argument("--queue-loads", default="1,2", help="loads for the queue-policy comparison")
+    p.add_argument("--queue-loads", default="1,1.5", help="loads for the queue-policy comparison")
     args = p.parse_args()
     duration = args.duration or (300.0 if args.quick else 900.0)
     loads = [float(x) for x in args.loads.split(",")] if args.loads else (
-        [0.5, 1.0, 2.0] if args.quick else [0.5, 0.75, 1.0, 1.5, 2.0, 3.0])
+        [0.5, 0.75, 1.0] if args.quick else [0.5, 0.75, 1.0, 1.25, 1.5])
 
     import numpy as np
 

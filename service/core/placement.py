@@ -22,7 +22,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from service.core.scheduler import ClusterView, Decision, DeviceInfo, ReplicaChange, WhatIfOutcome
+from service.core.scheduler import ClusterView, Decision, ReplicaChange, WhatIfOutcome
+from service.core.slot import InputDep, SlotQuery, find_slots_in_memory
 from service.domain.cluster import ClusterSpec
 from service.domain.error import InvalidInputError
 
@@ -158,35 +159,43 @@ def _safe(outcome: WhatIfOutcome, baseline: WhatIfOutcome) -> bool:
 
 
 def candidate_groups(state: ClusterView, tenant: str, k: int) -> list[tuple[str, ...]]:
-    """Memory-safe device groups for a guest replica of ``tenant``'s model, best first.
+    """Dependency- and memory-safe device groups for a guest replica of ``tenant``'s model, best first.
 
-    A group is the smallest tensor-parallel set of devices on one host, none already holding
-    this tenant's weights, each with free memory for its weight shard plus the KV reserve.
-    Ranked by utilisation (idle windows first), then headroom.
+    Asks the candidate-slot search (:mod:`service.core.slot`, the same contract the GMG answers in
+    Cypher) for devices where one iteration of the model can run: its weight shard is an input
+    coming from a home replica's device (so the copy over the link delays the slot), it needs
+    the shard plus the KV reserve resident, and the device must be free for an iteration. Slots
+    rank by earliest start (idle windows first), then headroom. The smallest tensor-parallel
+    degree with enough slots on one host wins; a group never spans hosts.
     """
     replicas = list(state.replicas())
-    model = next(r.model for r in replicas if r.tenant_id == tenant)
-    taken = {d for r in replicas if r.tenant_id == tenant and not r.draining for d in r.device_ids}
+    mine = [r for r in replicas if r.tenant_id == tenant and not r.draining]
+    model = mine[0].model
+    taken = {d for r in mine for d in r.device_ids}
+    source = mine[0].device_ids[0]
     weights = state.weight_bytes(model)
     reserve = state.kv_reserve_bytes(model)
-    devices = [d for d in state.devices() if d.device_id not in taken]
-    by_host: dict[str, list[DeviceInfo]] = {}
-    for d in devices:
-        by_host.setdefault(d.host_id, []).append(d)
-    groups: list[tuple[float, int, tuple[str, ...]]] = []
+    slots_state = state.slot_state()
+    host_of = {d.device_id: d.host_id for d in state.devices()}
+    kinds = {d.kind for d in state.spec.devices}
     for tp in TP_DEGREES:
-        need = math.ceil((weights + reserve) / tp)
-        for host_devices in by_host.values():
-            fit = sorted((d for d in host_devices if d.free_bytes >= need),
-                         key=lambda d: (d.utilisation, -d.free_bytes, d.device_id))
-            for i in range(0, len(fit) - tp + 1, tp):
-                chunk = fit[i:i + tp]
-                groups.append((sum(d.utilisation for d in chunk) / tp, -min(d.free_bytes for d in chunk),
-                               tuple(d.device_id for d in chunk)))
+        shard = math.ceil(weights / tp)
+        query = SlotQuery(slots_state.cluster, tenant, f"{tenant}/{model}", state.now_s,
+                          dict.fromkeys(kinds, state.iteration_s(model, tp)), slice_bytes=math.ceil(reserve / tp),
+                          weight_bytes=shard, needs_weights=True,
+                          input_deps=(InputDep(source, state.now_s, shard),), k=len(host_of))
+        slots = [s for s in find_slots_in_memory(slots_state, query) if s.device_id not in taken]
+        by_host: dict[str, list[str]] = {}
+        groups: list[tuple[str, ...]] = []
+        for slot in slots:  # best first
+            members = by_host.setdefault(host_of[slot.device_id], [])
+            members.append(slot.device_id)
+            if len(members) == tp:
+                groups.append(tuple(members))
+                by_host[host_of[slot.device_id]] = []
         if groups:
-            break  # the smallest degree that fits anywhere
-    groups.sort()
-    return [g for _, _, g in groups[:k]]
+            return groups[:k]
+    return []
 
 
 PLACEMENT_POLICIES: Mapping[str, type] = {"container": ContainerPlacementPolicy, "slice": SlicePlacementPolicy}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from service.core.queue import QueuePolicy
+from service.core.slot import ClusterState
 from service.domain.cluster import ClusterSpec
 
 
@@ -89,6 +90,14 @@ class ClusterView(Protocol):
 
     def kv_reserve_bytes(self, model: str) -> int:
         """Memory a replica of the model needs besides weights to be useful (KV for a batch)."""
+        ...
+
+    def slot_state(self) -> ClusterState:
+        """The candidate-slot view: devices, links, committed busy windows, resident bytes."""
+        ...
+
+    def iteration_s(self, model: str, tp: int) -> float:
+        """A typical iteration of the model on ``tp`` devices (the slot a guest needs)."""
         ...
 
     def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:

@@ -23,11 +23,12 @@ from service.core.scheduler import (
     ReplicaInfo,
     WhatIfOutcome,
 )
+from service.core.slot import ClusterState, DeviceView, LinkView, Placement
 from service.domain.cluster import ClusterSpec
 from service.domain.request import RequestSpec
 from service.models.family import MODEL_CONFIGS
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
-from service.sim.iteration import kv_bytes_per_token, weight_bytes
+from service.sim.iteration import BatchFeatures, IterationCostTable, kv_bytes_per_token, weight_bytes
 
 
 class SimClusterView:
@@ -42,6 +43,7 @@ class SimClusterView:
         self._mark_s = 0.0
         self._utilisation: dict[str, float] = {}
         self._guests = 0
+        self._tables: dict[tuple[str, int], IterationCostTable] = {}
         self.mark()
 
     # ---- ClusterView --------------------------------------------------------------------------
@@ -80,6 +82,35 @@ class SimClusterView:
         return [DeviceInfo(d.device_id, d.host_id, ledger.free_bytes(d.device_id),
                            self._utilisation.get(d.device_id, 0.0), tuple(hosting.get(d.device_id, ())))
                 for d in self.spec.devices]
+
+    def slot_state(self) -> ClusterState:
+        """Devices and links of the spec; each device busy until its committed work ends; all it
+        holds now (weights, KV, activations) counted as resident, per replica."""
+        spec = self.spec
+        devices = {d.device_id: DeviceView(d.device_id, d.host_id, d.kind, self.cluster.ledger.capacity_bytes(d.device_id)
+                                          ) for d in spec.devices}
+        links = {(x.src, x.dst): LinkView(x.gbps, x.latency_us) for x in spec.links}
+        now = self.cluster.now_s
+        placements = {}
+        for d in spec.devices:
+            free_at = self.cluster.device_free_at_s(d.device_id)
+            placements[d.device_id] = [Placement(now, free_at, 0)] if free_at > now else []
+        resident: dict[str, dict[str, int]] = {}
+        for rid in self.cluster.replica_ids:
+            rs = self.cluster.replica_spec(rid)
+            for d in rs.device_ids:
+                resident.setdefault(d, {})[f"{rs.tenant_id}/{rs.model}"] = 0
+        for d in spec.devices:
+            resident.setdefault(d.device_id, {})["(in use)"] = self.cluster.ledger.used_bytes(d.device_id)
+        return ClusterState(spec.name, devices, links, {}, placements, resident)
+
+    def iteration_s(self, model: str, tp: int) -> float:
+        table = self._tables.get((model, tp))
+        if table is None:
+            config = MODEL_CONFIGS[model]
+            device = self.spec.devices[0]
+            table = self._tables[(model, tp)] = IterationCostTable(config, self.cluster.cost_model, device)
+        return table.exact_s(BatchFeatures.of([], [1024] * 32)) / tp
 
     def weight_bytes(self, model: str) -> int:
         return weight_bytes(MODEL_CONFIGS[model])
