@@ -28,17 +28,15 @@ project); the built-in ``synthetic-3`` mix needs none.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
+from service.document import builtin_documents, load_document
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec, Workload
 from service.models.family import MODEL_CONFIGS
@@ -84,25 +82,12 @@ class TenantMix:
 
 
 def builtin_mixes() -> list[str]:
-    root = resources.files("service.replay") / "mixes"
-    return sorted(p.name.removesuffix(".yaml") for p in root.iterdir() if p.name.endswith(".yaml"))
+    return builtin_documents("service.replay", "mixes")
 
 
 def load_mix(name_or_path: str) -> TenantMix:
     """A built-in mix by name or a YAML/JSON file; :class:`InvalidInputError` names what is wrong."""
-    if name_or_path in builtin_mixes():
-        text = (resources.files("service.replay") / "mixes" / f"{name_or_path}.yaml").read_text()
-        source = name_or_path
-    else:
-        path = Path(name_or_path)
-        if not path.is_file():
-            raise InvalidInputError(f"no tenant mix {name_or_path!r}: not a file and not a built-in "
-                                    f"({', '.join(builtin_mixes())})")
-        text, source = path.read_text(), str(path)
-    try:
-        data = json.loads(text) if source.endswith(".json") else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise InvalidInputError(f"{source}: not valid YAML/JSON: {exc}") from None
+    data, source = load_document(name_or_path, package="service.replay", folder="mixes", what="tenant mix")
     return parse_mix(data, source)
 
 
