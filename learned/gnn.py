@@ -314,7 +314,7 @@ def train_gnn(samples: Sequence[GraphSample], config: GnnConfig = GnnConfig(), *
                 if config.node_loss_weight > 0 and bool(known.any()):
                     loss = loss + config.node_loss_weight * (node[known] - nt[known]).abs().mean()
                 opt.zero_grad()
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
                 opt.step()
                 sched.step()
                 total += loss.item() * len(idx)

@@ -23,6 +23,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from service.core.cost import OpFeatures
 
@@ -231,8 +232,12 @@ class ProfileStore:
             reader = csv.DictReader(f)
             if tuple(reader.fieldnames or ()) != COLUMNS:
                 raise ValueError(f"{self.path}: expected columns {COLUMNS}, got {reader.fieldnames}")
-            return [OpTiming(**{k: int(v) if k in _INT_FIELDS else float(v) if k in _FLOAT_FIELDS else v
-                                for k, v in row.items()}) for row in reader]
+            rows: list[OpTiming] = []
+            for row in reader:
+                values: dict[str, Any] = {k: int(v) if k in _INT_FIELDS else float(v) if k in _FLOAT_FIELDS else v
+                                          for k, v in row.items()}
+                rows.append(OpTiming(**values))
+            return rows
 
 
 def file_digest(path: Path) -> str:

@@ -70,13 +70,13 @@ class RooflineCostModel:
         ce, me = dict(self.compute_efficiency), dict(self.memory_efficiency)
         overheads = dict(self.overhead_by_kind)
         for kind, pairs in by_kind.items():
-            base = np.asarray([b for b, _ in pairs])
+            bases = np.asarray([b for b, _ in pairs])
             secs = np.asarray([x for _, x in pairs])
             best = (math.inf, 1.0, self.launch_overhead_s)
             for frac in (0.0, 0.25, 0.5, 0.75, 0.9):
                 overhead = frac * float(secs.min())
-                scale = float(np.median((secs - overhead) / base))
-                err = float(np.mean(np.abs(np.log((scale * base + overhead) / secs))))
+                scale = float(np.median((secs - overhead) / bases))
+                err = float(np.mean(np.abs(np.log((scale * bases + overhead) / secs))))
                 if err < best[0]:
                     best = (err, scale, overhead)
             _, scale, overhead = best

@@ -72,7 +72,8 @@ ZERO = Latency(0.0, 0.0, 0.0)
 class CostModel(Protocol):
     """Latency of a slice (a contiguous group of operators) on one device."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def predict(self, ops: Sequence[OpFeatures], device: Device) -> Latency:
         """Latency of running ``ops`` back to back on ``device``. Must be cheap and pure."""

@@ -273,9 +273,9 @@ class GraphRepository:
                  "device_id": s.device_id, "start_s": float(s.start_s), "end_s": float(s.end_s),
                  "resident_bytes": int(s.resident_bytes), "depends_on": list(s.depends_on)}
                 for s in slices]
-        for s in rows:
-            if not s["end_s"] > s["start_s"]:
-                raise InvalidInputError(f"slice {s['uid']!r}: end_s must be after start_s", culprit=s["uid"])
+        for s in slices:
+            if not s.end_s > s.start_s:
+                raise InvalidInputError(f"slice {s.uid!r}: end_s must be after start_s", culprit=s.uid)
         placed = 0
         for lo in range(0, len(rows), batch):
             chunk = rows[lo:lo + batch]

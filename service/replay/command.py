@@ -102,8 +102,10 @@ def run(args: argparse.Namespace) -> int:
                 workload = _deal(scaled, mix, config.horizon_s)
             for policy in policies:
                 task = bar.add_task(f"{policy} x{load:g} ({workload.num_requests} requests)", total=1.0)
-                res, spans = run_policy(config, workload, policy, load_scale=load,
-                                        progress=lambda _label, frac, task=task: bar.update(task, completed=frac))
+                def advance(_label: str, frac: float, task: Any = task) -> None:
+                    bar.update(task, completed=frac)
+
+                res, spans = run_policy(config, workload, policy, load_scale=load, progress=advance)
                 bar.update(task, completed=1.0)
                 results.append(res)
                 if load == loads[len(loads) // 2]:

@@ -162,6 +162,32 @@ class _Live:
 
 
 class _Replica:
+    """Mutable state of one replica (plain attributes; the simulator owns all of them)."""
+
+    act_allocs: list[Allocation]
+    act_bytes_per_token: float
+    busy: bool
+    config: ModelConfig
+    current: list[tuple[_Live, int]]  # this iteration's prefill chunks
+    current_start_s: float
+    decode_context_sum: int
+    decoding_by_tenant: dict[str, int]
+    device_ids: tuple[str, ...]
+    ends: np.ndarray  # end time of every iteration so far, by iteration index
+    finishing: dict[int, list[_Live]]  # iteration index -> requests whose last token it produces
+    iteration: int
+    kv_allocs: list[Allocation]
+    kv_bytes_per_token: float
+    kv_tokens: int
+    num_decodes: int
+    prefilling: deque[_Live]
+    spec: ReplicaSpec
+    step_pending: bool
+    table: IterationCostTable
+    tokens_out: int
+    tp: int
+    waiting: deque[_Live] | RequestQueue[_Live]
+
     __slots__ = (
         "act_allocs",
         "act_bytes_per_token",
@@ -315,7 +341,7 @@ class SimulatedCluster:
                                      overhead=self.overheads.get(rs.model, NO_OVERHEAD))
         r.kv_bytes_per_token = kv_bytes_per_token(config) / tp
         r.act_bytes_per_token = activation_bytes_per_token(config) / tp
-        r.waiting = deque() if self._fifo else RequestQueue(self.queue_policy)
+        r.waiting = deque() if self._fifo or self.queue_policy is None else RequestQueue(self.queue_policy)
         r.prefilling, r.finishing, r.current = deque(), {}, []
         r.decoding_by_tenant = {}
         r.num_decodes = r.decode_context_sum = r.iteration = r.kv_tokens = 0
@@ -462,7 +488,7 @@ class SimulatedCluster:
             return []
         rid = self._route(req, candidates)
         r = self._replicas[rid]
-        if self._fifo and self.estimator is None:
+        if isinstance(r.waiting, deque) and self.estimator is None:
             r.waiting.append(_Live(req))
         else:
             self._enqueue(r, req)
@@ -612,15 +638,14 @@ class SimulatedCluster:
             kv_p += cached + n
         num_seqs = len(r.prefilling) + r.num_decodes
         waiting = r.waiting
-        fifo = isinstance(waiting, deque)
         served = self._served
         while budget > 0 and waiting and num_seqs < r.spec.max_num_seqs:
-            live = waiting[0] if fifo else waiting.peek(served)
+            live = waiting[0] if isinstance(waiting, deque) else waiting.peek(served)
             prompt = live.spec.prompt_tokens
             reserve = prompt + live.spec.output_tokens
             if not self._resize_kv(r, r.kv_tokens + reserve, now, force=False, watermark=True):
                 break  # head-of-line: the selected request waits, nothing overtakes it
-            if fifo:
+            if isinstance(waiting, deque):
                 waiting.popleft()
             else:
                 waiting.pop(served)

@@ -72,7 +72,7 @@ SAME_TIME_ORDER: tuple[type[Event], ...] = (
     TransferFinished, IterationFinished, SliceFinished, RequestArrived, StepRequested,
 )
 for _rank, _kind in enumerate(SAME_TIME_ORDER):
-    _kind.priority = _rank  # type: ignore[misc]
+    _kind.priority = _rank
 
 Handler = Callable[[Any], Iterable[Event]]
 Observer = Callable[[Event], None]

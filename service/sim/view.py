@@ -98,8 +98,8 @@ class SimClusterView:
         resident: dict[str, dict[str, int]] = {}
         for rid in self.cluster.replica_ids:
             rs = self.cluster.replica_spec(rid)
-            for d in rs.device_ids:
-                resident.setdefault(d, {})[f"{rs.tenant_id}/{rs.model}"] = 0
+            for device_id in rs.device_ids:
+                resident.setdefault(device_id, {})[f"{rs.tenant_id}/{rs.model}"] = 0
         for d in spec.devices:
             resident.setdefault(d.device_id, {})["(in use)"] = self.cluster.ledger.used_bytes(d.device_id)
         return ClusterState(spec.name, devices, links, {}, placements, resident)
@@ -175,10 +175,10 @@ class SimClusterView:
         for o in fork.metrics.outcomes:
             if not o.sla_met:
                 late[o.tenant_id] = late.get(o.tenant_id, 0) + 1
-        for _, spec in fork.in_flight():
-            sla = fork.sla_classes.get(spec.sla_class) or fork.sla_classes["standard"]
-            if spec.arrival_s + sla.e2e_s < end:
-                late[spec.tenant_id] = late.get(spec.tenant_id, 0) + 1
+        for _, req in fork.in_flight():
+            sla = fork.sla_classes.get(req.sla_class) or fork.sla_classes["standard"]
+            if req.arrival_s + sla.e2e_s < end:
+                late[req.tenant_id] = late.get(req.tenant_id, 0) + 1
         peaks = {d: fork.ledger.peak_bytes(d) for d in {d for rid in fork.replica_ids
                                                         for d in fork.replica_spec(rid).device_ids}}
         return WhatIfOutcome(horizon_s, tokens, late, len(fork.ledger.violations) - violations_before, peaks)
