@@ -165,8 +165,10 @@ def candidate_groups(state: ClusterView, tenant: str, k: int) -> list[tuple[str,
     Cypher) for devices where one iteration of the model can run: its weight shard is an input
     coming from a home replica's device (so the copy over the link delays the slot), it needs
     the shard plus the KV reserve resident, and the device must be free for an iteration. Slots
-    rank by earliest start (idle windows first), then headroom. The smallest tensor-parallel
-    degree with enough slots on one host wins; a group never spans hosts.
+    are feasible slots; they are ranked by the device's recent utilisation (in tenths: a device
+    idle for a moment between two iterations of a busy tenant is not an idle device), then by
+    earliest start, then headroom. The smallest tensor-parallel degree with enough slots on one
+    host wins; a group never spans hosts.
     """
     replicas = list(state.replicas())
     mine = [r for r in replicas if r.tenant_id == tenant and not r.draining]
@@ -177,6 +179,7 @@ def candidate_groups(state: ClusterView, tenant: str, k: int) -> list[tuple[str,
     reserve = state.kv_reserve_bytes(model)
     slots_state = state.slot_state()
     host_of = {d.device_id: d.host_id for d in state.devices()}
+    busy = {d.device_id: round(d.utilisation, 1) for d in state.devices()}
     kinds = {d.kind for d in state.spec.devices}
     for tp in TP_DEGREES:
         shard = math.ceil(weights / tp)
@@ -184,7 +187,8 @@ def candidate_groups(state: ClusterView, tenant: str, k: int) -> list[tuple[str,
                           dict.fromkeys(kinds, state.iteration_s(model, tp)), slice_bytes=math.ceil(reserve / tp),
                           weight_bytes=shard, needs_weights=True,
                           input_deps=(InputDep(source, state.now_s, shard),), k=len(host_of))
-        slots = [s for s in find_slots_in_memory(slots_state, query) if s.device_id not in taken]
+        slots = sorted((s for s in find_slots_in_memory(slots_state, query) if s.device_id not in taken),
+                       key=lambda s: (busy[s.device_id], s.start_s, -s.headroom_bytes, s.device_id))
         by_host: dict[str, list[str]] = {}
         groups: list[tuple[str, ...]] = []
         for slot in slots:  # best first
