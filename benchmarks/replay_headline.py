@@ -36,7 +36,7 @@ def main() -> int:
     args = p.parse_args()
     duration = args.duration or (300.0 if args.quick else 900.0)
     loads = [float(x) for x in args.loads.split(",")] if args.loads else (
-        [0.5, 0.75, 1.0] if args.quick else [0.5, 0.75, 1.0, 1.25, 1.5])
+        [0.25, 0.5, 0.75, 1.0] if args.quick else [0.25, 0.5, 0.75, 1.0, 1.25, 1.5])
 
     import numpy as np
 
