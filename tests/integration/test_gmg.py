@@ -182,3 +182,25 @@ def test_cli_imports_inspects_and_refuses_bad_input(neo4j_uri: str, tenant: str,
     assert res.returncode == 2 and "no cluster spec" in res.stderr
     res = run_cli(neo4j_uri, "model", "import", "gpt5", "--tenant", tenant)
     assert res.returncode == 2 and "unknown model 'gpt5'" in res.stderr
+
+
+def test_the_compile_backend_leaves_the_graph_in_the_gmg(repo: GraphRepository, tenant: str) -> None:
+    import torch
+
+    from service.models.family import build_model, example_inputs
+    from service.models.trace import GraphRecorder
+
+    config = model_config("tiny")
+    model = build_model(config, seed=1)
+    inputs = example_inputs(config, "prefill", batch=1, tokens=8)
+    recorder = GraphRecorder(model_name="tiny", phase="prefill", shape={"batch": 1, "tokens": 8},
+                             on_graph=lambda g: repo.import_model(tenant, "compiled", g))
+    with torch.inference_mode():
+        got, _ = torch.compile(model, backend=recorder, dynamic=False)(**inputs)
+        want, _ = model(**inputs)
+    torch._dynamo.reset()
+    assert torch.allclose(got, want, atol=1e-6)
+    graph = recorder.graphs[-1]
+    uid = f"{tenant}/compiled"
+    assert scalar(repo, "MATCH (o:Operator {model_uid: $u}) RETURN count(o)", u=uid) == len(graph.operators)
+    assert scalar(repo, "MATCH (o:Operator {model_uid: $u}) RETURN sum(o.flops)", u=uid) == graph.total_flops
