@@ -31,6 +31,7 @@ from benchmarks import _record
 def main() -> int:
     p = _record.parser("replay_headline", __doc__.splitlines()[0])
     p.add_argument("--duration", type=float, help="simulated seconds of traffic per run")
+    p.add_argument("--mix", default="a100-4tenants", help="tenant mix (built-in name or file)")
     p.add_argument("--loads", help="comma-separated load multiples of the mix")
     p.add_argument("--queue-loads", default="1,1.5", help="loads for the queue-policy comparison")
     args = p.parse_args()
@@ -49,9 +50,10 @@ def main() -> int:
     from service.workload.readers import read_azure
 
     cluster = load_cluster_spec("8xA100-nvlink")
-    mix = load_mix("a100-4tenants")
+    mix = load_mix(args.mix)
     config = ReplayConfig(cluster, mix, RooflineCostModel(), seed=args.seed, duration_s=duration)
-    plots = args.out / "replay_headline"
+    name = "replay_headline" if args.mix == "a100-4tenants" else f"replay_headline-{Path(args.mix).stem}"
+    plots = args.out / name
     plots.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
@@ -116,7 +118,7 @@ def main() -> int:
     calib = calibration_study(code.requests, conv.requests)
 
     best_ratio = max(x["throughput_ratio"] for x in per_load)
-    _record.write("replay_headline", args, {
+    _record.write(name, args, {
         "cluster": cluster.name, "mix": mix.name, "duration_s": duration, "loads": loads,
         "queue_loads": queue_loads, "cost_model": "roofline", "interval_s": config.interval_s,
     }, {

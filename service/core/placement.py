@@ -114,10 +114,25 @@ class SlicePlacementPolicy:
     def step(self, now_s: float, state: ClusterView) -> Decision:
         decision = Decision()
         replicas = list(state.replicas())
+        homes_on: dict[str, list[str]] = {}  # device -> owners' (non-guest) replicas on it
         for r in replicas:
-            if r.guest and not r.draining and r.waiting + r.running == 0 and r.idle_s >= self.idle_drain_s:
+            if not r.guest:
+                for d in r.device_ids:
+                    homes_on.setdefault(d, []).append(r.replica_id)
+        by_id = {r.replica_id: r for r in replicas}
+        for r in replicas:
+            if not r.guest or r.draining:
+                continue
+            if r.waiting + r.running == 0 and r.idle_s >= self.idle_drain_s:
                 decision.drain.append(r.replica_id)
                 decision.notes.append(f"drain {r.replica_id}: idle {r.idle_s:.0f}s")
+                continue
+            # Owners first: a guest leaves a device as soon as the device's owner has a backlog.
+            owners = [by_id[h] for d in r.device_ids for h in homes_on.get(d, ()) if by_id[h].tenant_id != r.tenant_id]
+            pressed = [o for o in owners if o.waiting >= self.min_backlog]
+            if pressed:
+                decision.drain.append(r.replica_id)
+                decision.notes.append(f"drain {r.replica_id}: owner {pressed[0].tenant_id} has {pressed[0].waiting} waiting")
         backlog: dict[str, int] = {}
         model_of: dict[str, str] = {}
         guests: dict[str, int] = {}
