@@ -52,8 +52,8 @@ def main() -> int:
     cluster = load_cluster_spec("8xA100-nvlink")
     mix = load_mix(args.mix)
     config = ReplayConfig(cluster, mix, RooflineCostModel(), seed=args.seed, duration_s=duration)
-    name = "replay_headline" if args.mix == "a100-4tenants" else f"replay_headline-{Path(args.mix).stem}"
-    plots = args.out / name
+    record_name = "replay_headline" if args.mix == "a100-4tenants" else f"replay_headline-{Path(args.mix).stem}"
+    plots = args.out / record_name
     plots.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
@@ -118,7 +118,7 @@ def main() -> int:
     calib = calibration_study(code.requests, conv.requests)
 
     best_ratio = max(x["throughput_ratio"] for x in per_load)
-    _record.write(name, args, {
+    _record.write(record_name, args, {
         "cluster": cluster.name, "mix": mix.name, "duration_s": duration, "loads": loads,
         "queue_loads": queue_loads, "cost_model": "roofline", "interval_s": config.interval_s,
     }, {
