@@ -24,7 +24,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from service.graph.catalog import QueryCatalog
     from service.graph.connection import Neo4jSettings, open_driver
     from service.graph.repository import GraphRepository
-    from service.models.family import build_model, example_inputs, model_config
+    from service.models.family import build_model, model_config
     from service.models.trace import GraphRecorder, trace_phase
 
     started = time.perf_counter()
@@ -74,7 +74,6 @@ def run_demo(args: argparse.Namespace) -> int:
     stats = repo.import_model("globex", "bot", graph, device_id="cpu:1")
     print(f"compiled run matches eager: {same}; generated token ids {tokens}")
     print(f"recorded graph: {stats.operators} operators, {graph.total_flops:,} FLOPs -> {stats.model_uid} in Neo4j")
-    _ = example_inputs  # the same helper gives shapes to the fx tracer
 
     _step("Cypher inspection (slicesched cypher --named NAME)")
     for name, params in (("tenant_models", {}), ("devices_headroom", {}), ("shared_devices", {}),

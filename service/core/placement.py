@@ -153,7 +153,7 @@ class SlicePlacementPolicy:
                 change = ReplicaChange(tenant, model_of[tenant], group)
                 baseline, outcome = state.what_if(change, self.horizon_s)
                 decision.num_whatifs += 1
-                if not _safe(outcome, baseline):
+                if outcome is None or not _safe(outcome, baseline):
                     continue
                 gain = outcome.output_tokens - baseline.output_tokens
                 if gain > 0 and (best is None or gain > best[0]):

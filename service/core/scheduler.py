@@ -100,9 +100,10 @@ class ClusterView(Protocol):
         """A typical iteration of the model on ``tp`` devices (the slot a guest needs)."""
         ...
 
-    def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:
+    def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
         """Simulate the queued work for ``horizon_s`` without and with ``change``, over the same
-        affected devices: ``(baseline, changed)``."""
+        affected devices: ``(baseline, changed)``; ``changed`` is ``None`` when the change cannot
+        be applied (its weights do not fit)."""
         ...
 
 

@@ -118,12 +118,13 @@ class SimClusterView:
     def kv_reserve_bytes(self, model: str) -> int:
         return self.kv_reserve_tokens * kv_bytes_per_token(MODEL_CONFIGS[model])
 
-    def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:
+    def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
         homes = [d for rid in self.cluster.replica_ids
                  if self.cluster.replica_spec(rid).tenant_id == change.tenant_id
                  for d in self.cluster.replica_spec(rid).device_ids]
         devices = set(homes) | set(change.device_ids)
         base = self._run(self.cluster.fork(devices), None, horizon_s)
+        assert base is not None
         fork = self.cluster.fork(devices)
         return base, self._run(fork, change, horizon_s, source=homes[0] if homes else None)
 
@@ -159,14 +160,14 @@ class SimClusterView:
                 for r in self.cluster.arrivals_since(now - horizon_s) if r.tenant_id in tenants]
 
     def _run(self, fork: SimulatedCluster, change: ReplicaChange | None, horizon_s: float, *,
-             source: str | None = None) -> WhatIfOutcome:
+             source: str | None = None) -> WhatIfOutcome | None:
         now = fork.now_s
         violations_before = len(fork.ledger.violations)
         tokens_before = fork.tokens_out
         if change is not None:
             spec = self._spec(f"{change.tenant_id}/whatif", change)
             if fork.add_replica(spec, weights_from=source if source not in change.device_ids else None) is None:
-                return WhatIfOutcome(horizon_s, -1, {change.tenant_id: 1 << 30}, 1, {})
+                return None  # its weights do not fit there
         end = now + horizon_s
         fork.submit(self._forecast(fork, horizon_s))
         fork.run(until=end)
