@@ -82,6 +82,8 @@ def main() -> int:
         per_load.append({"load": c.load_scale, "container_tps": round(c.token_throughput_tps),
                          "slice_tps": round(s.token_throughput_tps),
                          "throughput_ratio": round(s.token_throughput_tps / max(c.token_throughput_tps, 1e-9), 3),
+                         "container_goodput_rps": round(c.goodput_rps, 3), "slice_goodput_rps": round(s.goodput_rps, 3),
+                         "goodput_ratio": round(s.goodput_rps / max(c.goodput_rps, 1e-9), 3),
                          "container_sla_violation": round(c.sla_violation_rate, 4),
                          "slice_sla_violation": round(s.sla_violation_rate, 4),
                          "slice_guest_replicas": s.num_guest_replicas, "slice_memory_violations": s.memory_violations})
@@ -125,6 +127,7 @@ def main() -> int:
         "slice_vs_container": {"per_load": per_load, "sustained_load_at_9pct": sustained,
                                "sustained_load_ratio": round(sustained_ratio, 3) if sustained_ratio else None,
                                "best_throughput_ratio": best_ratio,
+                               "best_goodput_ratio": max(x["goodput_ratio"] for x in per_load),
                                "slice_memory_violations": sum(r.memory_violations for r in sweep["fifo/slice"])},
         "queue_policies": queue_summary,
         "calibration": calib,
