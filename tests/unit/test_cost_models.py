@@ -35,12 +35,13 @@ from learned.profile import (
 from learned.roofline import RooflineCostModel, device_of_kind
 from learned.table import ProfileTableCostModel
 from service.core.cost import CostModel, OpFeatures
+from tests.conftest import SHARED_DATA, data_absent
 
 torch.set_num_threads(1)
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+DATA = SHARED_DATA
 VIDUR = DATA / "vidur-profiling" / "profiling"
-needs_data = pytest.mark.skipif(not VIDUR.exists(), reason="shared/data is absent")
+needs_data = pytest.mark.skipif(data_absent(VIDUR), reason="shared/data is absent")
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ and the calibration study on the real Azure traces (fit on code, applied to conv
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +11,9 @@ import pytest
 from learned.estimator import OutputLengthEstimator, calibration_study, classify, prompt_bucket
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec
+from tests.conftest import SHARED_DATA, data_absent
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+DATA = SHARED_DATA
 
 
 def _stream(rng: np.random.Generator, n: int, *, tenant: str, scale: float, start_s: float = 0.0,
@@ -82,7 +82,7 @@ def test_calibration_study_refuses_an_empty_test_set() -> None:
         calibration_study(_stream(np.random.default_rng(0), 10, tenant="t", scale=1.0), [])
 
 
-@pytest.mark.skipif(not DATA.is_dir(), reason="public data not present")
+@pytest.mark.skipif(data_absent(DATA), reason="public data not present")
 def test_calibration_on_azure_code_to_conv_cuts_mae_and_rmse_by_a_third() -> None:
     from service.workload.readers import read_azure
 

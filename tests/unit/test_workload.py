@@ -25,9 +25,10 @@ from service.workload import (
     synthetic_workload,
 )
 from service.workload.client import GapLaw
+from tests.conftest import SHARED_DATA, data_absent
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"public data not present at {DATA}")
+DATA = SHARED_DATA
+needs_data = pytest.mark.skipif(data_absent(DATA), reason=f"public data not present at {DATA}")
 AZURE_CODE = DATA / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
 AZURE_CONV = DATA / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
 MOONCAKE = DATA / "mooncake-synthetic" / "synthetic_trace.jsonl"
@@ -180,7 +181,7 @@ def test_read_mooncake_names_file_and_line_of_a_bad_row(tmp_path: Path, bad_row:
 
 @pytest.fixture(scope="module")
 def deepseek_clients() -> list[ClientStats]:
-    if not DATA.is_dir():
+    if data_absent(DATA):
         pytest.skip(f"public data not present at {DATA}")
     return read_servegen_clients(DEEPSEEK)
 
