@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from service.core.scheduler import ClusterView, Decision, ReplicaChange, WhatIfOutcome
-from service.core.slot import InputDep, SlotQuery, find_slots_in_memory
+from service.core.slot import InputDep, Slot, SlotQuery, find_slots_in_memory
 from service.domain.cluster import ClusterSpec
 from service.domain.error import InvalidInputError
 
@@ -173,7 +173,8 @@ def _safe(outcome: WhatIfOutcome, baseline: WhatIfOutcome) -> bool:
         all(t in baseline.violations_by_tenant or n == 0 for t, n in outcome.violations_by_tenant.items())
 
 
-def candidate_groups(state: ClusterView, tenant: str, k: int) -> list[tuple[str, ...]]:
+def candidate_groups(state: ClusterView, tenant: str, k: int,
+                     search: Callable[[SlotQuery], list[Slot]] | None = None) -> list[tuple[str, ...]]:
     """Dependency- and memory-safe device groups for a guest replica of ``tenant``'s model, best first.
 
     Asks the candidate-slot search (:mod:`service.core.slot`, the same contract the GMG answers in
@@ -183,7 +184,8 @@ def candidate_groups(state: ClusterView, tenant: str, k: int) -> list[tuple[str,
     are feasible slots; they are ranked by the device's recent utilisation (in tenths: a device
     idle for a moment between two iterations of a busy tenant is not an idle device), then by
     earliest start, then headroom. The smallest tensor-parallel degree with enough slots on one
-    host wins; a group never spans hosts.
+    host wins; a group never spans hosts. ``search`` answers the slot queries: the in-memory
+    search over ``state.slot_state()`` by default (replay), the Cypher query over the GMG live.
     """
     replicas = list(state.replicas())
     mine = [r for r in replicas if r.tenant_id == tenant and not r.draining]
@@ -192,17 +194,21 @@ def candidate_groups(state: ClusterView, tenant: str, k: int) -> list[tuple[str,
     source = mine[0].device_ids[0]
     weights = state.weight_bytes(model)
     reserve = state.kv_reserve_bytes(model)
-    slots_state = state.slot_state()
+    if search is None:
+        slots_state = state.slot_state()
+
+        def search(q: SlotQuery) -> list[Slot]:
+            return find_slots_in_memory(slots_state, q)
     host_of = {d.device_id: d.host_id for d in state.devices()}
     busy = {d.device_id: round(d.utilisation, 1) for d in state.devices()}
     kinds = {d.kind for d in state.spec.devices}
     for tp in TP_DEGREES:
         shard = math.ceil(weights / tp)
-        query = SlotQuery(slots_state.cluster, tenant, f"{tenant}/{model}", state.now_s,
+        query = SlotQuery(state.spec.name, tenant, f"{tenant}/{model}", state.now_s,
                           dict.fromkeys(kinds, state.iteration_s(model, tp)), slice_bytes=math.ceil(reserve / tp),
                           weight_bytes=shard, needs_weights=True,
                           input_deps=(InputDep(source, state.now_s, shard),), k=len(host_of))
-        slots = sorted((s for s in find_slots_in_memory(slots_state, query) if s.device_id not in taken),
+        slots = sorted((s for s in search(query) if s.device_id not in taken),
                        key=lambda s: (busy[s.device_id], s.start_s, -s.headroom_bytes, s.device_id))
         by_host: dict[str, list[str]] = {}
         groups: list[tuple[str, ...]] = []

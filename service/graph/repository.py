@@ -86,6 +86,8 @@ class GraphRepository:
         "delete_tenant", "model_summary", "list_devices", "count_labels",
         "place_slices", "mark_slices_done", "delete_done_slices", "refresh_device_state", "replace_host_links",
         "find_candidate_slots", "create_experiment",
+        "create_request", "update_requests", "record_slices", "set_weight_residence",
+        "live_tenants", "live_models", "live_requests",
     )
 
     def __init__(self, driver: Driver, catalog: QueryCatalog | None = None, *, database: str = "neo4j") -> None:
@@ -127,6 +129,12 @@ class GraphRepository:
     # ---- tenants and models -------------------------------------------------------------------
     def upsert_tenant(self, tenant_id: str, **props: Any) -> None:
         self._write("upsert_tenant", tenant_id=check_id("tenant", tenant_id), props=props)
+
+    def upsert_model(self, tenant_id: str, model_id: str, **props: Any) -> None:
+        """Set properties of an existing model (e.g. the live service's family and seed)."""
+        if not self._write("upsert_model", tenant_id=tenant_id, uid=model_uid(tenant_id, model_id),
+                           props={"model_id": model_id, **props}):
+            raise InvalidInputError(f"no tenant {tenant_id!r}: create it first", culprit=tenant_id)
 
     def import_model(self, tenant_id: str, model_id: str, graph: OperatorGraph, *,
                      device_id: str | None = None, create_tenant: bool = True) -> ImportStats:
@@ -363,3 +371,36 @@ class GraphRepository:
                            config_json=json.dumps(config, default=float),
                            results_json=json.dumps(results, default=float))
         return str(rows[0]["uid"])
+
+    # ---- the live service -------------------------------------------------------------------------
+    def create_request(self, row: Mapping[str, Any]) -> None:
+        """Persist an accepted request (with its prompt); raises if its model is unknown."""
+        if not self._write("create_request", row=dict(row)):
+            raise InvalidInputError(f"no model {row.get('model_uid')!r}")
+
+    def update_requests(self, rows: list[dict[str, Any]]) -> int:
+        """Batched request updates; rows of requests already finished change nothing."""
+        out = self._write("update_requests", rows=rows)
+        return int(out[0]["updated"]) if out else 0
+
+    def record_slices(self, rows: list[dict[str, Any]]) -> int:
+        out = self._write("record_slices", rows=rows)
+        return int(out[0]["recorded"]) if out else 0
+
+    def set_weight_residence(self, model_uid: str, device_ids: list[str], *, cluster: str) -> None:
+        """Weights of ``model_uid`` resident on exactly ``device_ids``; refreshes the cluster's cached device state."""
+        def work(tx: ManagedTransaction) -> None:
+            self._tx_run(tx, "set_weight_residence", model_uid=model_uid, device_ids=device_ids)
+            self._tx_run(tx, "refresh_device_state", cluster=cluster)
+
+        with self.driver.session(database=self.database) as s:
+            s.execute_write(work)
+
+    def live_tenants(self) -> list[dict[str, Any]]:
+        return self._read("live_tenants")
+
+    def live_models(self) -> list[dict[str, Any]]:
+        return self._read("live_models")
+
+    def live_requests(self, since: float) -> list[dict[str, Any]]:
+        return [r["request"] for r in self._read("live_requests", since=float(since))]

@@ -1,0 +1,7 @@
+// A tenant's latest requests with their state and latency (tenant keys: scoped to the caller).
+// @param tenant_id: the tenant
+MATCH (r:Request {tenant_id: $tenant_id})-[:FOR_MODEL]->(m:Model)
+RETURN r.uid AS request, m.model_id AS model, r.status AS status, size(r.prompt) AS prompt_tokens,
+       r.max_tokens AS max_tokens, r.attempts AS attempts, r.ttft_s AS ttft_s, r.e2e_s AS e2e_s
+ORDER BY r.arrival DESC
+LIMIT 100

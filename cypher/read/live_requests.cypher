@@ -1,0 +1,6 @@
+// Requests of the live service, unfinished first (restart recovery); finished ones since $since.
+// @param since: epoch seconds; finished requests older than this are not loaded
+MATCH (r:Request)
+WHERE r.prompt IS NOT NULL AND (NOT r.status IN ['done', 'cancelled', 'failed'] OR r.finished_at >= $since)
+RETURN r {.*} AS request
+ORDER BY r.arrival

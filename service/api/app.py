@@ -1,0 +1,133 @@
+"""The FastAPI application: factory, lifespan, keys and error mapping. Routes: :mod:`service.api.routes`.
+
+``create_app(settings)`` builds an app whose lifespan starts a :class:`LiveService` (Neo4j
+driver, state recovered from the GMG, writer, scheduler) and stops it. Every error leaves as
+``{"error": {"kind", "message"}}`` with a 4xx status; an unexpected one is logged and is a 500
+with no internals in it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.api.settings import ServiceSettings
+from service.api.state import ConflictError, ForbiddenError, hash_key
+from service.domain.error import (
+    CatalogError,
+    InvalidInputError,
+    NotFoundError,
+    ReadOnlyViolationError,
+    SliceschedError,
+)
+
+log = logging.getLogger("slicesched.api")
+
+
+class UnauthorizedError(SliceschedError):
+    """No key, or a key nobody holds."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    role: str  # admin | executor | tenant
+    tenant_id: str | None = None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+
+def authenticate(request: Request) -> Principal:
+    """The caller's role from ``Authorization: Bearer <key>``."""
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key:
+        raise UnauthorizedError("send your key as 'Authorization: Bearer <key>'")
+    service = request.app.state.service
+    settings: ServiceSettings = service.settings
+    if hmac.compare_digest(key, settings.admin_key):
+        return Principal("admin")
+    if hmac.compare_digest(key, settings.executor_key):
+        return Principal("executor")
+    tenant = service.state.by_key_hash.get(hash_key(key))
+    if tenant is None:
+        raise UnauthorizedError("unknown key")
+    return Principal("tenant", tenant)
+
+
+_STATUS: list[tuple[type[Exception], int, str]] = [
+    (UnauthorizedError, 401, "unauthorized"),
+    (ForbiddenError, 403, "forbidden"),
+    (ReadOnlyViolationError, 403, "read_only"),
+    (NotFoundError, 404, "not_found"),
+    (ConflictError, 409, "conflict"),
+    (CatalogError, 400, "invalid_input"),
+    (InvalidInputError, 400, "invalid_input"),
+]
+
+
+def _error(status: int, kind: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"kind": kind, "message": message}}, status_code=status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def domain(_: Request, exc: Exception) -> JSONResponse:
+        for cls, status, kind in _STATUS:
+            if isinstance(exc, cls):
+                return _error(status, kind, str(exc))
+        log.error("unmapped domain error: %r", exc)
+        return _error(400, "invalid_input", str(exc))
+
+    async def validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        parts = []
+        for e in exc.errors()[:5]:
+            where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
+            parts.append(f"{where}: {e.get('msg', 'invalid')}")
+        return _error(422, "invalid_input", "; ".join(parts) or "invalid request")
+
+    async def http(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        return _error(exc.status_code, "http", str(exc.detail))
+
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error", exc_info=exc)
+        return _error(500, "internal", "internal error (logged on the server)")
+
+    app.add_exception_handler(SliceschedError, domain)
+    app.add_exception_handler(RequestValidationError, validation)
+    app.add_exception_handler(StarletteHTTPException, http)
+    app.add_exception_handler(Exception, unexpected)
+
+
+def create_app(settings: ServiceSettings | None = None) -> FastAPI:
+    from service.api.routes import router
+    from service.api.service import LiveService
+
+    resolved = settings or ServiceSettings.from_env()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service = LiveService(resolved)
+        app.state.service = service
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(title="slicesched", version="0.1.0", lifespan=lifespan,
+                  description="Operator-level scheduling for multi-tenant model serving: tenants, models, "
+                              "requests, executor leases, what-if and Cypher inspection. See docs/API.md.")
+    install_error_handlers(app)
+    app.include_router(router)
+    return app

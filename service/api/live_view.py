@@ -1,0 +1,111 @@
+"""The live cluster seen through the scheduler's :class:`~service.core.scheduler.ClusterView`.
+
+The live service calls the same ``Scheduler.step(now, view)`` as replay. The view's replicas
+and devices are the live truth (a :class:`LiveSnapshot` copied on the event loop, so the step
+can run in a worker thread). Its what-ifs run the simulator on a **mirror**: a simulated
+cluster of the registered devices and current replicas that replays the last ``window_s`` of
+arrivals (plus every request still unfinished, from the window's start) to rebuild queues and
+batches, then forks as replay does (:class:`~service.sim.view.SimClusterView`). Iteration
+costs come from the roofline of the device kind plus a per-iteration overhead calibrated from
+the executors' observations (mean measured iteration time per model family).
+
+Naming: the view's "tenant" of a replica is its model uid (``tenant/model``): placement
+policies reason per served model, and a tenant may have several.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from learned.roofline import RooflineCostModel
+from service.core.cost import IterationOverhead
+from service.core.scheduler import DeviceInfo, ReplicaChange, ReplicaInfo, WhatIfOutcome
+from service.core.slot import ClusterState
+from service.domain.cluster import DEVICE_KINDS, ClusterSpec, Device, Link
+from service.domain.request import RequestSpec
+from service.sim.cluster import ReplicaSpec, SimulatedCluster
+from service.sim.view import SimClusterView
+
+LIVE_CLUSTER = "live"
+INTRA_EXECUTOR = Link("", "", "loopback", 80.0, 20.0)
+INTER_EXECUTOR = Link("", "", "network", 10.0, 100.0)
+
+
+def live_spec(devices: Sequence[tuple[str, str, str, int]]) -> ClusterSpec:
+    """A cluster spec of registered devices ``(device_id, executor_id, kind, mem_bytes)``: one
+    host per executor, loopback links inside an executor, network links between executors."""
+    hosts = sorted({e for _, e, _, _ in devices})
+    devs = []
+    for device_id, executor_id, kind, mem in devices:
+        k = DEVICE_KINDS.get(kind, DEVICE_KINDS["cpu"])
+        devs.append(Device(device_id, executor_id, kind, mem, k.peak_flops, k.mem_bw_bytes_per_s))
+    links = []
+    for a in devs:
+        for b in devs:
+            if a.device_id != b.device_id:
+                proto = INTRA_EXECUTOR if a.host_id == b.host_id else INTER_EXECUTOR
+                links.append(Link(a.device_id, b.device_id, proto.kind, proto.gbps, proto.latency_us))
+    return ClusterSpec(LIVE_CLUSTER, hosts, devs, links)
+
+
+@dataclass(frozen=True)
+class LiveSnapshot:
+    now_s: float  # seconds since the service started
+    spec: ClusterSpec
+    replicas: tuple[ReplicaInfo, ...]  # tenant_id = model uid, model = family
+    devices: tuple[DeviceInfo, ...]
+    max_batch: dict[str, int]  # replica id -> KV slots
+    recent: tuple[RequestSpec, ...]  # arrival_s relative to the window's start; tenant_id = model uid
+    window_s: float
+    iteration_s: dict[str, float] = field(default_factory=dict)  # family -> observed mean iteration time
+
+
+class LiveClusterView:
+    def __init__(self, snap: LiveSnapshot, *, kv_reserve_tokens: int = 2048, seed: int = 0) -> None:
+        self.snap = snap
+        overheads = {family: IterationOverhead(per_iteration_s=s, separate_prefill_passes=True)
+                     for family, s in snap.iteration_s.items()}
+        replicas = [ReplicaSpec(r.replica_id, r.model, r.device_ids, max_num_seqs=snap.max_batch[r.replica_id],
+                                tenant_id=r.tenant_id, guest=r.guest) for r in snap.replicas if not r.draining]
+        self._mirror = SimulatedCluster(snap.spec, replicas, RooflineCostModel(), rng=np.random.default_rng(seed),
+                                        overheads=overheads)
+        self._mirror.submit(sorted(snap.recent, key=lambda r: r.arrival_s))
+        self._mirror.run(until=snap.window_s)
+        self._sim = SimClusterView(self._mirror, kv_reserve_tokens=kv_reserve_tokens)
+
+    # ---- ClusterView: the live truth ----------------------------------------------------------
+    @property
+    def now_s(self) -> float:
+        """The mirror's clock (the end of its replayed window): slot windows are in its time."""
+        return self._mirror.now_s
+
+    @property
+    def spec(self) -> ClusterSpec:
+        return self.snap.spec
+
+    def replicas(self) -> Sequence[ReplicaInfo]:
+        return self.snap.replicas
+
+    def devices(self) -> Sequence[DeviceInfo]:
+        return self.snap.devices
+
+    # ---- ClusterView: sizes, costs and what-ifs from the mirror --------------------------------
+    def weight_bytes(self, model: str) -> int:
+        return self._sim.weight_bytes(model)
+
+    def kv_reserve_bytes(self, model: str) -> int:
+        return self._sim.kv_reserve_bytes(model)
+
+    def slot_state(self) -> ClusterState:
+        return self._sim.slot_state()
+
+    def iteration_s(self, model: str, tp: int) -> float:
+        observed = self.snap.iteration_s.get(model)
+        return observed / tp if observed else self._sim.iteration_s(model, tp)
+
+    def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
+        return self._sim.what_if(change, horizon_s)
+

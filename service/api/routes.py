@@ -1,0 +1,384 @@
+"""HTTP routes of the live service. Contract: docs/API.md.
+
+Handlers run on the event loop and mutate :class:`LiveState` there; Neo4j calls go to worker
+threads. Tenant keys see only their own tenant's objects: anything else is a 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import Response
+
+from service.api.app import Principal, authenticate
+from service.api.schemas import (
+    CompleteIn,
+    ExecutorIn,
+    FailIn,
+    HeartbeatIn,
+    InspectIn,
+    ModelIn,
+    PollIn,
+    RequestIn,
+    TenantIn,
+    WhatIfIn,
+)
+from service.api.service import LiveService
+from service.api.state import (
+    Completion,
+    ConflictError,
+    ForbiddenError,
+    LiveModel,
+    LiveRequest,
+    Write,
+    hash_key,
+    new_key,
+)
+from service.domain import tokenizer
+from service.domain.error import InvalidInputError, NotFoundError
+
+router = APIRouter()
+
+
+def service_of(request: Request) -> LiveService:
+    svc: LiveService = request.app.state.service
+    return svc
+
+
+Svc = Annotated[LiveService, Depends(service_of)]
+Caller = Annotated[Principal, Depends(authenticate)]
+
+
+def require(p: Principal, *roles: str) -> None:
+    if p.role not in roles:
+        raise ForbiddenError(f"this needs a key of role {' or '.join(roles)} (yours: {p.role})")
+
+
+def scoped_tenant(p: Principal, given: str | None) -> str:
+    """The tenant a call acts for: a tenant key's own, or the admin's explicit choice."""
+    if p.role == "tenant":
+        assert p.tenant_id is not None
+        if given is not None and given != p.tenant_id:
+            raise NotFoundError(f"no tenant {given!r}")
+        return p.tenant_id
+    require(p, "admin")
+    if given is None:
+        raise InvalidInputError("admin keys must name the tenant_id")
+    return given
+
+
+# ---- health and metrics --------------------------------------------------------------------------
+@router.get("/healthz", tags=["ops"])
+async def healthz(svc: Svc) -> dict[str, Any]:
+    s = svc.state
+    return {"status": "ok", "placement": svc.settings.placement, "queue": svc.settings.queue,
+            "tenants": len(s.tenants), "models": len(s.models), "devices": len(s.devices),
+            "queued": sum(1 for _ in s.queued()), "leases": len(s.leases)}
+
+
+@router.get("/metrics", tags=["ops"])
+async def metrics(svc: Svc) -> Response:
+    return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+@router.get("/v1/stats", tags=["ops"])
+async def stats(svc: Svc, p: Caller) -> dict[str, Any]:
+    """Admin: counters, GMG write lag and the scheduler's recent decisions."""
+    require(p, "admin")
+    writer = svc.writer
+    lags = sorted(writer.lags_s) if writer else []
+
+    def pct(q: float) -> float | None:
+        return lags[min(len(lags) - 1, int(q * len(lags)))] if lags else None
+
+    return {"counters": dict(svc.state.counters), "gmg_write_lag_s": {"p50": pct(0.5), "p99": pct(0.99),
+                                                                     "rows": writer.rows_written if writer else 0},
+            "replicas": [{"replica_id": r.replica_id, "model": r.model_uid, "devices": list(r.device_ids),
+                          "guest": r.guest, "draining": r.draining, "leases": len(r.leases)}
+                         for r in svc.state.replicas.values()],
+            "decisions": svc.decisions[-50:], "iteration_s": svc.state.iteration_s}
+
+
+# ---- tenants ---------------------------------------------------------------------------------------
+def tenant_public(svc: LiveService, tenant_id: str) -> dict[str, Any]:
+    t = svc.state.tenant(tenant_id)
+    return {"tenant_id": t.tenant_id, "sla_class": t.sla_class, "weight": t.weight, "priority": t.priority,
+            "models": sorted(m.model_id for m in svc.state.models.values() if m.tenant_id == tenant_id)}
+
+
+@router.post("/v1/tenants", status_code=201, tags=["tenants"])
+async def create_tenant(body: TenantIn, svc: Svc, p: Caller) -> dict[str, Any]:
+    require(p, "admin")
+    if body.tenant_id in svc.state.tenants:
+        raise ConflictError(f"tenant {body.tenant_id!r} exists")
+    key = new_key(body.tenant_id)
+    svc.state.add_tenant(body.tenant_id, body.sla_class, body.weight, body.priority, hash_key(key))
+    assert svc.repo is not None
+    await asyncio.to_thread(svc.repo.upsert_tenant, body.tenant_id, sla_class=body.sla_class, weight=body.weight,
+                            priority=body.priority, key_hash=hash_key(key))
+    return {**tenant_public(svc, body.tenant_id), "api_key": key}
+
+
+@router.get("/v1/tenants", tags=["tenants"])
+async def list_tenants(svc: Svc, p: Caller) -> list[dict[str, Any]]:
+    require(p, "admin")
+    return [tenant_public(svc, t) for t in sorted(svc.state.tenants)]
+
+
+@router.get("/v1/tenants/{tenant_id}", tags=["tenants"])
+async def get_tenant(tenant_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
+    return tenant_public(svc, scoped_tenant(p, tenant_id))
+
+
+# ---- models --------------------------------------------------------------------------------------
+def model_public(m: LiveModel) -> dict[str, Any]:
+    c = m.config
+    return {"tenant_id": m.tenant_id, "model_id": m.model_id, "family": m.family, "seed": m.seed,
+            "replicas": m.replicas, "num_params": c.num_params(), "weight_bytes": m.weight_bytes,
+            "max_context": c.max_seq_len, "vocab_size": c.vocab_size}
+
+
+@router.post("/v1/models", status_code=201, tags=["models"])
+async def create_model(body: ModelIn, svc: Svc, p: Caller) -> dict[str, Any]:
+    """Register one of the built-in runnable models; its operator graph is traced into the GMG."""
+    from service.models.family import model_config
+    from service.models.trace import trace_phase
+
+    tenant_id = scoped_tenant(p, body.tenant_id)
+    svc.state.check_new_model(tenant_id, body.model_id, body.family)
+    seed = body.seed if body.seed is not None else int.from_bytes(
+        hashlib.sha256(f"{tenant_id}/{body.model_id}".encode()).digest()[:4], "big") >> 1
+    model = LiveModel(tenant_id, body.model_id, body.family, seed, body.replicas)
+    assert svc.repo is not None
+    repo = svc.repo
+
+    def trace_and_write() -> None:
+        config = model_config(body.family)
+        for phase in ("prefill", "decode"):
+            graph = trace_phase(config, phase, batch=svc.settings.max_batch, tokens=64, context=256)
+            repo.import_model(tenant_id, body.model_id, graph, create_tenant=False)
+        repo.upsert_model(tenant_id, body.model_id, family=body.family, seed=seed, replicas=body.replicas)
+
+    await asyncio.to_thread(trace_and_write)
+    svc.state.add_model(model)
+    await svc.replan()
+    return model_public(model)
+
+
+@router.get("/v1/models", tags=["models"])
+async def list_models(svc: Svc, p: Caller, tenant_id: str | None = None) -> list[dict[str, Any]]:
+    if p.role == "tenant":
+        tenant_id = scoped_tenant(p, tenant_id)
+    else:
+        require(p, "admin")
+    return [model_public(m) for m in sorted(svc.state.models.values(), key=lambda m: m.uid)
+            if tenant_id is None or m.tenant_id == tenant_id]
+
+
+@router.get("/v1/models/{model_id}", tags=["models"])
+async def get_model(model_id: str, svc: Svc, p: Caller, tenant_id: str | None = None) -> dict[str, Any]:
+    return model_public(svc.state.model(scoped_tenant(p, tenant_id), model_id))
+
+
+# ---- devices and executors -----------------------------------------------------------------------
+@router.get("/v1/devices", tags=["executors"])
+async def list_devices(svc: Svc, p: Caller) -> list[dict[str, Any]]:
+    require(p, "admin")
+    s = svc.state
+    return [{"device_id": d.device_id, "executor_id": d.executor_id, "host_id": d.host_id, "kind": d.kind,
+             "mem_bytes": d.mem_bytes, "free_bytes": s.free_bytes(d.device_id),
+             "replicas": sorted(r.replica_id for r in s.replicas.values() if d.device_id in r.device_ids)}
+            for d in sorted(s.devices.values(), key=lambda d: d.device_id)]
+
+
+@router.post("/v1/executors", tags=["executors"])
+async def register_executor(body: ExecutorIn, svc: Svc, p: Caller) -> dict[str, Any]:
+    require(p, "admin", "executor")
+    names = [d.device_id for d in body.devices]
+    if len(set(names)) != len(names):
+        raise InvalidInputError(f"duplicate device names in {names}")
+    svc.persist(svc.state.register_executor(body.executor_id, body.host_id,
+                                            [(d.device_id, d.kind, d.mem_bytes) for d in body.devices]))
+    await svc.replan()
+    return {"executor_id": body.executor_id, "lease_ttl_s": svc.settings.lease_ttl_s,
+            "heartbeat_s": svc.settings.heartbeat_s,
+            "devices": {d.device_id: f"{body.executor_id}/{d.device_id}" for d in body.devices}}
+
+
+@router.post("/v1/executors/{executor_id}/heartbeat", tags=["executors"])
+async def heartbeat(executor_id: str, body: HeartbeatIn, svc: Svc, p: Caller) -> dict[str, Any]:
+    require(p, "admin", "executor")
+    renewed, cancel = svc.state.heartbeat(executor_id, body.busy_s)
+    return {"renewed": renewed, "cancel": cancel, "drain": False}
+
+
+@router.delete("/v1/executors/{executor_id}", tags=["executors"])
+async def deregister_executor(executor_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
+    require(p, "admin", "executor")
+    svc.state.executor(executor_id)
+    svc.persist(svc.state.drop_executor(executor_id))
+    await svc.replan()
+    return {"executor_id": executor_id, "removed": True}
+
+
+# ---- requests ------------------------------------------------------------------------------------
+def request_public(req: LiveRequest) -> dict[str, Any]:
+    return {**req.public(), "text": tokenizer.decode(req.output_tokens)}
+
+
+@router.post("/v1/requests", status_code=202, tags=["requests"])
+async def submit(body: RequestIn, svc: Svc, p: Caller) -> dict[str, Any]:
+    tenant_id = scoped_tenant(p, body.tenant_id)
+    if (body.prompt is None) == (body.prompt_tokens is None):
+        raise InvalidInputError("give exactly one of prompt (text) and prompt_tokens (ids)")
+    prompt = tokenizer.encode(body.prompt) if body.prompt is not None else list(body.prompt_tokens or [])
+    req = svc.state.new_request(tenant_id, body.model_id, prompt, body.max_tokens, body.sla_class)
+    await svc.accept_request(req)
+    return {"request_id": req.request_id, "status": req.status, "token_budget": req.token_budget,
+            "prompt_tokens": len(prompt)}
+
+
+@router.get("/v1/requests/{request_id}", tags=["requests"])
+async def get_request(request_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
+    return request_public(svc.state.request(request_id, None if p.is_admin else _tenant_only(p)))
+
+
+@router.get("/v1/requests", tags=["requests"])
+async def list_requests(svc: Svc, p: Caller, status: str | None = None,
+                        limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> list[dict[str, Any]]:
+    tenant = None if p.is_admin else _tenant_only(p)
+    out = [request_public(r) for r in svc.state.requests.values()
+           if (tenant is None or r.tenant_id == tenant) and (status is None or r.status == status)]
+    return out[-limit:]
+
+
+@router.post("/v1/requests/{request_id}/cancel", tags=["requests"])
+async def cancel(request_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
+    req = svc.state.request(request_id, None if p.is_admin else _tenant_only(p))
+    svc.persist(svc.state.cancel(req))
+    return request_public(req)
+
+
+def _tenant_only(p: Principal) -> str:
+    require(p, "tenant")
+    assert p.tenant_id is not None
+    return p.tenant_id
+
+
+# ---- leases --------------------------------------------------------------------------------------
+@router.post("/v1/leases/poll", tags=["leases"])
+async def poll(body: PollIn, svc: Svc, p: Caller) -> dict[str, Any]:
+    """Long poll: the next leases for the executor's devices, waiting up to ``wait_s`` for work."""
+    require(p, "admin", "executor")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + body.wait_s
+    state = svc.state
+    while True:
+        woken = svc.work.event()
+        grants = state.grant(body.executor_id, body.max_leases)
+        if grants or body.max_leases == 0:
+            svc.persist(Write("slice", state.slice_row(lease, "leased")) for lease, _, _ in grants)
+            leases = []
+            for lease, replica, req in grants:
+                model = state.models[req.model_uid]
+                stages = _stages(svc, replica.device_ids, model.config.n_layers)
+                leases.append({"lease_id": lease.lease_id, "request_id": req.request_id, "tenant_id": req.tenant_id,
+                               "model_id": req.model_id, "family": model.family, "seed": model.seed,
+                               "replica_id": replica.replica_id, "stages": stages, "prompt_tokens": req.prompt,
+                               "max_tokens": req.max_tokens, "expires_in_s": svc.settings.lease_ttl_s})
+            return {"leases": leases}
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return {"leases": []}
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(woken.wait(), remaining)
+
+
+def _stages(svc: LiveService, device_ids: tuple[str, ...], n_layers: int) -> list[dict[str, Any]]:
+    """Layers split evenly over the replica's devices, in order (one stage per device)."""
+    n = len(device_ids)
+    bounds = [round(i * n_layers / n) for i in range(n + 1)]
+    return [{"device_id": svc.state.devices[d].local, "global_device_id": d, "layers": [bounds[i], bounds[i + 1]]}
+            for i, d in enumerate(device_ids)]
+
+
+@router.post("/v1/leases/{lease_id}/renew", tags=["leases"])
+async def renew(lease_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
+    require(p, "admin", "executor")
+    return {"lease_id": lease_id, "expires_in_s": svc.state.renew(lease_id)}
+
+
+@router.post("/v1/leases/complete", tags=["leases"])
+async def complete(body: CompleteIn, svc: Svc, p: Caller) -> dict[str, Any]:
+    """Completions of leases; each is accepted only if its lease is live (exactly once)."""
+    require(p, "admin", "executor")
+    state = svc.state
+    accepted, rejected = [], []
+    for c in body.results:
+        try:
+            writes = state.complete(body.executor_id, Completion(
+                c.lease_id, list(c.output_tokens), c.queued_s, c.ttft_s, c.e2e_s, c.iterations, c.busy_s, c.peak_bytes))
+        except (ConflictError, InvalidInputError) as exc:
+            state.counters["completions_rejected"] += 1
+            rejected.append({"lease_id": c.lease_id, "reason": str(exc)})
+            continue
+        svc.persist(writes)
+        svc.metrics.finished_request(state.requests[writes[-1].row["uid"]])
+        accepted.append(c.lease_id)
+    if accepted:
+        svc.work.notify()
+        svc.changed.set()
+    return {"accepted": accepted, "rejected": rejected}
+
+
+@router.post("/v1/leases/{lease_id}/fail", tags=["leases"])
+async def fail(lease_id: str, body: FailIn, svc: Svc, p: Caller) -> dict[str, Any]:
+    require(p, "admin", "executor")
+    svc.persist(svc.state.fail(lease_id, body.executor_id, body.reason))
+    svc.work.notify()
+    return {"lease_id": lease_id, "failed": True}
+
+
+# ---- what-if and inspection ----------------------------------------------------------------------
+@router.post("/v1/whatif", tags=["scheduling"])
+async def what_if(body: WhatIfIn, svc: Svc, p: Caller) -> dict[str, Any]:
+    """Admin: predict the next ``horizon_s`` with and without a replica of the model on ``device_ids``."""
+    require(p, "admin")
+    uid = f"{body.tenant_id}/{body.model_id}"
+    svc.state.model(body.tenant_id, body.model_id)
+    return await asyncio.to_thread(svc.what_if, uid, tuple(body.device_ids), body.horizon_s)
+
+
+@router.post("/v1/inspect", tags=["inspection"])
+async def inspect(body: InspectIn, svc: Svc, p: Caller) -> dict[str, Any]:
+    """Read-only Cypher (admin) or a named query; tenant keys run named queries scoped to themselves."""
+    assert svc.repo is not None
+    repo = svc.repo
+    if (body.query is None) == (body.name is None):
+        raise InvalidInputError("give exactly one of query (Cypher) and name (a named query)")
+    params = dict(body.params)
+    if p.role == "tenant":
+        if body.query is not None:
+            raise ForbiddenError("tenant keys run named queries (raw Cypher is for admin keys)")
+        assert body.name is not None
+        q = repo.catalog.get(body.name)
+        if q.category != "inspect" or "tenant_id" not in q.params:
+            raise NotFoundError(f"no tenant-scoped query {body.name!r} (yours: {', '.join(_scoped_names(svc))})")
+        params["tenant_id"] = scoped_tenant(p, params.get("tenant_id"))
+    else:
+        require(p, "admin")
+    if body.query is not None:
+        table = await asyncio.to_thread(repo.run_read, body.query, params)
+    else:
+        assert body.name is not None
+        table = await asyncio.to_thread(repo.run_named, body.name, params)
+    return {"columns": table.columns, "rows": table.rows}
+
+
+def _scoped_names(svc: LiveService) -> list[str]:
+    assert svc.repo is not None
+    return [q.name for q in svc.repo.inspection_queries() if "tenant_id" in q.params]

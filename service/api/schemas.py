@@ -1,0 +1,95 @@
+"""Request bodies of the HTTP API (pydantic): bounds here are the first line of bad-input defence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
+DEVICE = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,31}$"
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TenantIn(Body):
+    tenant_id: str = Field(pattern=ID)
+    sla_class: str = "standard"
+    weight: float = Field(1.0, gt=0, le=1000)
+    priority: int = Field(0, ge=-100, le=100)
+
+
+class ModelIn(Body):
+    model_id: str = Field(pattern=ID)
+    family: str = Field(max_length=64, description="a runnable built-in model: tiny, tiny-llama, small-llama, gpt2-small")
+    seed: int | None = Field(None, ge=0, lt=2**31, description="weight seed (default: derived from tenant and model)")
+    replicas: int = Field(1, ge=1, le=8)
+    tenant_id: str | None = Field(None, pattern=ID, description="admin keys only: the owning tenant")
+
+
+class RequestIn(Body):
+    model_id: str = Field(pattern=ID)
+    prompt: str | None = Field(None, min_length=1, max_length=100_000, description="text (byte-level tokens)")
+    prompt_tokens: list[int] | None = Field(None, min_length=1, max_length=100_000)
+    max_tokens: int = Field(ge=1, le=1_000_000)
+    sla_class: str | None = Field(None, max_length=32)
+    tenant_id: str | None = Field(None, pattern=ID, description="admin keys only")
+
+
+class DeviceIn(Body):
+    device_id: str = Field(pattern=DEVICE, description="the executor's name for it, e.g. cpu:0")
+    kind: str = Field("cpu", max_length=64)
+    mem_bytes: int = Field(gt=0, le=2**50)
+
+
+class ExecutorIn(Body):
+    executor_id: str = Field(pattern=ID)
+    host_id: str = Field(pattern=ID)
+    devices: list[DeviceIn] = Field(min_length=1, max_length=64)
+
+
+class HeartbeatIn(Body):
+    running: list[str] = Field(default_factory=list, max_length=4096)
+    busy_s: float = Field(0.0, ge=0, le=1e12, description="seconds the executor's devices have been busy, in total")
+
+
+class PollIn(Body):
+    executor_id: str = Field(pattern=ID)
+    max_leases: int = Field(1, ge=0, le=256)
+    wait_s: float = Field(0.0, ge=0, le=30)
+
+
+class CompletionIn(Body):
+    lease_id: str = Field(max_length=64)
+    output_tokens: list[int] = Field(max_length=1_000_000)
+    queued_s: float = Field(0.0, ge=0, le=1e6)
+    ttft_s: float = Field(ge=0, le=1e6)
+    e2e_s: float = Field(ge=0, le=1e6)
+    iterations: int = Field(0, ge=0, le=10**9)
+    busy_s: float = Field(0.0, ge=0, le=1e9)
+    peak_bytes: int = Field(0, ge=0, le=2**60)
+
+
+class CompleteIn(Body):
+    executor_id: str = Field(pattern=ID)
+    results: list[CompletionIn] = Field(max_length=1024)
+
+
+class FailIn(Body):
+    reason: str = Field("", max_length=2000)
+    executor_id: str | None = Field(None, pattern=ID)
+
+
+class WhatIfIn(Body):
+    tenant_id: str = Field(pattern=ID)
+    model_id: str = Field(pattern=ID)
+    device_ids: list[str] = Field(min_length=1, max_length=8)
+    horizon_s: float = Field(20.0, gt=0, le=600)
+
+
+class InspectIn(Body):
+    query: str | None = Field(None, min_length=1, max_length=20_000, description="read-only Cypher (admin keys)")
+    name: str | None = Field(None, max_length=64, description="a named inspection query")
+    params: dict[str, Any] = Field(default_factory=dict)

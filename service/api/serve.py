@@ -1,0 +1,38 @@
+"""``slicesched serve``: the HTTP API under uvicorn, on the managed Neo4j unless told otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from service.api.settings import ServiceSettings, state_dir
+from service.core.placement import PLACEMENT_POLICIES
+from service.core.queue import QUEUE_POLICIES
+
+
+def serve_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="slicesched serve", description="run the scheduling API (docs/API.md)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--placement", choices=sorted(PLACEMENT_POLICIES), help="default: $SLICESCHED_PLACEMENT or container")
+    p.add_argument("--queue", choices=sorted(QUEUE_POLICIES), help="default: $SLICESCHED_QUEUE or fifo")
+    p.add_argument("--lease-ttl-s", type=float, help="lease lifetime without renewal (default 10)")
+    p.add_argument("--heartbeat-s", type=float, help="executor heartbeat period (default 2)")
+    p.add_argument("--max-batch", type=int, help="leases per replica at once (default 8)")
+    p.add_argument("--schedule-interval-s", type=float, help="slice policy: least time between steps (default 2)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    args = p.parse_args(argv)
+    import uvicorn
+
+    from service.api.app import create_app
+
+    settings = ServiceSettings.from_env(placement=args.placement, queue=args.queue, lease_ttl_s=args.lease_ttl_s,
+                                        heartbeat_s=args.heartbeat_s, max_batch=args.max_batch,
+                                        schedule_interval_s=args.schedule_interval_s)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    print(f"slicesched serve on http://{args.host}:{args.port} (placement {settings.placement}, queue {settings.queue}); "
+          f"admin key: $SLICESCHED_ADMIN_KEY or {state_dir() / 'admin.key'}", file=sys.stderr, flush=True)
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,
+                access_log=args.log_level == "debug", timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,69 @@
+"""Settings of the live service, from the environment (``SLICESCHED_*``)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from service.core.placement import PLACEMENT_POLICIES
+from service.core.queue import QUEUE_POLICIES
+from service.domain.error import InvalidInputError
+from service.graph.connection import Neo4jSettings
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("SLICESCHED_STATE") or Path.home() / ".local/state/slicesched")
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    admin_key: str
+    executor_key: str
+    queue: str = "fifo"
+    placement: str = "container"
+    lease_ttl_s: float = 10.0  # a lease not renewed within this expires
+    heartbeat_s: float = 2.0  # executors heartbeat this often
+    max_attempts: int = 3  # failed leases before a request fails
+    max_batch: int = 8  # leases per replica at once (its KV slots)
+    schedule_interval_s: float = 2.0  # the slice policy steps at most this often
+    neo4j: Neo4jSettings = field(default_factory=Neo4jSettings.from_env)
+
+    def __post_init__(self) -> None:
+        if self.queue not in QUEUE_POLICIES:
+            raise InvalidInputError(f"unknown queue policy {self.queue!r} (known: {', '.join(QUEUE_POLICIES)})")
+        if self.placement not in PLACEMENT_POLICIES:
+            raise InvalidInputError(f"unknown placement policy {self.placement!r} "
+                                    f"(known: {', '.join(PLACEMENT_POLICIES)})")
+        if not (self.lease_ttl_s > 0 and self.heartbeat_s > 0 and self.max_attempts >= 1 and self.max_batch >= 1):
+            raise InvalidInputError("lease_ttl_s, heartbeat_s must be > 0; max_attempts, max_batch >= 1")
+
+    @staticmethod
+    def from_env(**overrides: object) -> ServiceSettings:
+        """Environment first, then ``overrides`` (the command line). Without
+        ``SLICESCHED_ADMIN_KEY`` a key is generated once and kept in ``<state>/admin.key``."""
+        env = os.environ
+        admin = env.get("SLICESCHED_ADMIN_KEY") or _stored_admin_key()
+        values: dict[str, object] = {
+            "admin_key": admin,
+            "executor_key": env.get("SLICESCHED_EXECUTOR_KEY") or admin,
+            "queue": env.get("SLICESCHED_QUEUE", "fifo"),
+            "placement": env.get("SLICESCHED_PLACEMENT", "container"),
+            "lease_ttl_s": float(env.get("SLICESCHED_LEASE_TTL_S", "10")),
+            "heartbeat_s": float(env.get("SLICESCHED_HEARTBEAT_S", "2")),
+            "max_batch": int(env.get("SLICESCHED_MAX_BATCH", "8")),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return ServiceSettings(**values)  # type: ignore[arg-type]
+
+
+def _stored_admin_key() -> str:
+    path = state_dir() / "admin.key"
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = f"admin_{secrets.token_urlsafe(24)}"
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    return key

@@ -1,0 +1,531 @@
+"""The live service's in-memory state: tenants, models, replicas, requests, executors and leases.
+
+One object, :class:`LiveState`, owned by the event loop of the API process (every mutation runs
+there, so no locks). It is the mirror of the GMG the scheduler reads; Neo4j is the system of
+record. Each mutation returns the :class:`Write` rows the GMG must receive (the caller persists
+them: a new request synchronously before answering, everything else batched).
+
+Leases: one lease is one request to run on one replica (a placement of a tenant's model on one
+or more devices). A replica holds at most ``max_batch`` leases at once (its KV slots), so the
+order in which leases are granted is the admission order, and that order is the queue
+policy's. A lease expires unless renewed (executor heartbeats renew all its leases); an expired
+lease's request goes back to its queue; a completion is accepted only for a live lease, and a
+request's result is recorded once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import secrets
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.core.queue import QueuedRequest, QueuePolicy, RequestQueue
+from service.domain.error import InvalidInputError, NotFoundError, SliceschedError
+from service.models.family import MODEL_CONFIGS, ModelConfig
+from service.sim.iteration import kv_bytes_per_token, weight_bytes
+from service.sim.sla import SLA_CLASSES
+
+LIVE_FAMILIES = tuple(name for name, c in MODEL_CONFIGS.items() if not c.shape_only)
+TERMINAL = frozenset({"done", "cancelled", "failed"})
+
+
+class ConflictError(SliceschedError):
+    """The operation contradicts the current state (an expired lease, a finished request)."""
+
+
+class ForbiddenError(SliceschedError):
+    """The key is valid but its role may not do this."""
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_urlsafe(24)}"
+
+
+@dataclass
+class LiveTenant:
+    tenant_id: str
+    sla_class: str
+    weight: float
+    priority: int
+    key_hash: str
+
+
+@dataclass
+class LiveModel:
+    tenant_id: str
+    model_id: str
+    family: str
+    seed: int
+    replicas: int  # home replicas wanted (container: whole devices)
+
+    @property
+    def uid(self) -> str:
+        return f"{self.tenant_id}/{self.model_id}"
+
+    @property
+    def config(self) -> ModelConfig:
+        return MODEL_CONFIGS[self.family]
+
+    @property
+    def weight_bytes(self) -> int:
+        return weight_bytes(self.config)
+
+
+@dataclass
+class LiveDevice:
+    device_id: str  # "<executor_id>/<local device>", unique in the service
+    local: str  # the executor's name for it ("cpu:0", "cuda:1")
+    executor_id: str
+    host_id: str
+    kind: str
+    mem_bytes: int
+
+
+@dataclass
+class LiveExecutor:
+    executor_id: str
+    host_id: str
+    device_ids: list[str]
+    last_seen: float
+    leases: set[str] = field(default_factory=set)
+    busy_s: float = 0.0  # sum of reported busy seconds (utilisation)
+
+
+@dataclass
+class LiveReplica:
+    replica_id: str
+    model_uid: str
+    device_ids: tuple[str, ...]
+    guest: bool
+    max_batch: int
+    leases: set[str] = field(default_factory=set)
+    draining: bool = False
+    last_active: float = 0.0
+
+
+@dataclass
+class LiveRequest:
+    request_id: str
+    tenant_id: str
+    model_id: str
+    prompt: list[int]
+    max_tokens: int
+    sla_class: str
+    token_budget: int
+    arrival: float  # wall clock (epoch seconds)
+    status: str = "queued"
+    attempts: int = 0
+    lease_id: str | None = None
+    output_tokens: list[int] = field(default_factory=list)
+    queued_s: float | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    finished_at: float | None = None
+    error: str | None = None
+
+    @property
+    def model_uid(self) -> str:
+        return f"{self.tenant_id}/{self.model_id}"
+
+    def public(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "tenant_id": self.tenant_id, "model_id": self.model_id,
+                "status": self.status, "prompt_tokens": len(self.prompt), "max_tokens": self.max_tokens,
+                "sla_class": self.sla_class, "token_budget": self.token_budget, "attempts": self.attempts,
+                "output_tokens": list(self.output_tokens), "queued_s": self.queued_s, "ttft_s": self.ttft_s,
+                "e2e_s": self.e2e_s, "arrival": self.arrival, "finished_at": self.finished_at, "error": self.error}
+
+    def row(self) -> dict[str, Any]:
+        """Its GMG properties (the prompt included, so a restart can run it)."""
+        return {"uid": self.request_id, "tenant_id": self.tenant_id, "model_uid": self.model_uid,
+                "model_id": self.model_id, "prompt": self.prompt, "max_tokens": self.max_tokens,
+                "sla_class": self.sla_class, "token_budget": self.token_budget, "arrival": self.arrival,
+                "status": self.status, "attempts": self.attempts, "output_tokens": self.output_tokens,
+                "queued_s": self.queued_s, "ttft_s": self.ttft_s, "e2e_s": self.e2e_s,
+                "finished_at": self.finished_at, "error": self.error}
+
+
+@dataclass
+class Lease:
+    lease_id: str
+    request_id: str
+    replica_id: str
+    executor_id: str
+    granted_at: float  # monotonic
+    expires_at: float  # monotonic
+    granted_wall: float
+
+
+@dataclass(frozen=True)
+class Write:
+    """A row for the GMG writer: ``kind`` names the batched query it joins."""
+
+    kind: str  # "request" (Request properties) | "slice" (a lease as a Slice)
+    row: dict[str, Any]
+
+
+@dataclass
+class Completion:
+    lease_id: str
+    output_tokens: list[int]
+    queued_s: float
+    ttft_s: float
+    e2e_s: float
+    iterations: int
+    busy_s: float
+    peak_bytes: int
+
+
+class BudgetCalibrator:
+    """Output-token budget at admission, calibrated online per (tenant, model).
+
+    A request's budget is its ``max_tokens`` scaled by the running mean of observed output over
+    ``max_tokens`` for its tenant's model (EWMA with ``alpha``; 1.0 before any observation).
+    """
+
+    def __init__(self, alpha: float = 0.1) -> None:
+        self.alpha = alpha
+        self.ratio: dict[str, float] = {}
+        self.abs_errors: list[float] = []
+
+    def budget(self, model_uid: str, max_tokens: int) -> int:
+        return max(1, min(max_tokens, round(max_tokens * self.ratio.get(model_uid, 1.0))))
+
+    def observe(self, model_uid: str, max_tokens: int, budget: int, output_tokens: int) -> None:
+        self.abs_errors.append(abs(budget - output_tokens))
+        r = self.ratio.get(model_uid, 1.0)
+        self.ratio[model_uid] = r + self.alpha * (output_tokens / max_tokens - r)
+
+
+class LiveState:
+    def __init__(self, policy: QueuePolicy, *, clock: Callable[[], float], wall: Callable[[], float],
+                 lease_ttl_s: float = 10.0, max_attempts: int = 3, max_batch: int = 8,
+                 kv_reserve_tokens: int = 2048) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.wall = wall
+        self.lease_ttl_s = lease_ttl_s
+        self.max_attempts = max_attempts
+        self.max_batch = max_batch
+        self.kv_reserve_tokens = kv_reserve_tokens
+        self.tenants: dict[str, LiveTenant] = {}
+        self.by_key_hash: dict[str, str] = {}
+        self.models: dict[str, LiveModel] = {}
+        self.devices: dict[str, LiveDevice] = {}
+        self.executors: dict[str, LiveExecutor] = {}
+        self.replicas: dict[str, LiveReplica] = {}
+        self.requests: dict[str, LiveRequest] = {}
+        self.leases: dict[str, Lease] = {}
+        self.queues: dict[str, RequestQueue[str]] = {}  # model uid -> queued request ids
+        self.served: dict[str, float] = {}  # output tokens per tenant (fair share)
+        self.calibrator = BudgetCalibrator()
+        self.iteration_s: dict[str, float] = {}  # family -> measured mean iteration time (EWMA)
+        self.counters: dict[str, int] = {"leases_granted": 0, "leases_expired": 0, "leases_completed": 0,
+                                         "leases_failed": 0, "completions_rejected": 0}
+        self.finished_log: list[LiveRequest] = []  # completions since the metrics last looked
+        self._lease_ids = itertools.count(1)
+        self._lease_prefix = secrets.token_hex(3)  # lease ids never repeat across restarts
+
+    # ---- tenants and models -------------------------------------------------------------------
+    def add_tenant(self, tenant_id: str, sla_class: str, weight: float, priority: int, key_hash: str) -> LiveTenant:
+        if sla_class not in SLA_CLASSES:
+            raise InvalidInputError(f"unknown SLA class {sla_class!r} (known: {', '.join(SLA_CLASSES)})")
+        if not (0.0 < weight < math.inf):
+            raise InvalidInputError(f"weight must be finite and > 0, got {weight}")
+        tenant = LiveTenant(tenant_id, sla_class, weight, priority, key_hash)
+        self.tenants[tenant_id] = tenant
+        self.by_key_hash[key_hash] = tenant_id
+        return tenant
+
+    def tenant(self, tenant_id: str) -> LiveTenant:
+        t = self.tenants.get(tenant_id)
+        if t is None:
+            raise NotFoundError(f"no tenant {tenant_id!r}")
+        return t
+
+    def check_new_model(self, tenant_id: str, model_id: str, family: str) -> None:
+        self.tenant(tenant_id)
+        if family not in LIVE_FAMILIES:
+            raise InvalidInputError(f"unknown model family {family!r} (runnable: {', '.join(LIVE_FAMILIES)})")
+        if f"{tenant_id}/{model_id}" in self.models:
+            raise ConflictError(f"model {model_id!r} already exists for tenant {tenant_id!r}")
+
+    def add_model(self, model: LiveModel) -> None:
+        self.models[model.uid] = model
+        self.queues.setdefault(model.uid, RequestQueue(self.policy))
+
+    def model(self, tenant_id: str, model_id: str) -> LiveModel:
+        m = self.models.get(f"{tenant_id}/{model_id}")
+        if m is None:
+            raise NotFoundError(f"no model {model_id!r}")
+        return m
+
+    # ---- requests ----------------------------------------------------------------------------
+    def new_request(self, tenant_id: str, model_id: str, prompt: list[int], max_tokens: int,
+                    sla_class: str | None) -> LiveRequest:
+        """Validate and build a request (not yet accepted: :meth:`accept` after it is persisted)."""
+        model = self.model(tenant_id, model_id)
+        sla = sla_class or self.tenant(tenant_id).sla_class
+        if sla not in SLA_CLASSES:
+            raise InvalidInputError(f"unknown SLA class {sla!r} (known: {', '.join(SLA_CLASSES)})")
+        config = model.config
+        if not prompt:
+            raise InvalidInputError("the prompt is empty")
+        bad = [t for t in prompt if not (0 <= t < config.vocab_size)]
+        if bad:
+            raise InvalidInputError(f"token id {bad[0]} is outside the model's vocabulary [0, {config.vocab_size})")
+        if not (1 <= max_tokens <= config.max_seq_len):
+            raise InvalidInputError(f"max_tokens must be in [1, {config.max_seq_len}], got {max_tokens}")
+        if len(prompt) + max_tokens > config.max_seq_len:
+            raise InvalidInputError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the "
+                                    f"model's context of {config.max_seq_len} tokens")
+        rid = f"{tenant_id}-{secrets.token_hex(6)}"
+        return LiveRequest(rid, tenant_id, model_id, list(prompt), max_tokens, sla,
+                           self.calibrator.budget(model.uid, max_tokens), self.wall())
+
+    def accept(self, req: LiveRequest) -> None:
+        """Take a persisted request into memory and queue it (also used by restart recovery)."""
+        self.requests[req.request_id] = req
+        if req.status not in TERMINAL:
+            req.status, req.lease_id = "queued", None
+            self._enqueue(req)
+
+    def _enqueue(self, req: LiveRequest) -> None:
+        tenant = self.tenants.get(req.tenant_id)
+        queue = self.queues.setdefault(req.model_uid, RequestQueue(self.policy))
+        queue.push(QueuedRequest(req.request_id, req.tenant_id, req.model_uid, req.arrival, len(req.prompt),
+                                 req.token_budget, priority=tenant.priority if tenant else 0,
+                                 weight=tenant.weight if tenant else 1.0, true_output_tokens=req.max_tokens),
+                   req.request_id)
+
+    def request(self, request_id: str, tenant_id: str | None) -> LiveRequest:
+        """The request, if ``tenant_id`` (None: admin) may see it; else NotFound (no leak)."""
+        req = self.requests.get(request_id)
+        if req is None or (tenant_id is not None and req.tenant_id != tenant_id):
+            raise NotFoundError(f"no request {request_id!r}")
+        return req
+
+    def cancel(self, req: LiveRequest) -> list[Write]:
+        if req.status in TERMINAL:
+            raise ConflictError(f"request {req.request_id} is already {req.status}")
+        writes = []
+        if req.lease_id is not None:
+            writes += self._end_lease(req.lease_id, "cancelled")
+        req.status, req.finished_at = "cancelled", self.wall()
+        return [*writes, Write("request", req.row())]
+
+    def waiting(self, model_uid: str) -> int:
+        return sum(1 for rid in self.queues.get(model_uid, RequestQueue(self.policy))
+                   if self.requests[rid].status == "queued")
+
+    # ---- executors ---------------------------------------------------------------------------
+    def register_executor(self, executor_id: str, host_id: str, devices: list[tuple[str, str, int]]) -> list[Write]:
+        """(Re-)register an executor with ``(local name, kind, mem_bytes)`` per device."""
+        writes = self.drop_executor(executor_id) if executor_id in self.executors else []
+        ids = []
+        for local, kind, mem in devices:
+            device_id = f"{executor_id}/{local}"
+            self.devices[device_id] = LiveDevice(device_id, local, executor_id, host_id, kind, mem)
+            ids.append(device_id)
+        self.executors[executor_id] = LiveExecutor(executor_id, host_id, ids, self.clock())
+        return writes
+
+    def executor(self, executor_id: str) -> LiveExecutor:
+        e = self.executors.get(executor_id)
+        if e is None:
+            raise NotFoundError(f"no executor {executor_id!r}: register first")
+        return e
+
+    def heartbeat(self, executor_id: str, busy_s: float) -> tuple[list[str], list[str]]:
+        """Renew all the executor's leases; returns ``(renewed, cancel)`` lease ids."""
+        e = self.executor(executor_id)
+        now = self.clock()
+        e.last_seen = now
+        e.busy_s = max(e.busy_s, busy_s)
+        renewed = []
+        for lid in e.leases:
+            lease = self.leases[lid]
+            lease.expires_at = now + self.lease_ttl_s
+            renewed.append(lid)
+        cancel = [lid for lid in e.leases if self.requests[self.leases[lid].request_id].status != "leased"]
+        return sorted(renewed), sorted(cancel)
+
+    def drop_executor(self, executor_id: str) -> list[Write]:
+        """An executor leaves (or is presumed dead): its leases go back, its replicas go away."""
+        e = self.executors.pop(executor_id, None)
+        if e is None:
+            return []
+        writes: list[Write] = []
+        for lid in sorted(e.leases):
+            writes += self._end_lease(lid, "expired", requeue=True)
+        for rid in [r.replica_id for r in self.replicas.values() if set(r.device_ids) & set(e.device_ids)]:
+            self.replicas.pop(rid)
+        for d in e.device_ids:
+            self.devices.pop(d, None)
+        return writes
+
+    # ---- replicas ----------------------------------------------------------------------------
+    def add_replica(self, model_uid: str, device_ids: tuple[str, ...], *, guest: bool) -> LiveReplica:
+        rid = f"{model_uid}@{'+'.join(device_ids)}"
+        replica = LiveReplica(rid, model_uid, device_ids, guest, self.max_batch, last_active=self.clock())
+        self.replicas[rid] = replica
+        return replica
+
+    def kv_reserve_bytes(self, model: LiveModel) -> int:
+        return self.kv_reserve_tokens * kv_bytes_per_token(model.config)
+
+    def free_bytes(self, device_id: str) -> int:
+        d = self.devices[device_id]
+        used = 0
+        for r in self.replicas.values():
+            if device_id in r.device_ids:
+                m = self.models[r.model_uid]
+                used += (m.weight_bytes + self.kv_reserve_bytes(m)) // len(r.device_ids)
+        return d.mem_bytes - used
+
+    def remove_drained(self) -> bool:
+        """Remove draining replicas that hold no lease; True if any went."""
+        gone = [rid for rid, r in self.replicas.items() if r.draining and not r.leases]
+        for rid in gone:
+            del self.replicas[rid]
+        return bool(gone)
+
+    # ---- leases --------------------------------------------------------------------------------
+    def grant(self, executor_id: str, max_leases: int) -> list[tuple[Lease, LiveReplica, LiveRequest]]:
+        """Up to ``max_leases`` leases for replicas on the executor's devices: home replicas
+        before guests, and within those the queue policy's next request of each model."""
+        e = self.executor(executor_id)
+        now = self.clock()
+        e.last_seen = now
+        mine = set(e.device_ids)
+        replicas = sorted((r for r in self.replicas.values()
+                           if not r.draining and set(r.device_ids) <= mine),
+                          key=lambda r: (r.guest, r.replica_id))
+        out: list[tuple[Lease, LiveReplica, LiveRequest]] = []
+        progress = True
+        while len(out) < max_leases and progress:
+            progress = False
+            for r in replicas:  # one lease per replica per round: replicas share the executor fairly
+                if len(out) >= max_leases or len(r.leases) >= r.max_batch:
+                    continue
+                req = self._pop_queued(r.model_uid)
+                if req is None:
+                    continue
+                lease = Lease(f"L{self._lease_prefix}-{next(self._lease_ids)}", req.request_id, r.replica_id,
+                              executor_id, now, now + self.lease_ttl_s, self.wall())
+                self.leases[lease.lease_id] = lease
+                r.leases.add(lease.lease_id)
+                r.last_active = now
+                e.leases.add(lease.lease_id)
+                req.status, req.lease_id = "leased", lease.lease_id
+                req.attempts += 1
+                self.counters["leases_granted"] += 1
+                out.append((lease, r, req))
+                progress = True
+        return out
+
+    def _pop_queued(self, model_uid: str) -> LiveRequest | None:
+        queue = self.queues.get(model_uid)
+        while queue:
+            rid = queue.pop(self.served)
+            req = self.requests[rid]
+            if req.status == "queued":
+                return req
+        return None
+
+    def lease(self, lease_id: str, executor_id: str | None = None) -> Lease:
+        lease = self.leases.get(lease_id)
+        if lease is None or (executor_id is not None and lease.executor_id != executor_id):
+            raise ConflictError(f"lease {lease_id} is not live (expired, cancelled, completed or unknown)")
+        return lease
+
+    def renew(self, lease_id: str) -> float:
+        lease = self.lease(lease_id)
+        lease.expires_at = self.clock() + self.lease_ttl_s
+        return self.lease_ttl_s
+
+    def complete(self, executor_id: str, c: Completion) -> list[Write]:
+        """Accept a completion of a live lease; the request's result is recorded once."""
+        lease = self.lease(c.lease_id, executor_id)
+        req = self.requests[lease.request_id]
+        if req.status != "leased" or req.lease_id != c.lease_id:
+            raise ConflictError(f"lease {c.lease_id} no longer holds request {req.request_id}")
+        if len(c.output_tokens) != req.max_tokens:
+            raise InvalidInputError(f"lease {c.lease_id}: {len(c.output_tokens)} output tokens, "
+                                    f"the request asked for {req.max_tokens}")
+        writes = self._end_lease(c.lease_id, "done")
+        wall = self.wall()
+        waited = lease.granted_wall - req.arrival
+        req.status, req.output_tokens, req.finished_at = "done", list(c.output_tokens), wall
+        req.queued_s = waited + c.queued_s
+        req.ttft_s = waited + c.ttft_s
+        req.e2e_s = waited + c.e2e_s
+        self.served[req.tenant_id] = self.served.get(req.tenant_id, 0.0) + len(c.output_tokens)
+        self.calibrator.observe(req.model_uid, req.max_tokens, req.token_budget, len(c.output_tokens))
+        if c.iterations > 0 and c.busy_s > 0:
+            family = self.models[req.model_uid].family
+            mean = c.busy_s / c.iterations
+            old = self.iteration_s.get(family)
+            self.iteration_s[family] = mean if old is None else old + 0.1 * (mean - old)
+        self.counters["leases_completed"] += 1
+        self.finished_log.append(req)
+        return [*writes, Write("request", req.row())]
+
+    def fail(self, lease_id: str, executor_id: str | None, reason: str) -> list[Write]:
+        lease = self.lease(lease_id, executor_id)
+        req = self.requests[lease.request_id]
+        self.counters["leases_failed"] += 1
+        writes = self._end_lease(lease_id, "failed", requeue=req.attempts < self.max_attempts)
+        if req.status == "leased":  # not requeued: out of attempts
+            req.status, req.error, req.finished_at = "failed", reason[:500], self.wall()
+        return [*writes, Write("request", req.row())]
+
+    def expire(self) -> list[Write]:
+        """Expire leases past their time and executors silent for three lease lifetimes."""
+        now = self.clock()
+        writes: list[Write] = []
+        for lid in [lid for lid, lease in self.leases.items() if lease.expires_at <= now]:
+            self.counters["leases_expired"] += 1
+            writes += self._end_lease(lid, "expired", requeue=True)
+        for eid in [eid for eid, e in self.executors.items() if now - e.last_seen > 3 * self.lease_ttl_s]:
+            writes += self.drop_executor(eid)
+        return writes
+
+    def _end_lease(self, lease_id: str, state: str, *, requeue: bool = False) -> list[Write]:
+        lease = self.leases.pop(lease_id)
+        replica = self.replicas.get(lease.replica_id)
+        if replica is not None:
+            replica.leases.discard(lease_id)
+            replica.last_active = self.clock()
+        executor = self.executors.get(lease.executor_id)
+        if executor is not None:
+            executor.leases.discard(lease_id)
+        req = self.requests[lease.request_id]
+        writes = [Write("slice", self.slice_row(lease, state))]
+        if requeue and req.status == "leased" and req.lease_id == lease_id:
+            req.status, req.lease_id = "queued", None
+            self._enqueue(req)
+            writes.append(Write("request", req.row()))
+        return writes
+
+    def slice_row(self, lease: Lease, state: str) -> dict[str, Any]:
+        replica = self.replicas.get(lease.replica_id)
+        req = self.requests[lease.request_id]
+        return {"uid": lease.lease_id, "tenant_id": req.tenant_id, "model_uid": req.model_uid,
+                "request_uid": req.request_id, "device_ids": list(replica.device_ids) if replica else [],
+                "executor_id": lease.executor_id, "state": state, "start_wall": lease.granted_wall,
+                "end_wall": None if state == "leased" else self.wall()}
+
+    # ---- views -------------------------------------------------------------------------------
+    def queued(self) -> Iterator[LiveRequest]:
+        return (r for r in self.requests.values() if r.status == "queued")
+
+    def in_flight(self) -> Iterable[LiveRequest]:
+        return (r for r in self.requests.values() if r.status == "leased")

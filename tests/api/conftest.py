@@ -1,0 +1,68 @@
+"""An in-process app (FastAPI TestClient, lifespan included) on the session's real Neo4j."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from service.api.settings import ServiceSettings
+from service.graph.connection import Neo4jSettings
+
+ADMIN = "admin-test-key"
+EXECUTOR = "executor-test-key"
+
+
+def settings(neo4j_uri: str, **overrides: Any) -> ServiceSettings:
+    values: dict[str, Any] = {"admin_key": ADMIN, "executor_key": EXECUTOR, "neo4j": Neo4jSettings(uri=neo4j_uri),
+                              "lease_ttl_s": 2.0, "heartbeat_s": 0.5}
+    values.update(overrides)
+    return ServiceSettings(**values)
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture(autouse=True)
+def fresh_live_state(repo: Any) -> None:
+    """Each test starts from a GMG without live tenants, requests or leases (one service's world)."""
+    for row in repo.live_tenants():
+        repo.delete_tenant(row["tenant_id"])
+    with repo.driver.session() as s:
+        s.run("MATCH (n) WHERE n:Request OR (n:Slice AND n.live) DETACH DELETE n").consume()
+
+
+@pytest.fixture
+def make_client(neo4j_uri: str) -> Iterator[Callable[..., TestClient]]:
+    opened: list[TestClient] = []
+
+    def make(**overrides: Any) -> TestClient:
+        client = TestClient(create_app(settings(neo4j_uri, **overrides)))
+        client.__enter__()
+        opened.append(client)
+        return client
+
+    yield make
+    for c in opened:
+        c.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client(make_client: Callable[..., TestClient]) -> TestClient:
+    return make_client()
+
+
+@pytest.fixture
+def uid() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def new_tenant(client: TestClient, name: str, sla_class: str = "standard") -> str:
+    r = client.post("/v1/tenants", json={"tenant_id": name, "sla_class": sla_class}, headers=auth(ADMIN))
+    assert r.status_code == 201, r.text
+    return str(r.json()["api_key"])

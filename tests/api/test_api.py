@@ -1,0 +1,179 @@
+"""The HTTP API in process (TestClient) against the real Neo4j: the executor side is driven
+by the test itself over HTTP, so leases, expiry and exactly-once are checked precisely."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from fastapi.testclient import TestClient
+
+from tests.api.conftest import ADMIN, EXECUTOR, auth, new_tenant
+
+
+def setup_tenant_model(client: TestClient, tenant: str, family: str = "tiny") -> str:
+    key = new_tenant(client, tenant)
+    r = client.post("/v1/models", json={"model_id": "m", "family": family}, headers=auth(key))
+    assert r.status_code == 201, r.text
+    return key
+
+
+def register(client: TestClient, executor_id: str, devices: tuple[str, ...] = ("cpu:0",)) -> None:
+    r = client.post("/v1/executors", json={"executor_id": executor_id, "host_id": "h",
+                                           "devices": [{"device_id": d, "mem_bytes": 2 << 30} for d in devices]},
+                    headers=auth(EXECUTOR))
+    assert r.status_code == 200, r.text
+
+
+def poll(client: TestClient, executor_id: str, n: int = 8, wait_s: float = 0.0) -> list[dict]:
+    r = client.post("/v1/leases/poll", json={"executor_id": executor_id, "max_leases": n, "wait_s": wait_s},
+                    headers=auth(EXECUTOR))
+    assert r.status_code == 200, r.text
+    return list(r.json()["leases"])
+
+
+def completion(lease: dict, tokens: list[int] | None = None) -> dict:
+    return {"lease_id": lease["lease_id"], "output_tokens": tokens or [1] * lease["max_tokens"],
+            "queued_s": 0.0, "ttft_s": 0.01, "e2e_s": 0.02, "iterations": lease["max_tokens"], "busy_s": 0.01}
+
+
+def test_submit_lease_complete(client: TestClient, uid: str) -> None:
+    key = setup_tenant_model(client, f"a{uid}")
+    register(client, f"e{uid}")
+    r = client.post("/v1/requests", json={"model_id": "m", "prompt": "hello", "max_tokens": 4}, headers=auth(key))
+    assert r.status_code == 202, r.text
+    rid = r.json()["request_id"]
+    leases = poll(client, f"e{uid}")
+    mine = [x for x in leases if x["request_id"] == rid]
+    assert len(mine) == 1
+    lease = mine[0]
+    assert lease["prompt_tokens"] == list(b"hello") and lease["family"] == "tiny"
+    assert lease["stages"] == [{"device_id": "cpu:0", "global_device_id": f"e{uid}/cpu:0", "layers": [0, 2]}]
+    r = client.post("/v1/leases/complete", json={"executor_id": f"e{uid}", "results": [completion(lease, [104, 105, 33, 33])]},
+                    headers=auth(EXECUTOR))
+    assert r.json()["accepted"] == [lease["lease_id"]]
+    got = client.get(f"/v1/requests/{rid}", headers=auth(key)).json()
+    assert got["status"] == "done" and got["output_tokens"] == [104, 105, 33, 33] and got["text"] == "hi!!"
+    # A second completion of the same lease is rejected and changes nothing.
+    r = client.post("/v1/leases/complete", json={"executor_id": f"e{uid}", "results": [completion(lease, [0, 0, 0, 0])]},
+                    headers=auth(EXECUTOR))
+    assert r.json()["accepted"] == [] and len(r.json()["rejected"]) == 1
+    assert client.get(f"/v1/requests/{rid}", headers=auth(key)).json()["output_tokens"] == [104, 105, 33, 33]
+    metrics = client.get("/metrics").text
+    assert f'slicesched_requests_finished_total{{tenant="a{uid}"}} 1.0' in metrics
+    assert 'slicesched_leases_total{event="completed"}' in metrics
+
+
+def test_expired_lease_is_replaced_and_late_completion_rejected(client: TestClient, uid: str) -> None:
+    key = setup_tenant_model(client, f"b{uid}")
+    register(client, f"x{uid}")
+    register(client, f"y{uid}")
+    rid = client.post("/v1/requests", json={"model_id": "m", "prompt_tokens": [1, 2, 3], "max_tokens": 2},
+                      headers=auth(key)).json()["request_id"]
+    first = [x for x in poll(client, f"x{uid}") + poll(client, f"y{uid}") if x["request_id"] == rid]
+    assert len(first) == 1
+    holder = f"x{uid}" if first[0]["stages"][0]["global_device_id"].startswith(f"x{uid}") else f"y{uid}"
+    other = f"y{uid}" if holder == f"x{uid}" else f"x{uid}"
+    # The holder goes silent: no heartbeat. The other executor keeps heartbeating.
+    deadline = time.monotonic() + 10
+    second: list[dict] = []
+    while time.monotonic() < deadline and not second:
+        client.post(f"/v1/executors/{other}/heartbeat", json={"running": []}, headers=auth(EXECUTOR))
+        second = [x for x in poll(client, other, wait_s=0.5) + poll(client, holder) if x["request_id"] == rid]
+    assert second, "the expired lease was not leased again"
+    assert second[0]["lease_id"] != first[0]["lease_id"]
+    late = client.post("/v1/leases/complete", json={"executor_id": holder, "results": [completion(first[0], [7, 7])]},
+                       headers=auth(EXECUTOR)).json()
+    assert late["accepted"] == [] and "not live" in late["rejected"][0]["reason"]
+    executor = other if second[0]["stages"][0]["global_device_id"].startswith(other) else holder
+    ok = client.post("/v1/leases/complete", json={"executor_id": executor, "results": [completion(second[0], [5, 6])]},
+                     headers=auth(EXECUTOR)).json()
+    assert ok["accepted"] == [second[0]["lease_id"]]
+    got = client.get(f"/v1/requests/{rid}", headers=auth(key)).json()
+    assert got["status"] == "done" and got["output_tokens"] == [5, 6] and got["attempts"] == 2
+
+
+def test_isolation_between_tenants(client: TestClient, uid: str) -> None:
+    key_a = setup_tenant_model(client, f"ia{uid}")
+    key_b = setup_tenant_model(client, f"ib{uid}")
+    rid_b = client.post("/v1/requests", json={"model_id": "m", "prompt": "b", "max_tokens": 1},
+                        headers=auth(key_b)).json()["request_id"]
+    assert client.get(f"/v1/requests/{rid_b}", headers=auth(key_a)).status_code == 404
+    assert client.post(f"/v1/requests/{rid_b}/cancel", headers=auth(key_a)).status_code == 404
+    assert client.get("/v1/models/m", params={"tenant_id": f"ib{uid}"}, headers=auth(key_a)).status_code == 404
+    assert client.get(f"/v1/tenants/ib{uid}", headers=auth(key_a)).status_code == 404
+    assert all(r["tenant_id"] == f"ia{uid}" for r in client.get("/v1/requests", headers=auth(key_a)).json())
+    r = client.post("/v1/inspect", json={"name": "my_requests", "params": {"tenant_id": f"ib{uid}"}}, headers=auth(key_a))
+    assert r.status_code == 404
+    time.sleep(0.3)  # the GMG writer's batch
+    r = client.post("/v1/inspect", json={"name": "my_requests"}, headers=auth(key_b))
+    assert r.status_code == 200 and [row[0] for row in r.json()["rows"]] == [rid_b]
+    assert client.post("/v1/inspect", json={"name": "my_requests"}, headers=auth(key_a)).json()["rows"] == []
+    assert client.post("/v1/inspect", json={"query": "MATCH (n) RETURN n"}, headers=auth(key_a)).status_code == 403
+    assert client.post("/v1/inspect", json={"query": "CREATE (n:Evil) RETURN n"}, headers=auth(ADMIN)).status_code == 403
+    assert client.post("/v1/tenants", json={"tenant_id": "z"}, headers=auth(key_a)).status_code == 403
+    assert client.get("/v1/requests", headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert client.get("/v1/requests").status_code == 401
+
+
+def test_bad_input_is_4xx_with_a_message(client: TestClient, uid: str) -> None:
+    key = setup_tenant_model(client, f"bad{uid}")
+    h = auth(key)
+    cases = [
+        client.post("/v1/requests", content=b"{not json", headers={**h, "content-type": "application/json"}),
+        client.post("/v1/requests", json={"model_id": "nope", "prompt": "x", "max_tokens": 1}, headers=h),
+        client.post("/v1/requests", json={"model_id": "m", "prompt": "x" * 600, "max_tokens": 1}, headers=h),
+        client.post("/v1/requests", json={"model_id": "m", "prompt": "x", "max_tokens": -1}, headers=h),
+        client.post("/v1/requests", json={"model_id": "m", "prompt": "x", "max_tokens": 10**9}, headers=h),
+        client.post("/v1/requests", json={"model_id": "m", "prompt": "x", "max_tokens": 1, "sla_class": "gold"}, headers=h),
+        client.post("/v1/requests", json={"model_id": "m", "prompt_tokens": [999], "max_tokens": 1}, headers=h),
+        client.post("/v1/requests", json={"model_id": "m", "max_tokens": 1}, headers=h),
+        client.post("/v1/models", json={"model_id": "m2", "family": "llama2-70b"}, headers=h),
+        client.post("/v1/models", json={"model_id": "m", "family": "tiny"}, headers=h),
+    ]
+    for r in cases:
+        assert 400 <= r.status_code < 500, r.text
+        assert r.json()["error"]["message"], r.text
+    assert [r.status_code for r in cases] == [422, 404, 400, 422, 422, 400, 400, 400, 400, 409]
+    # Nothing half-written: the tenant has no request at all.
+    assert client.get("/v1/requests", headers=h).json() == []
+
+
+def test_restart_keeps_accepted_requests(make_client: Callable[..., TestClient], uid: str) -> None:
+    first = make_client()
+    key = setup_tenant_model(first, f"r{uid}")
+    ids = [first.post("/v1/requests", json={"model_id": "m", "prompt": f"p{i}", "max_tokens": 2},
+                      headers=auth(key)).json()["request_id"] for i in range(3)]
+    register(first, f"r{uid}e")
+    leased = [x for x in poll(first, f"r{uid}e", n=1) if x["request_id"] in ids]
+    assert len(leased) == 1
+    first.__exit__(None, None, None)  # the service stops with a lease outstanding
+    second = make_client()
+    for rid in ids:  # the tenant key still works and every accepted request is there, queued again
+        got = second.get(f"/v1/requests/{rid}", headers=auth(key))
+        assert got.status_code == 200 and got.json()["status"] == "queued"
+    register(second, f"r{uid}e")
+    leases = [x for x in poll(second, f"r{uid}e", n=8) if x["request_id"] in ids]
+    assert sorted(x["request_id"] for x in leases) == sorted(ids)
+    # A completion of the old process's lease is rejected.
+    old = second.post("/v1/leases/complete", json={"executor_id": f"r{uid}e", "results": [completion(leased[0])]},
+                      headers=auth(EXECUTOR)).json()
+    assert old["accepted"] == []
+
+
+def test_cancel_and_whatif(client: TestClient, uid: str) -> None:
+    key = setup_tenant_model(client, f"c{uid}")
+    register(client, f"c{uid}e", ("cpu:0", "cpu:1"))
+    rid = client.post("/v1/requests", json={"model_id": "m", "prompt": "x", "max_tokens": 3},
+                      headers=auth(key)).json()["request_id"]
+    assert client.post(f"/v1/requests/{rid}/cancel", headers=auth(key)).json()["status"] == "cancelled"
+    assert client.post(f"/v1/requests/{rid}/cancel", headers=auth(key)).status_code == 409
+    assert [x for x in poll(client, f"c{uid}e") if x["request_id"] == rid] == []
+    r = client.post("/v1/whatif", json={"tenant_id": f"c{uid}", "model_id": "m", "device_ids": [f"c{uid}e/cpu:1"],
+                                        "horizon_s": 5}, headers=auth(ADMIN))
+    assert r.status_code == 200, r.text
+    assert r.json()["feasible"] and r.json()["baseline"]["memory_violations"] == 0
+    assert client.post("/v1/whatif", json={"tenant_id": f"c{uid}", "model_id": "m", "device_ids": ["nope"]},
+                       headers=auth(ADMIN)).status_code == 400
+    assert client.post("/v1/whatif", json={"tenant_id": f"c{uid}", "model_id": "m", "device_ids": ["x"]},
+                       headers=auth(key)).status_code == 403
