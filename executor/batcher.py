@@ -1,4 +1,4 @@
-"""Real continuous batching of one model on one torch device.
+"""Real continuous batching of one model, on one torch device or staged over several.
 
 Requests join at iteration boundaries. Each iteration prefills the requests admitted in it
 (one forward pass per prompt, causal attention) and then runs one decode step for every
@@ -9,6 +9,11 @@ finishes after ``max_new_tokens`` tokens (no EOS: lengths come from the workload
 
 The outputs are bit-for-bit independent of batching up to float rounding: a request decoded in
 a batch yields the same tokens as the same request run alone (tested).
+
+The model is a :class:`~executor.runner.StagedModel` (a plain ``DecoderLM`` is run as one
+stage on its own device): the pool keeps one KV tensor per stage, on that stage's device.
+Every iteration is measured: its wall-clock duration and its peak memory (see
+:meth:`ContinuousBatcher.step`); each request accumulates the iterations it took part in.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from executor.runner import Stage, StagedModel, activation_bytes
 from service.models.family import DecoderLM
 
 Clock = Callable[[], float]
@@ -37,6 +43,9 @@ class GenerationRequest:
     first_token_s: float | None = None
     finished_s: float | None = None
     token_times_s: list[float] = field(default_factory=list)
+    iterations: int = 0  # iterations this request took part in (its prefill and its decode steps)
+    busy_s: float = 0.0  # sum of the durations of those iterations
+    peak_bytes: int = 0  # largest peak memory of those iterations
 
     @property
     def done(self) -> bool:
@@ -51,6 +60,7 @@ class IterationRecord:
     duration_s: float
     prefill_tokens: tuple[int, ...]  # prompt length of each request prefilled
     decode_contexts: tuple[int, ...]  # cached tokens of each request decoded (before this step)
+    peak_bytes: int  # peak memory of the iteration (see ContinuousBatcher.step)
 
 
 class ContinuousBatcher:
@@ -58,26 +68,31 @@ class ContinuousBatcher:
 
     ``max_batch`` bounds the running requests (KV slots); ``max_context`` bounds prompt plus
     generated tokens of one request. ``submit`` queues a request; ``step`` runs one iteration
-    and returns its record (``None`` when there was nothing to do).
+    and returns its record (``None`` when there was nothing to do); ``remove`` drops a request
+    wherever it is; ``take_finished`` hands over the requests finished so far. ``iterations``
+    keeps the last ``history`` records (all by default; a long-running server bounds it).
     """
 
-    def __init__(self, model: DecoderLM, *, max_batch: int = 8, max_context: int | None = None,
-                 clock: Clock = time.perf_counter) -> None:
+    def __init__(self, model: DecoderLM | StagedModel, *, max_batch: int = 8, max_context: int | None = None,
+                 clock: Clock = time.perf_counter, history: int | None = None) -> None:
+        if isinstance(model, DecoderLM):
+            model = StagedModel(model, [_whole_model_stage(model)])
         c = model.config
         self.model = model
         self.max_batch = max_batch
         self.max_context = max_context or c.max_seq_len
         self.clock = clock
-        device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.device = device
-        self.pool = torch.zeros(c.n_layers, 2, max_batch, c.n_kv_heads, self.max_context, c.head_dim,
-                                dtype=self.dtype, device=device)
+        self.device = model.devices[0]  # where the inputs go
+        self.pool = [torch.zeros(s.end - s.start, 2, max_batch, c.n_kv_heads, self.max_context, c.head_dim,
+                                 dtype=self.dtype, device=d) for s, d in zip(model.stages, model.devices, strict=True)]
+        self.cuda_devices = sorted({d for d in model.devices if d.type == "cuda"}, key=str)
+        self.resident_bytes = model.param_bytes() + sum(t.numel() * t.element_size() for t in self.pool)
         self.waiting: deque[GenerationRequest] = deque()
         self.running: list[GenerationRequest] = []  # slot i of the pool holds running[i]
         self.lengths: list[int] = []  # cached tokens per slot
         self.finished: list[GenerationRequest] = []
-        self.iterations: list[IterationRecord] = []
+        self.iterations: deque[IterationRecord] = deque(maxlen=history)
 
     def submit(self, request: GenerationRequest) -> None:
         total = len(request.prompt) + request.max_new_tokens
@@ -85,7 +100,27 @@ class ContinuousBatcher:
             raise ValueError(f"{request.request_id}: needs a non-empty prompt and max_new_tokens > 0")
         if total > self.max_context:
             raise ValueError(f"{request.request_id}: prompt + max_new_tokens = {total} exceeds {self.max_context}")
+        vocab = self.model.config.vocab_size
+        if not all(0 <= t < vocab for t in request.prompt):
+            raise ValueError(f"{request.request_id}: prompt token ids must lie in [0, {vocab})")
         self.waiting.append(request)
+
+    def remove(self, request_id: str) -> GenerationRequest | None:
+        """Drop a waiting or running request (its KV slot is freed); ``None`` if it holds none."""
+        for i, req in enumerate(self.waiting):
+            if req.request_id == request_id:
+                del self.waiting[i]
+                return req
+        for i, req in enumerate(self.running):
+            if req.request_id == request_id:
+                self._free_slot(i)
+                return req
+        return None
+
+    def take_finished(self) -> list[GenerationRequest]:
+        """The requests finished since the last call, in finishing order."""
+        done, self.finished = self.finished, []
+        return done
 
     @property
     def idle(self) -> bool:
@@ -93,8 +128,19 @@ class ContinuousBatcher:
 
     @torch.inference_mode()
     def step(self) -> IterationRecord | None:
+        """One iteration: admit and prefill waiting requests, one decode step for the others.
+
+        Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` over the iteration, summed
+        over the model's CUDA devices (everything allocated there, other models included; the
+        CPU stages of a mixed placement are not counted). On the CPU no
+        allocator counts, so it is an estimate: the weights and the whole KV pool (both
+        resident) plus :func:`~executor.runner.activation_bytes` of the largest forward pass
+        of the iteration.
+        """
         if self.idle:
             return None
+        for device in self.cuda_devices:
+            torch.cuda.reset_peak_memory_stats(device)
         start = self.clock()
         decode_contexts = tuple(self.lengths)
         decoding = list(range(len(self.running)))
@@ -106,15 +152,31 @@ class ContinuousBatcher:
         if decoding:
             self._decode(decoding)
         end = self.clock()
+        prefill_tokens = tuple(len(r.prompt) for r in admitted)
+        record = IterationRecord(start, end - start, prefill_tokens, decode_contexts,
+                                 self._peak_bytes(prefill_tokens, decode_contexts))
         for i in decoding:
             self.running[i].token_times_s.append(end)
         for req in admitted:
             req.first_token_s = end
             req.token_times_s.append(end)
+        for req in [self.running[i] for i in decoding] + admitted:
+            req.iterations += 1
+            req.busy_s += record.duration_s
+            req.peak_bytes = max(req.peak_bytes, record.peak_bytes)
         self._retire(end)
-        record = IterationRecord(start, end - start, tuple(len(r.prompt) for r in admitted), decode_contexts)
         self.iterations.append(record)
         return record
+
+    def _peak_bytes(self, prefill_tokens: tuple[int, ...], decode_contexts: tuple[int, ...]) -> int:
+        """Peak memory of the iteration just run (see :meth:`step`)."""
+        if self.cuda_devices:
+            return sum(torch.cuda.max_memory_allocated(d) for d in self.cuda_devices)
+        c = self.model.config
+        forwards = [activation_bytes(c, batch=1, tokens=n, context=0) for n in prefill_tokens]
+        if decode_contexts:
+            forwards.append(activation_bytes(c, batch=len(decode_contexts), tokens=1, context=max(decode_contexts)))
+        return self.resident_bytes + max(forwards)
 
     def _prefill(self, req: GenerationRequest, now: float) -> None:
         req.admitted_s = now
@@ -122,7 +184,8 @@ class ContinuousBatcher:
         pos = torch.arange(len(req.prompt), device=self.device)[None]
         logits, kv = self.model(ids, pos, last_logits_only=True)
         slot = len(self.running)
-        self.pool[:, :, slot, :, : len(req.prompt)] = kv[:, :, 0]
+        for part, new in zip(self.pool, kv, strict=True):
+            part[:, :, slot, :, : len(req.prompt)] = new[:, :, 0]
         self.running.append(req)
         self.lengths.append(len(req.prompt))
         req.tokens.append(int(logits[0, -1].argmax()))
@@ -132,7 +195,7 @@ class ContinuousBatcher:
         longest = max(self.lengths[i] for i in slots)
         ids = torch.tensor([[self.running[i].tokens[-1]] for i in slots], device=self.device)
         pos = torch.tensor([[self.lengths[i]] for i in slots], device=self.device)
-        cache = self.pool[:, :, :n, :, :longest]
+        cache = [part[:, :, :n, :, :longest] for part in self.pool]
         lengths = torch.tensor([self.lengths[i] for i in slots], device=self.device)
         # Position j of sequence b is visible iff j < length_b; the new token (last column) always is.
         visible = torch.arange(longest + 1, device=self.device)[None, :] < lengths[:, None]
@@ -141,12 +204,13 @@ class ContinuousBatcher:
         bias.masked_fill_(~visible[:, None, None, :], float("-inf"))
         logits, new_kv = self.model(ids, pos, kv_cache=cache, attn_bias=bias)
         for b, i in enumerate(slots):
-            self.pool[:, :, i, :, self.lengths[i]] = new_kv[:, :, b, :, 0]
+            for part, new in zip(self.pool, new_kv, strict=True):
+                part[:, :, i, :, self.lengths[i]] = new[:, :, b, :, 0]
             self.lengths[i] += 1
             self.running[i].tokens.append(int(logits[b, -1].argmax()))
 
     def _retire(self, now: float) -> None:
-        """Free the slots of finished requests, compacting the pool (last slot moves into the hole)."""
+        """Move finished requests to ``finished`` and free their slots."""
         i = 0
         while i < len(self.running):
             req = self.running[i]
@@ -155,13 +219,26 @@ class ContinuousBatcher:
                 continue
             req.finished_s = now
             self.finished.append(req)
-            last = len(self.running) - 1
-            if i != last:
-                self.pool[:, :, i, :, : self.lengths[last]] = self.pool[:, :, last, :, : self.lengths[last]]
-                self.running[i] = self.running[last]
-                self.lengths[i] = self.lengths[last]
-            self.running.pop()
-            self.lengths.pop()
+            self._free_slot(i)
+
+    def _free_slot(self, i: int) -> None:
+        """Free slot ``i``, compacting the pool (the last slot moves into the hole)."""
+        last = len(self.running) - 1
+        if i != last:
+            n = self.lengths[last]
+            for part in self.pool:
+                part[:, :, i, :, :n] = part[:, :, last, :, :n]
+            self.running[i] = self.running[last]
+            self.lengths[i] = self.lengths[last]
+        self.running.pop()
+        self.lengths.pop()
+
+
+def _whole_model_stage(model: DecoderLM) -> Stage:
+    """One stage holding all of ``model``'s layers on the device its weights are on."""
+    device = next(model.parameters()).device
+    device_id = f"{device.type}:{device.index or 0}"
+    return Stage(device_id, 0, model.config.n_layers)
 
 
 def generate_alone(model: DecoderLM, prompt: list[int], max_new_tokens: int) -> list[int]:

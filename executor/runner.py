@@ -1,0 +1,187 @@
+"""A staged model runner: one built-in model with its layers split over devices.
+
+A lease names a placement as ``stages``: ``[{device_id, layers: [start, end)}]``. The
+embedding runs on the first stage, blocks ``[start, end)`` on each stage's device, the final
+norm and the head on the last stage; activations move between stages with ``.to(device)``.
+Each stage holds only its own layers' weights on its device, resident for as long as the
+model lives. Device ids ``cpu:N`` all map to the torch ``cpu`` device (on one host the "CPU
+devices" share memory, so a CPU split moves nothing); ``cuda:N`` maps to CUDA device ``N``.
+
+:class:`StagedModel` keeps :class:`~service.models.family.DecoderLM`'s forward contract except
+for the KV cache, which is kept per stage (a list with one ``[Ls, 2, B, Hkv, C, Dh]`` tensor
+per stage, on that stage's device) so that a stage's cache lives where its layers run, as the
+scheduler's memory model assumes. :class:`~executor.batcher.ContinuousBatcher` runs it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from torch import Tensor, nn
+
+from service.models.family import DecoderLM, ModelConfig, build_model, model_config
+
+_DEVICE_ID = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
+
+
+def torch_device(device_id: str) -> torch.device:
+    """The torch device of an executor device id: ``cpu:N`` -> cpu, ``cuda:N`` -> cuda:N.
+
+    Raises ``ValueError`` for another kind or a CUDA device this process does not have.
+    """
+    match = _DEVICE_ID.match(device_id)
+    if match is None:
+        raise ValueError(f"unknown device id {device_id!r} (expected cpu:N or cuda:N)")
+    kind, index = match.group(1), int(match.group(2) or 0)
+    if kind == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+        raise ValueError(f"device {device_id!r} is not available in this process")
+    return torch.device("cuda", index)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Layers ``[start, end)`` of a model, run on ``device_id``."""
+
+    device_id: str
+    start: int
+    end: int
+
+    @staticmethod
+    def from_dict(raw: Mapping[str, Any]) -> Stage:
+        """A stage from its API form ``{"device_id": ..., "layers": [start, end]}``."""
+        start, end = raw["layers"]
+        return Stage(str(raw["device_id"]), int(start), int(end))
+
+
+def check_stages(stages: Sequence[Stage], n_layers: int) -> None:
+    """Raise ``ValueError`` unless ``stages`` cover layers ``[0, n_layers)`` in order, each non-empty."""
+    if not stages:
+        raise ValueError("a placement needs at least one stage")
+    expected = 0
+    for stage in stages:
+        if stage.start != expected or stage.end <= stage.start:
+            raise ValueError(f"stages must cover layers [0, {n_layers}) contiguously, each non-empty: {list(stages)}")
+        expected = stage.end
+    if expected != n_layers:
+        raise ValueError(f"stages cover layers [0, {expected}) but the model has {n_layers}")
+
+
+class StagedModel(nn.Module):
+    """A :class:`DecoderLM`'s modules placed stage by stage (see the module docstring).
+
+    ``forward(input_ids, positions, kv_cache=None | [per-stage cache], attn_bias=None,
+    last_logits_only=False) -> (logits, [per-stage new kv])``: inputs on the first stage's
+    device, logits on the last stage's, the cache and the new kv entries per stage on that
+    stage's device. The arithmetic is the same as ``DecoderLM.forward``, op for op.
+
+    It takes over ``model``'s modules: they move to their stage's device in place.
+    """
+
+    def __init__(self, model: DecoderLM, stages: Sequence[Stage]) -> None:
+        super().__init__()
+        c = model.config
+        check_stages(stages, c.n_layers)
+        self.config: ModelConfig = c
+        self.stages = tuple(stages)
+        self.devices = tuple(torch_device(s.device_id) for s in stages)
+        first, last = self.devices[0], self.devices[-1]
+        self.embed = model.embed.to(first)
+        self.pos_embed = model.pos_embed.to(first) if c.style == "gpt2" else None
+        if c.style == "llama":
+            inv_freq: Tensor = model.inv_freq  # type: ignore[assignment]  # a registered buffer
+            self.register_buffer("inv_freq", inv_freq.to(first), persistent=False)
+        self.stage_blocks = nn.ModuleList(
+            nn.ModuleList(b.to(d) for b in model.blocks[s.start : s.end]) for s, d in zip(stages, self.devices, strict=True)
+        )
+        self.final_norm = model.final_norm.to(last)
+        self.lm_head = self._head_on(model, last)
+
+    @staticmethod
+    def _head_on(model: DecoderLM, device: torch.device) -> nn.Linear:
+        """The head on ``device``. GPT-2 ties it to the embedding: on another device than the
+        embedding it gets its own copy of the weights (moving the shared parameter would move
+        the embedding too)."""
+        head = model.lm_head
+        if head.weight is not model.embed.weight or head.weight.device == device:
+            return head.to(device)
+        copy = nn.Linear(head.in_features, head.out_features, bias=False, device=device, dtype=head.weight.dtype)
+        with torch.no_grad():
+            copy.weight.copy_(head.weight)
+        return copy.eval()
+
+    def forward(self, input_ids: Tensor, positions: Tensor, kv_cache: Sequence[Tensor] | None = None,
+                attn_bias: Tensor | None = None, last_logits_only: bool = False) -> tuple[Tensor, list[Tensor]]:
+        x = self.embed(input_ids)
+        rope: tuple[Tensor, Tensor] | None = None
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(positions)
+        else:
+            inv_freq: Tensor = self.inv_freq  # type: ignore[assignment]  # a registered buffer
+            freqs = positions.unsqueeze(-1).to(torch.float32) * inv_freq
+            angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)
+            rope = (angles.cos().to(x.dtype), angles.sin().to(x.dtype))
+        new_kv: list[Tensor] = []
+        for s, (device, blocks) in enumerate(zip(self.devices, self.stage_blocks, strict=True)):
+            x = x.to(device)
+            stage_rope = (rope[0].to(device), rope[1].to(device)) if rope is not None else None
+            bias = attn_bias.to(device) if attn_bias is not None else None
+            kvs = []
+            for j, block in enumerate(cast(nn.ModuleList, blocks)):
+                past = kv_cache[s][j] if kv_cache is not None else None
+                x, kv = block(x, stage_rope, past, bias)
+                kvs.append(kv)
+            new_kv.append(torch.stack(kvs))
+        if last_logits_only:
+            x = x[:, -1:]
+        logits: Tensor = self.lm_head(self.final_norm(x))
+        return logits, new_kv
+
+    def param_bytes(self) -> int:
+        """Bytes of the weights this model holds (a parameter shared between modules counts once)."""
+        return sum(p.numel() * p.element_size() for p in self.parameters())
+
+
+def load_staged(family: str, seed: int, stages: Sequence[Stage]) -> StagedModel:
+    """Build ``family`` with ``seed`` (the same weights on every node) and place it by ``stages``.
+
+    The model is built on the first stage's device; the other stages' layers move from there.
+    """
+    config = model_config(family)
+    check_stages(stages, config.n_layers)
+    model = build_model(config, seed=seed, device=torch_device(stages[0].device_id))
+    return StagedModel(model, stages)
+
+
+def activation_bytes(config: ModelConfig, *, batch: int, tokens: int, context: int, all_logits: bool = False) -> int:
+    """An upper estimate of the transient bytes of one forward pass (used where no allocator
+    counts them, i.e. on the CPU).
+
+    ``batch`` sequences of ``tokens`` new tokens each, attending to ``context`` cached ones.
+    Counted: the residual stream and its normalised copy, q/k/v, the keys and values
+    concatenated with the cache, the attention scores (as if materialised), the attention
+    output, the MLP hidden state(s), the new KV entries of every layer, the attention bias and
+    the logits (last position only unless ``all_logits``). One layer's transients are live at
+    a time; the new KV of all layers accumulates.
+    """
+    n = batch * tokens
+    d, kv_dim = config.d_model, config.n_kv_heads * config.head_dim
+    keys = context + tokens
+    hidden = 2 * config.d_ff if config.style == "llama" else config.d_ff
+    per_layer = (
+        3 * n * d  # residual, normed input, attention output
+        + n * (d + 2 * kv_dim)  # q, k, v
+        + 2 * batch * keys * kv_dim  # keys and values with the cache
+        + batch * config.n_heads * tokens * keys  # scores
+        + n * hidden  # MLP hidden state(s)
+    )
+    new_kv = config.n_layers * 2 * n * kv_dim
+    bias = batch * tokens * keys
+    logits = (n if all_logits else batch) * config.vocab_size
+    elem = torch.empty((), dtype=getattr(torch, config.dtype)).element_size()
+    return elem * (per_layer + new_kv + bias + logits)

@@ -1,0 +1,280 @@
+"""The executor daemon: leases run in their replica's batcher and come back as completions.
+
+The worker (the torch side) is tested with objects. The protocol loop is tested through an
+in-process httpx transport that answers from a script (no server, no sockets); end-to-end
+tests against the real service live with the service.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from torch import Tensor
+
+from executor.batcher import generate_alone
+from executor.daemon import (
+    Completion,
+    ExecutorDaemon,
+    Lease,
+    RegisterRefused,
+    Settings,
+    Worker,
+    describe_devices,
+    main,
+)
+from executor.runner import Stage, StagedModel, load_staged
+from service.domain.error import NotFoundError
+from service.models.family import build_model, model_config
+
+ONE = [{"device_id": "cpu:0", "layers": [0, 2]}]
+TWO = [{"device_id": "cpu:0", "layers": [0, 1]}, {"device_id": "cpu:1", "layers": [1, 2]}]
+
+
+def lease_json(lease_id: str, *, replica: str = "acme/chat@cpu:0", family: str = "tiny", seed: int = 3,
+               stages: list[dict[str, Any]] = ONE, prompt: Sequence[int] = (1, 2, 3), max_tokens: int = 4) -> dict[str, Any]:
+    return {"lease_id": lease_id, "request_id": f"req-{lease_id}", "tenant_id": "acme", "model_id": "chat",
+            "family": family, "seed": seed, "replica_id": replica, "stages": stages,
+            "prompt_tokens": list(prompt), "max_tokens": max_tokens, "expires_in_s": 10.0}
+
+
+def run_rounds(worker: Worker) -> dict[str, Completion]:
+    done: dict[str, Completion] = {}
+    while worker.busy:
+        result = worker.step_round()
+        assert not result.failed
+        done.update((c.lease_id, c) for _, c in result.completed)
+    return done
+
+
+def test_leases_of_several_replicas_complete_with_the_tokens_of_the_model_run_alone() -> None:
+    torch.set_num_threads(1)
+    loads: list[tuple[str, int]] = []
+
+    def loader(family: str, seed: int, stages: Sequence[Stage]) -> StagedModel:
+        loads.append((family, seed))
+        return load_staged(family, seed, stages)
+
+    worker = Worker(max_batch=8, loader=loader)
+    specs = {
+        "L1": lease_json("L1", prompt=[5, 6, 7, 8], max_tokens=6),
+        "L2": lease_json("L2", prompt=[9], max_tokens=3),
+        "L3": lease_json("L3", replica="acme/chat@cpu:0+cpu:1", family="tiny-llama", stages=TWO, max_tokens=5),
+        "L4": lease_json("L4", replica="beta/chat@cpu:0", prompt=[1, 2], max_tokens=2),  # same weights as L1, L2
+    }
+    for raw in specs.values():
+        assert worker.accept(Lease.from_json(raw, time.perf_counter()))
+    assert worker.free_slots == 4 and sorted(worker.lease_ids) == sorted(specs)
+    assert loads == [("tiny", 3), ("tiny-llama", 3)]  # a model is built once per (family, seed, stages)
+    done = run_rounds(worker)
+    assert set(done) == set(specs) and worker.free_slots == 8
+    for lease_id, raw in specs.items():
+        reference = build_model(model_config(raw["family"]), seed=raw["seed"])
+        c = done[lease_id]
+        assert c.output_tokens == generate_alone(reference, raw["prompt_tokens"], raw["max_tokens"]), lease_id
+        assert 0 <= c.queued_s <= c.ttft_s <= c.e2e_s
+        assert c.iterations == raw["max_tokens"]
+        assert 0 < c.busy_s <= c.e2e_s
+        assert c.peak_bytes > 0
+    assert set(done["L1"].to_json()) == {"lease_id", "output_tokens", "queued_s", "ttft_s", "e2e_s", "iterations",
+                                        "busy_s", "peak_bytes"}
+
+
+def test_completion_times_count_from_lease_receipt() -> None:
+    ticks = itertools.count(1)
+    worker = Worker(clock=lambda: float(next(ticks)))  # every clock reading is one second later
+    worker.accept(Lease.from_json(lease_json("L1", max_tokens=3), received_s=0.0))
+    (c,) = run_rounds(worker).values()
+    # iterations run over [1, 2], [3, 4], [5, 6]: admitted at 1, first token at 2, last at 6
+    assert (c.queued_s, c.ttft_s, c.e2e_s, c.iterations, c.busy_s) == (1.0, 2.0, 6.0, 3, 3.0)
+
+
+def test_a_cancelled_lease_frees_its_slot_and_never_completes() -> None:
+    worker = Worker(max_batch=2)
+    for lease_id in ("L1", "L2"):
+        worker.accept(Lease.from_json(lease_json(lease_id, max_tokens=5), time.perf_counter()))
+    assert worker.free_slots == 0
+    assert not worker.accept(Lease.from_json(lease_json("L1"), time.perf_counter()))  # a duplicate is ignored
+    worker.step_round()
+    assert worker.cancel("L1") and not worker.cancel("L1")
+    assert worker.free_slots == 1
+    assert set(run_rounds(worker)) == {"L2"}
+
+
+def test_leases_that_cannot_run_here_are_refused_and_not_held() -> None:
+    worker = Worker(max_batch=4)
+    now = time.perf_counter()
+    with pytest.raises(NotFoundError):
+        worker.accept(Lease.from_json(lease_json("L1", family="no-such-model"), now))
+    with pytest.raises(ValueError, match="cover layers"):
+        worker.accept(Lease.from_json(lease_json("L2", stages=[{"device_id": "cpu:0", "layers": [0, 1]}]), now))
+    with pytest.raises(ValueError, match="exceeds"):
+        worker.accept(Lease.from_json(lease_json("L3", prompt=[1] * 500, max_tokens=100), now))
+    with pytest.raises(ValueError, match="unknown device"):
+        worker.accept(Lease.from_json(lease_json("L4", stages=[{"device_id": "tpu:0", "layers": [0, 2]}]), now))
+    with pytest.raises(KeyError):
+        Lease.from_json({"lease_id": "L5"}, now)
+    assert not worker.busy and worker.free_slots == 4
+
+
+class _Broken(StagedModel):
+    def forward(self, input_ids: Tensor, positions: Tensor, kv_cache: Sequence[Tensor] | None = None,
+                attn_bias: Tensor | None = None, last_logits_only: bool = False) -> tuple[Tensor, list[Tensor]]:
+        raise RuntimeError("out of memory (simulated)")
+
+
+def test_a_failing_iteration_fails_the_leases_of_its_replica_only() -> None:
+    def loader(family: str, seed: int, stages: Sequence[Stage]) -> StagedModel:
+        if family == "tiny-llama":
+            return _Broken(build_model(model_config(family), seed=seed), stages)
+        return load_staged(family, seed, stages)
+
+    worker = Worker(loader=loader)
+    now = time.perf_counter()
+    worker.accept(Lease.from_json(lease_json("ok", max_tokens=2), now))
+    worker.accept(Lease.from_json(lease_json("bad", replica="x", family="tiny-llama"), now))
+    first = worker.step_round()
+    assert [(f.lease_id, "simulated" in f.reason) for f in first.failed] == [("bad", True)]
+    assert worker.lease_ids == ["ok"]
+    assert set(run_rounds(worker)) == {"ok"}
+
+
+# ---- the protocol loop, through a scripted in-process transport ---------------------------------
+class ScriptedService:
+    """Answers the executor protocol from a script and records every call."""
+
+    def __init__(self, leases: list[dict[str, Any]], *, cancel: Sequence[str] = (), register_status: int = 200,
+                 transient: Sequence[str] = ()) -> None:
+        self.pending = list(leases)
+        self.cancel = set(cancel)
+        self.register_status = register_status
+        self.transient = list(transient)  # paths that fail once each (connection error or 503), in order
+        self.calls: list[tuple[str, str, Any]] = []
+        self.completed: dict[str, dict[str, Any]] = {}
+        self.heartbeats: list[list[str]] = []
+        self.lock = threading.Lock()
+        self.daemon: ExecutorDaemon | None = None
+        self.stop_when: set[str] = set()  # request a stop once these leases are completed or cancelled
+        self.cancelled: set[str] = set()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        path = request.url.path
+        with self.lock:
+            self.calls.append((request.method, path, body))
+            if path in self.transient:
+                self.transient.remove(path)
+                if path == "/v1/executors":
+                    raise httpx.ConnectError("connection refused (scripted)", request=request)
+                return httpx.Response(503, json={"error": {"kind": "unavailable", "message": "scripted"}})
+            return self._answer(request.method, path, body)
+
+    def _answer(self, method: str, path: str, body: Any) -> httpx.Response:
+        if path == "/v1/executors":
+            if self.register_status != 200:
+                return httpx.Response(self.register_status, json={"error": {"kind": "unauthorized", "message": "bad key"}})
+            return httpx.Response(200, json={"executor_id": body["executor_id"], "lease_ttl_s": 5.0, "heartbeat_s": 0.02})
+        if path == "/v1/leases/poll":
+            leases, self.pending = self.pending[: body["max_leases"]], self.pending[body["max_leases"]:]
+            return httpx.Response(200, json={"leases": leases})
+        if path.endswith("/heartbeat"):
+            self.heartbeats.append(body["running"])
+            cancel = sorted(self.cancel & set(body["running"]))
+            self.cancelled.update(cancel)
+            self._maybe_stop()
+            return httpx.Response(200, json={"renewed": body["running"], "cancel": cancel, "drain": False})
+        if path == "/v1/leases/complete":
+            for result in body["results"]:
+                self.completed[result["lease_id"]] = result
+            self._maybe_stop()
+            return httpx.Response(200, json={"accepted": [r["lease_id"] for r in body["results"]], "rejected": []})
+        if method == "DELETE":
+            return httpx.Response(200, json={})
+        return httpx.Response(404, json={"error": {"kind": "not_found", "message": path}})
+
+    def _maybe_stop(self) -> None:
+        """Stop the daemon (once: a second stop would abandon its leases), as SIGTERM would."""
+        if self.daemon is not None and self.stop_when <= set(self.completed) | self.cancelled:
+            self.daemon.request_stop()
+            self.daemon = None
+
+
+def daemon_for(service: ScriptedService, **settings: Any) -> ExecutorDaemon:
+    s = Settings(server="http://service.test", key="k", executor_id="node-1", host_id="node",
+                 devices=({"device_id": "cpu:0", "kind": "cpu", "mem_bytes": 2**30},),
+                 poll_wait_s=0.01, retry_base_s=0.01, **settings)
+    daemon = ExecutorDaemon(s, transport=httpx.MockTransport(service))
+    service.daemon = daemon
+    return daemon
+
+
+def test_the_daemon_registers_runs_leases_honours_cancellation_and_leaves() -> None:
+    torch.set_num_threads(1)
+    short = lease_json("L1", prompt=[4, 5], max_tokens=4)
+    long = lease_json("L2", prompt=[1, 2, 3], max_tokens=500)  # runs long enough to be cancelled by a heartbeat
+    service = ScriptedService([short, long], cancel=["L2"])
+    service.stop_when = {"L1", "L2"}
+    daemon = daemon_for(service, max_batch=4)
+    assert daemon.run() == 0
+    method, path, body = service.calls[0]
+    assert (method, path, body["executor_id"], body["devices"][0]["device_id"]) == ("POST", "/v1/executors", "node-1",
+                                                                                   "cpu:0")
+    assert set(service.completed) == {"L1"}
+    reference = build_model(model_config("tiny"), seed=3)
+    assert service.completed["L1"]["output_tokens"] == generate_alone(reference, [4, 5], 4)
+    assert any("L2" in running for running in service.heartbeats)
+    polls = [b for m, p, b in service.calls if p == "/v1/leases/poll"]
+    assert all(0 < b["max_leases"] <= 4 for b in polls) and polls[0]["max_leases"] == 4
+    assert service.calls[-1][:2] == ("DELETE", "/v1/executors/node-1")
+
+
+def test_transient_failures_are_retried_and_each_completion_is_posted_once() -> None:
+    service = ScriptedService([lease_json("L1", max_tokens=2)], transient=["/v1/executors", "/v1/leases/complete"])
+    service.stop_when = {"L1"}
+    assert daemon_for(service).run() == 0
+    paths = [p for _, p, _ in service.calls]
+    assert paths.count("/v1/executors") == 2 and paths.count("/v1/leases/complete") == 2
+    assert set(service.completed) == {"L1"}
+
+
+def test_a_refused_registration_is_fatal() -> None:
+    service = ScriptedService([], register_status=401)
+    with pytest.raises(RegisterRefused, match="401"):
+        daemon_for(service).run()
+    assert len(service.calls) == 1
+
+
+def test_a_lease_that_cannot_run_here_is_failed_back_to_the_service() -> None:
+    service = ScriptedService([lease_json("L1", family="no-such-model"), lease_json("L2", max_tokens=1)])
+    service.stop_when = {"L2"}
+    assert daemon_for(service).run() == 0
+    fails = [(p, b) for _, p, b in service.calls if p.endswith("/fail")]
+    assert len(fails) == 1 and fails[0][0] == "/v1/leases/L1/fail" and "no-such-model" in fails[0][1]["reason"]
+    assert set(service.completed) == {"L2"}
+
+
+# ---- the command ---------------------------------------------------------------------------------
+def test_the_command_refuses_bad_arguments_before_any_network(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("SLICESCHED_EXECUTOR_KEY", raising=False)
+    monkeypatch.delenv("SLICESCHED_ADMIN_KEY", raising=False)
+    assert main(["--server", "http://127.0.0.1:9", "--devices", "cpu:0"]) == 2
+    assert "no key" in capsys.readouterr().err
+    assert main(["--server", "http://127.0.0.1:9", "--devices", "cpu:0,tpu:0", "--key", "k"]) == 2
+    assert "unknown device" in capsys.readouterr().err
+
+
+def test_devices_are_described_for_registration() -> None:
+    (a, b) = describe_devices(["cpu:0", "cpu:1"], 1.5)
+    assert a == {"device_id": "cpu:0", "kind": "cpu", "mem_bytes": 3 * 2**29} and b["device_id"] == "cpu:1"
+    (detected,) = describe_devices(["cpu:0"], None)
+    assert detected["mem_bytes"] > 0
+    with pytest.raises(ValueError, match="repeat"):
+        describe_devices(["cpu:0", "cpu:0"], None)

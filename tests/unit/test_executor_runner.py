@@ -1,0 +1,116 @@
+"""The staged runner: splitting a model over stages never changes what it generates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from executor.batcher import ContinuousBatcher, GenerationRequest, generate_alone
+from executor.runner import Stage, StagedModel, activation_bytes, check_stages, load_staged, torch_device
+from service.models.family import build_model, model_config
+
+SPLITS = {
+    "one-stage": [Stage("cpu:0", 0, 2)],
+    "two-stage": [Stage("cpu:0", 0, 1), Stage("cpu:1", 1, 2)],
+}
+
+
+def _prompts(seed: int) -> list[tuple[list[int], int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, 256, (n,), generator=gen).tolist(), m) for n, m in ((5, 7), (17, 3), (1, 9), (12, 6))]
+
+
+@pytest.mark.parametrize("split", list(SPLITS))
+@pytest.mark.parametrize("family", ["tiny", "tiny-llama"])
+def test_staged_batch_generates_what_the_whole_model_generates_alone(family: str, split: str) -> None:
+    torch.set_num_threads(1)
+    staged = load_staged(family, 7, SPLITS[split])
+    reference = build_model(model_config(family), seed=7)
+    specs = _prompts(3)
+    batcher = ContinuousBatcher(staged, max_batch=4, max_context=64)
+    for i, (prompt, m) in enumerate(specs):
+        batcher.submit(GenerationRequest(f"r{i}", prompt, m))
+    while not batcher.idle:
+        batcher.step()
+    done = {r.request_id: r for r in batcher.take_finished()}
+    assert len(done) == len(specs)
+    for i, (prompt, m) in enumerate(specs):
+        assert done[f"r{i}"].tokens == generate_alone(reference, prompt, m), f"r{i}"
+    assert max(len(it.decode_contexts) for it in batcher.iterations) == len(specs)  # decoded together
+    assert len(batcher.pool) == len(SPLITS[split])
+
+
+def test_stage_weights_are_those_of_their_layers() -> None:
+    staged = load_staged("tiny-llama", 1, SPLITS["two-stage"])
+    whole = build_model(model_config("tiny-llama"), seed=1)
+    assert [len(b) for b in staged.stage_blocks] == [1, 1]
+    assert torch.equal(staged.stage_blocks[1][0].mlp.up_proj.weight, whole.blocks[1].mlp.up_proj.weight)
+    assert staged.param_bytes() == model_config("tiny-llama").num_params() * 4
+
+
+def test_gpt2_head_stays_tied_to_the_embedding_on_one_device() -> None:
+    staged = load_staged("tiny", 1, SPLITS["two-stage"])
+    assert staged.lm_head.weight is staged.embed.weight
+    assert staged.param_bytes() == model_config("tiny").num_params() * 4
+
+
+def test_stages_must_cover_the_layers_in_order() -> None:
+    check_stages([Stage("cpu:0", 0, 1), Stage("cpu:0", 1, 2)], 2)
+    for bad in ([], [Stage("cpu:0", 0, 1)], [Stage("cpu:0", 1, 2)], [Stage("cpu:0", 0, 1), Stage("cpu:1", 2, 2)],
+                [Stage("cpu:0", 0, 2), Stage("cpu:1", 2, 2)]):
+        with pytest.raises(ValueError):
+            check_stages(bad, 2)
+    assert Stage.from_dict({"device_id": "cpu:1", "layers": [1, 2]}) == Stage("cpu:1", 1, 2)
+
+
+def test_device_ids_map_to_torch_devices() -> None:
+    assert torch_device("cpu:3") == torch.device("cpu")
+    with pytest.raises(ValueError, match="unknown device"):
+        torch_device("tpu:0")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="not available"):
+            torch_device("cuda:0")
+
+
+def test_iterations_and_requests_carry_their_measurements() -> None:
+    model = StagedModel(build_model(model_config("tiny"), seed=0), SPLITS["two-stage"])
+    batcher = ContinuousBatcher(model, max_batch=2, max_context=32)
+    batcher.submit(GenerationRequest("a", [1, 2, 3], 4))
+    batcher.submit(GenerationRequest("b", [4, 5], 2))
+    while not batcher.idle:
+        batcher.step()
+    a, b = sorted(batcher.take_finished(), key=lambda r: r.request_id)
+    assert batcher.take_finished() == []
+    assert (a.iterations, b.iterations) == (4, 2)  # a prefill plus one decode step per further token
+    assert b.busy_s == pytest.approx(sum(it.duration_s for it in list(batcher.iterations)[:2]))
+    resident = model.param_bytes() + sum(t.numel() * t.element_size() for t in batcher.pool)
+    first = activation_bytes(model.config, batch=1, tokens=3, context=0)
+    assert batcher.iterations[0].peak_bytes == resident + first
+    assert a.peak_bytes == max(it.peak_bytes for it in batcher.iterations) > resident
+
+
+def test_removed_requests_free_their_slot_and_leave_the_others_intact() -> None:
+    model = build_model(model_config("tiny-llama"), seed=2)
+    batcher = ContinuousBatcher(model, max_batch=2, max_context=32)
+    specs = {"a": ([1, 2, 3], 6), "b": ([9, 8], 5), "c": ([7], 4)}
+    for rid, (prompt, m) in specs.items():
+        batcher.submit(GenerationRequest(rid, prompt, m))
+    batcher.step()
+    batcher.step()
+    removed = batcher.remove("a")  # running in slot 0: slot 1 ("b") moves into it
+    assert removed is not None and removed.request_id == "a"
+    assert batcher.remove("a") is None
+    while not batcher.idle:
+        batcher.step()
+    done = {r.request_id: r.tokens for r in batcher.take_finished()}
+    assert set(done) == {"b", "c"}
+    for rid in done:
+        assert done[rid] == generate_alone(model, *specs[rid])
+    batcher.submit(GenerationRequest("d", [5], 3))
+    assert batcher.remove("d") is not None and batcher.idle
+
+
+def test_prompt_tokens_outside_the_vocabulary_are_refused() -> None:
+    batcher = ContinuousBatcher(build_model(model_config("tiny"), seed=0), max_batch=1, max_context=16)
+    with pytest.raises(ValueError, match=r"must lie in \[0, 256\)"):
+        batcher.submit(GenerationRequest("x", [1, 256], 2))
