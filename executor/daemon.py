@@ -627,6 +627,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host-id", default=None, help="default: the hostname")
     p.add_argument("--max-batch", type=int, default=8, help="leases held at once (and KV slots per replica)")
     p.add_argument("--poll-wait-s", type=float, default=2.0, help="long-poll wait while idle")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: one executor per core; more threads contend on small models)")
     return p
 
 
@@ -640,9 +642,10 @@ def main(argv: list[str] | None = None) -> int:
     if not key:
         print("error: no key: pass --key or set SLICESCHED_EXECUTOR_KEY (or SLICESCHED_ADMIN_KEY)", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.max_batch < 1 or args.poll_wait_s < 0:
-        print("error: --max-batch must be >= 1 and --poll-wait-s >= 0", file=sys.stderr)
+    if args.max_batch < 1 or args.poll_wait_s < 0 or args.threads < 1:
+        print("error: --max-batch and --threads must be >= 1 and --poll-wait-s >= 0", file=sys.stderr)
         return EXIT_BAD_INPUT
+    torch.set_num_threads(args.threads)
     try:
         devices = describe_devices([d.strip() for d in args.devices.split(",") if d.strip()], args.mem_gib)
     except ValueError as exc:

@@ -23,6 +23,7 @@ from service.api.schemas import (
     InspectIn,
     ModelIn,
     PollIn,
+    RequestBatchIn,
     RequestIn,
     TenantIn,
     WhatIfIn,
@@ -230,16 +231,38 @@ def request_public(req: LiveRequest) -> dict[str, Any]:
     return {**req.public(), "text": tokenizer.decode(req.output_tokens)}
 
 
-@router.post("/v1/requests", status_code=202, tags=["requests"])
-async def submit(body: RequestIn, svc: Svc, p: Caller) -> dict[str, Any]:
+def _new_request(svc: LiveService, p: Principal, body: RequestIn) -> LiveRequest:
     tenant_id = scoped_tenant(p, body.tenant_id)
     if (body.prompt is None) == (body.prompt_tokens is None):
         raise InvalidInputError("give exactly one of prompt (text) and prompt_tokens (ids)")
     prompt = tokenizer.encode(body.prompt) if body.prompt is not None else list(body.prompt_tokens or [])
-    req = svc.state.new_request(tenant_id, body.model_id, prompt, body.max_tokens, body.sla_class)
-    await svc.accept_request(req)
+    return svc.state.new_request(tenant_id, body.model_id, prompt, body.max_tokens, body.sla_class)
+
+
+def _accepted(req: LiveRequest) -> dict[str, Any]:
     return {"request_id": req.request_id, "status": req.status, "token_budget": req.token_budget,
-            "prompt_tokens": len(prompt)}
+            "prompt_tokens": len(req.prompt)}
+
+
+@router.post("/v1/requests", status_code=202, tags=["requests"])
+async def submit(body: RequestIn, svc: Svc, p: Caller) -> dict[str, Any]:
+    """Submit a request; it is in Neo4j when this answers."""
+    req = _new_request(svc, p, body)
+    await svc.accept_requests([req])
+    return _accepted(req)
+
+
+@router.post("/v1/requests/batch", status_code=202, tags=["requests"])
+async def submit_batch(body: RequestBatchIn, svc: Svc, p: Caller) -> dict[str, Any]:
+    """Submit up to 1,000 requests at once: all are accepted, or none (the error names the first bad one)."""
+    reqs = []
+    for i, item in enumerate(body.requests):
+        try:
+            reqs.append(_new_request(svc, p, item))
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"requests[{i}]: {exc}") from None
+    await svc.accept_requests(reqs)
+    return {"accepted": [_accepted(r) for r in reqs]}
 
 
 @router.get("/v1/requests/{request_id}", tags=["requests"])

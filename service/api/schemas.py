@@ -38,6 +38,10 @@ class RequestIn(Body):
     tenant_id: str | None = Field(None, pattern=ID, description="admin keys only")
 
 
+class RequestBatchIn(Body):
+    requests: list[RequestIn] = Field(min_length=1, max_length=1000)
+
+
 class DeviceIn(Body):
     device_id: str = Field(pattern=DEVICE, description="the executor's name for it, e.g. cpu:0")
     kind: str = Field("cpu", max_length=64)

@@ -135,12 +135,14 @@ class LiveService:
         assert self.writer is not None
         self.writer.submit(writes)
 
-    async def accept_request(self, req: LiveRequest) -> None:
-        """Write the request to Neo4j, then queue it: an answered request is never lost."""
+    async def accept_requests(self, reqs: list[LiveRequest]) -> None:
+        """Write the requests to Neo4j (one transaction), then queue them: an answered request
+        is never lost, and a failed write accepts none."""
         assert self.repo is not None
-        await asyncio.to_thread(self.repo.create_request, req.row())
-        self.state.accept(req)
-        self.metrics.arrived(req)
+        await asyncio.to_thread(self.repo.create_requests, [r.row() for r in reqs])
+        for req in reqs:
+            self.state.accept(req)
+            self.metrics.arrived(req)
         self.work.notify()
         self.changed.set()
 
@@ -281,12 +283,16 @@ class LiveService:
     async def _expiry_loop(self) -> None:
         while True:
             await asyncio.sleep(min(0.5, self.settings.lease_ttl_s / 4))
+            executors = len(self.state.executors)
             writes = self.state.expire()
             removed = self.state.remove_drained()
             if writes:
                 self.persist(writes)
                 self.work.notify()
-            if removed:
+            if len(self.state.executors) != executors:  # a silent executor was dropped: new homes
+                log.warning("executor(s) silent for %.0fs dropped; re-planning homes", 3 * self.settings.lease_ttl_s)
+                await self.replan()
+            elif removed:
                 await self._write_residence()
             if writes or removed:
                 self.changed.set()

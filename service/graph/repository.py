@@ -373,10 +373,16 @@ class GraphRepository:
         return str(rows[0]["uid"])
 
     # ---- the live service -------------------------------------------------------------------------
-    def create_request(self, row: Mapping[str, Any]) -> None:
-        """Persist an accepted request (with its prompt); raises if its model is unknown."""
-        if not self._write("create_request", row=dict(row)):
-            raise InvalidInputError(f"no model {row.get('model_uid')!r}")
+    def create_requests(self, rows: list[dict[str, Any]]) -> None:
+        """Persist accepted requests (with their prompts) in one transaction; all or nothing."""
+        def work(tx: ManagedTransaction) -> None:
+            out = self._tx_run(tx, "create_request", rows=rows)
+            created = int(out[0]["created"]) if out else 0
+            if created != len(rows):
+                raise InvalidInputError(f"{len(rows) - created} of {len(rows)} requests name an unknown model")
+
+        with self.driver.session(database=self.database) as s:
+            s.execute_write(work)
 
     def update_requests(self, rows: list[dict[str, Any]]) -> int:
         """Batched request updates; rows of requests already finished change nothing."""

@@ -1,0 +1,119 @@
+"""End to end with real processes on loopback: ``slicesched serve`` under uvicorn, two
+``slicesched executor`` daemons running the models with PyTorch, the session's Neo4j."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from executor.batcher import generate_alone
+from service.api.stack import LiveStack
+from service.models.family import build_model, model_config
+
+TENANTS = (("acme", "tiny"), ("globex", "tiny-llama"), ("initech", "tiny"))
+
+
+@pytest.fixture
+def stack(neo4j_uri: str) -> Iterator[LiveStack]:
+    with LiveStack(neo4j_uri=neo4j_uri, lease_ttl_s=2.0, heartbeat_s=0.4) as s:
+        yield s
+
+
+def setup(stack: LiveStack, c: httpx.Client) -> None:
+    for tenant, family in TENANTS:
+        assert c.post("/v1/tenants", json={"tenant_id": tenant}).status_code == 201
+        r = c.post("/v1/models", json={"model_id": "m", "family": family, "tenant_id": tenant})
+        assert r.status_code == 201, r.text
+    stack.start_executor("ea", ["cpu:0", "cpu:1"])
+    stack.start_executor("eb", ["cpu:0", "cpu:1"])
+    stack.wait_devices(4)
+
+
+def submit(c: httpx.Client, n: int, max_tokens: int) -> dict[str, tuple[str, str]]:
+    ids = {}
+    for i in range(n):
+        tenant = TENANTS[i % len(TENANTS)][0]
+        prompt = f"request {i} of {tenant}"
+        r = c.post("/v1/requests", json={"model_id": "m", "prompt": prompt, "max_tokens": max_tokens, "tenant_id": tenant})
+        assert r.status_code == 202, r.text
+        ids[r.json()["request_id"]] = (tenant, prompt)
+    return ids
+
+
+def wait_done(c: httpx.Client, ids: dict[str, Any], timeout_s: float = 120.0) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            got = [c.get(f"/v1/requests/{rid}").json() for rid in ids]
+            if all(g["status"] == "done" for g in got):
+                return got
+        except httpx.HTTPError:
+            pass  # the service is restarting
+        assert time.monotonic() < deadline, "requests did not finish"
+        time.sleep(0.3)
+
+
+def check_tokens(c: httpx.Client, got: list[dict[str, Any]], ids: dict[str, tuple[str, str]], max_tokens: int) -> None:
+    """Every result equals the same model (same seed) run directly in this process."""
+    family = dict(TENANTS)
+    models = {}
+    for tenant, _ in TENANTS:
+        seed = c.get("/v1/models/m", params={"tenant_id": tenant}).json()["seed"]
+        models[tenant] = build_model(model_config(family[tenant]), seed=seed)
+    for g in got:
+        tenant, prompt = ids[g["request_id"]]
+        assert g["output_tokens"] == generate_alone(models[tenant], list(prompt.encode()), max_tokens), g["request_id"]
+
+
+def served_once(stack: LiveStack, c: httpx.Client, ids: dict[str, Any]) -> None:
+    """In the GMG every request is done and served by exactly one completed slice."""
+    time.sleep(0.5)  # the writer's batch
+    rows = c.post("/v1/inspect", json={
+        "query": "MATCH (r:Request) WHERE r.uid IN $ids OPTIONAL MATCH (s:Slice {state: 'done'})-[:SERVES]->(r) "
+                 "RETURN r.uid, r.status, count(s)", "params": {"ids": list(ids)}}).json()["rows"]
+    assert sorted(rows) == sorted([rid, "done", 1] for rid in ids)
+
+
+def test_three_tenants_complete_with_the_same_tokens_as_in_process(stack: LiveStack) -> None:
+    with stack.client() as c:
+        setup(stack, c)
+        ids = submit(c, 12, 16)
+        got = wait_done(c, ids)
+        check_tokens(c, got, ids, 16)
+        served_once(stack, c, ids)
+        metrics = httpx.get(f"{stack.url}/metrics").text
+        assert 'slicesched_leases_total{event="completed"} 12.0' in metrics
+
+
+def test_killed_executor_leases_are_replaced_exactly_once(stack: LiveStack) -> None:
+    with stack.client() as c:
+        setup(stack, c)
+        ids = submit(c, 24, 120)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # kill when "ea" holds leases
+            replicas = c.get("/v1/stats").json()["replicas"]
+            if any(r["leases"] > 0 and r["devices"][0].startswith("ea/") for r in replicas):
+                break
+            time.sleep(0.05)
+        assert stack.stop_executor("ea", kill=True) == -9
+        got = wait_done(c, ids)
+        check_tokens(c, got, ids, 120)
+        stats = c.get("/v1/stats").json()
+        assert stats["counters"]["leases_expired"] >= 1
+        assert any(g["attempts"] >= 2 for g in got)
+        served_once(stack, c, ids)
+
+
+def test_service_restart_loses_no_accepted_request(stack: LiveStack) -> None:
+    with stack.client() as c:
+        setup(stack, c)
+        ids = submit(c, 18, 80)
+        time.sleep(0.3)
+        stack.restart_server(kill=True)  # kill -9: whatever was only in memory is gone
+        got = wait_done(c, ids)
+        check_tokens(c, got, ids, 80)
+        served_once(stack, c, ids)
