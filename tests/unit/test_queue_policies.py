@@ -1,5 +1,6 @@
 """Queue policies: each policy's order on hand-made queues, the heap queue against the linear
-reference, weighted fairness, aging against starvation, and the registry."""
+reference, weighted fairness, aging against starvation (the wait bound of ``sjf`` and
+``aging-spf`` as a property), and the registry."""
 
 from __future__ import annotations
 
@@ -40,11 +41,23 @@ def test_priority_orders_by_priority_then_arrival() -> None:
     assert _drain(make_queue_policy("priority"), reqs) == ["hi1", "hi2", "mid", "lo"]
 
 
-def test_sjf_orders_by_estimate_and_oracle_by_true_remaining_length() -> None:
+def test_sjf_orders_by_estimate_within_its_bound_and_oracle_by_true_remaining_length() -> None:
     reqs = [_q("long", 0.0, est=500, true=10), _q("short", 1.0, est=5, true=900), _q("mid", 2.0, est=50, true=50),
             _q("short2", 0.5, est=5, true=1)]
-    assert _drain(make_queue_policy("sjf"), reqs) == ["short2", "short", "mid", "long"]
+    # all four arrive within 2 s, well inside every request's bound: shortest estimate first
+    assert _drain(make_queue_policy("sjf", aging_tokens_per_s=20.0, max_delay_s=30.0), reqs) == [
+        "short2", "short", "mid", "long"]
     assert _drain(make_queue_policy("oracle-remaining"), reqs) == ["short2", "long", "mid", "short"]
+
+
+def test_sjf_counts_remaining_output_and_caps_any_estimate_at_max_delay() -> None:
+    policy = make_queue_policy("sjf", aging_tokens_per_s=10.0, max_delay_s=30.0)
+    # 100 tokens left of 400: worth 10 s, so it goes before a 50-token request that arrived 6 s later
+    part = QueuedRequest("part", "a", "m", 0.0, 100, 400, 300)
+    assert _drain(policy, [part, _q("new", 6.0, est=50)]) == ["part", "new"]
+    # an absurd estimate counts like a 300-token one (30 s): a request 31 s later does not pass it
+    assert _drain(policy, [_q("huge", 0.0, est=10**9), _q("tiny", 31.0, est=1)]) == ["huge", "tiny"]
+    assert _drain(policy, [_q("huge", 0.0, est=10**9), _q("tiny", 29.0, est=1)]) == ["tiny", "huge"]
 
 
 def test_oracle_without_true_length_is_refused() -> None:
@@ -124,6 +137,55 @@ def test_aging_spf_serves_a_long_prompt_under_a_stream_of_short_ones() -> None:
     served_at = _starvation_steps(make_queue_policy("aging-spf", aging_tokens_per_s=1000.0), victim=victim,
                                   stream="short")
     assert served_at is not None and served_at <= 9
+    # a huge prompt waits at most max_delay_s
+    served_at = _starvation_steps(make_queue_policy("aging-spf", aging_tokens_per_s=10.0, max_delay_s=20.0),
+                                  victim=_q("victim", 0.0, prompt=10**6), stream="short")
+    assert served_at is not None and served_at <= 20
+
+
+def test_sjf_serves_a_long_request_under_a_stream_of_short_ones_within_its_bound() -> None:
+    victim = _q("victim", 0.0, est=50_000)
+    # stream requests (estimate 10, arriving one per second) are worth 0.5 s: those arriving
+    # within 30 s of the victim go first, the one arriving at 30 s does not
+    assert _starvation_steps(make_queue_policy("sjf"), victim=victim, stream="short") == 30
+    assert _starvation_steps(make_queue_policy("sjf", max_delay_s=5.0), victim=victim, stream="short") == 5
+    # without the cap the same request would wait 50_000 / 20 = 2,500 s: starvation
+    assert _starvation_steps(make_queue_policy("sjf", max_delay_s=1e6), victim=victim, stream="short") is None
+
+
+_BOUNDED = {"sjf": lambda r: r.estimated_output_tokens - r.generated_tokens, "aging-spf": lambda r: r.prompt_tokens}
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 100_000), st.integers(0, 3)), min_size=2,
+                     max_size=60),
+       name=st.sampled_from(sorted(_BOUNDED)), rate=st.floats(0.5, 2000.0), max_delay=st.floats(0.0, 60.0),
+       pops_per_arrival=st.integers(0, 2))
+def test_no_request_is_passed_by_one_arriving_later_than_its_bound(
+        rows: list[tuple[int, int, int]], name: str, rate: float, max_delay: float, pops_per_arrival: int) -> None:
+    """Requests arrive in time order (0.25 s apart at most) and the server pops some after each
+    arrival: whenever a request is popped while an older one still waits, it arrived no later than
+    the older one's bound, ``min(size / rate, max_delay)`` after it."""
+    policy = make_queue_policy(name, aging_tokens_per_s=rate, max_delay_s=max_delay)
+    size = _BOUNDED[name]
+    arrivals = sorted(at / 4 for at, _, _ in rows)
+    reqs = [_q(f"r{i}", at, prompt=n, est=n) for i, (at, (_, n, _)) in enumerate(zip(arrivals, rows, strict=True))]
+    q: RequestQueue[QueuedRequest] = RequestQueue(policy)
+    waiting: dict[str, QueuedRequest] = {}
+
+    def pop() -> None:
+        got = q.pop({})
+        del waiting[got.request_id]
+        for older in waiting.values():
+            assert got.arrival_s <= older.arrival_s + min(size(older) / rate, max_delay)
+
+    for r, (_, _, pops) in zip(reqs, rows, strict=True):
+        q.push(r, r)
+        waiting[r.request_id] = r
+        for _ in range(min(pops, pops_per_arrival, len(q))):
+            pop()
+    while len(q):
+        pop()
 
 
 def test_unknown_policy_names_the_known_ones_and_bad_parameters_are_refused() -> None:
@@ -134,6 +196,11 @@ def test_unknown_policy_names_the_known_ones_and_bad_parameters_are_refused() ->
         make_queue_policy("fifo", aging_s=3.0)
     with pytest.raises(InvalidInputError, match="aging_s"):
         make_queue_policy("aging", aging_s=0.0)
+    for name in ("sjf", "aging-spf"):
+        for bad in ({"aging_tokens_per_s": 0.0}, {"aging_tokens_per_s": float("inf")}, {"max_delay_s": -1.0},
+                    {"max_delay_s": float("inf")}, {"max_delay_s": float("nan")}):
+            with pytest.raises(InvalidInputError, match=next(iter(bad))):
+                make_queue_policy(name, **bad)
     assert set(QUEUE_POLICIES) == {"fifo", "priority", "weighted", "sjf", "aging", "aging-spf", "oracle-remaining"}
 
 
@@ -174,7 +241,7 @@ def test_the_heap_queue_pops_what_the_linear_reference_selects(
 
 
 def test_a_copied_queue_keeps_its_order_and_converts_items() -> None:
-    policy = make_queue_policy("sjf")
+    policy = make_queue_policy("sjf", aging_tokens_per_s=1.0)
     q: RequestQueue[str] = RequestQueue(policy)
     for r in (_q("x", 0.0, est=30), _q("y", 1.0, est=10), _q("z", 2.0, est=10)):
         q.push(r, r.request_id)

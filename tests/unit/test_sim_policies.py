@@ -63,7 +63,8 @@ def test_sjf_beats_fifo_on_median_latency_and_the_oracle_is_at_least_as_good() -
     assert len([o for o in sjf.requests if not o.dropped]) == len(reqs)
     assert _median_e2e_s(sjf) < 0.7 * _median_e2e_s(fifo)
     assert _median_e2e_s(oracle) <= _median_e2e_s(sjf) * 1.001
-    # SJF pays with the long requests' wait: starvation is what max_wait_s_long shows
+    # SJF pays with the long requests' wait: starvation is what max_wait_s_long shows (all 120
+    # arrive within 0.12 s, far inside sjf's 30 s bound: here it orders as plain SJF)
     assert sjf.max_wait_s_long > fifo.max_wait_s_long
     assert fifo.max_wait_s_long <= fifo.max_wait_s
 
