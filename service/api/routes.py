@@ -35,7 +35,6 @@ from service.api.state import (
     ForbiddenError,
     LiveModel,
     LiveRequest,
-    Write,
     hash_key,
     new_key,
 )
@@ -97,7 +96,8 @@ async def stats(svc: Svc, p: Caller) -> dict[str, Any]:
         return lags[min(len(lags) - 1, int(q * len(lags)))] if lags else None
 
     return {"counters": dict(svc.state.counters), "gmg_write_lag_s": {"p50": pct(0.5), "p99": pct(0.99),
-                                                                     "rows": writer.rows_written if writer else 0},
+                                                                     "rows": writer.rows_written if writer else 0,
+                                                                     "pending": writer.pending if writer else 0},
             "replicas": [{"replica_id": r.replica_id, "model": r.model_uid, "devices": list(r.device_ids),
                           "guest": r.guest, "draining": r.draining, "leases": len(r.leases)}
                          for r in svc.state.replicas.values()],
@@ -304,7 +304,7 @@ async def poll(body: PollIn, svc: Svc, p: Caller) -> dict[str, Any]:
         woken = svc.work.event()
         grants = state.grant(body.executor_id, body.max_leases)
         if grants or body.max_leases == 0:
-            svc.persist(Write("slice", state.slice_row(lease, "leased")) for lease, _, _ in grants)
+            svc.persist(state.slice_row(lease, "leased") for lease, _, _ in grants)
             leases = []
             for lease, replica, req in grants:
                 model = state.models[req.model_uid]

@@ -31,6 +31,7 @@ def serve_main(argv: list[str]) -> int:
                                         heartbeat_s=args.heartbeat_s, max_batch=args.max_batch,
                                         schedule_interval_s=args.schedule_interval_s)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("neo4j.notifications").setLevel(logging.ERROR)  # "property key does not exist yet" on a new graph
     print(f"slicesched serve on http://{args.host}:{args.port} (placement {settings.placement}, queue {settings.queue}); "
           f"admin key: $SLICESCHED_ADMIN_KEY or {state_dir() / 'admin.key'}", file=sys.stderr, flush=True)
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,

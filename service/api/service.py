@@ -83,6 +83,7 @@ class LiveService:
         self.decisions: list[str] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._busy_mark: dict[str, tuple[float, float]] = {}
+        self._replan_lock = asyncio.Lock()  # one re-plan at a time: they rewrite the same devices
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -91,6 +92,7 @@ class LiveService:
         await asyncio.to_thread(self.repo.apply_schema)
         await self._recover()
         self.writer = GmgWriter(self.repo, on_lag=self.metrics.write_lag.observe)
+        await asyncio.to_thread(self.writer.warm_up)
         self.writer.start()
         self._tasks = [asyncio.create_task(self._expiry_loop(), name="lease-expiry"),
                        asyncio.create_task(self._schedule_loop(), name="scheduler")]
@@ -149,6 +151,10 @@ class LiveService:
     # ---- placement: homes --------------------------------------------------------------------
     async def replan(self) -> None:
         """(Re)compute home replicas after models or devices changed, and put the weights in the GMG."""
+        async with self._replan_lock:
+            await self._replan()
+
+    async def _replan(self) -> None:
         state = self.state
         devices = sorted(state.devices.values(), key=lambda d: d.device_id)
         models = sorted(state.models.values(), key=lambda m: m.uid)

@@ -142,6 +142,12 @@ class LiveRequest:
                 "output_tokens": list(self.output_tokens), "queued_s": self.queued_s, "ttft_s": self.ttft_s,
                 "e2e_s": self.e2e_s, "arrival": self.arrival, "finished_at": self.finished_at, "error": self.error}
 
+    def update_row(self) -> dict[str, Any]:
+        """What changes after acceptance (the GMG writer's batched update)."""
+        return {"uid": self.request_id, "status": self.status, "attempts": self.attempts,
+                "output_tokens": self.output_tokens, "queued_s": self.queued_s, "ttft_s": self.ttft_s,
+                "e2e_s": self.e2e_s, "finished_at": self.finished_at, "error": self.error}
+
     def row(self) -> dict[str, Any]:
         """Its GMG properties (the prompt included, so a restart can run it)."""
         return {"uid": self.request_id, "tenant_id": self.tenant_id, "model_uid": self.model_uid,
@@ -167,7 +173,7 @@ class Lease:
 class Write:
     """A row for the GMG writer: ``kind`` names the batched query it joins."""
 
-    kind: str  # "request" (Request properties) | "slice" (a lease as a Slice)
+    kind: str  # "request" (a request's update) | "slice_new" (a granted lease) | "slice_end" (its end)
     row: dict[str, Any]
 
 
@@ -319,7 +325,7 @@ class LiveState:
         if req.lease_id is not None:
             writes += self._end_lease(req.lease_id, "cancelled")
         req.status, req.finished_at = "cancelled", self.wall()
-        return [*writes, Write("request", req.row())]
+        return [*writes, Write("request", req.update_row())]
 
     def waiting(self, model_uid: str) -> int:
         return sum(1 for rid in self.queues.get(model_uid, RequestQueue(self.policy))
@@ -476,7 +482,7 @@ class LiveState:
             self.iteration_s[family] = mean if old is None else old + 0.1 * (mean - old)
         self.counters["leases_completed"] += 1
         self.finished_log.append(req)
-        return [*writes, Write("request", req.row())]
+        return [*writes, Write("request", req.update_row())]
 
     def fail(self, lease_id: str, executor_id: str | None, reason: str) -> list[Write]:
         lease = self.lease(lease_id, executor_id)
@@ -485,7 +491,7 @@ class LiveState:
         writes = self._end_lease(lease_id, "failed", requeue=req.attempts < self.max_attempts)
         if req.status == "leased":  # not requeued: out of attempts
             req.status, req.error, req.finished_at = "failed", reason[:500], self.wall()
-        return [*writes, Write("request", req.row())]
+        return [*writes, Write("request", req.update_row())]
 
     def expire(self) -> list[Write]:
         """Expire leases past their time and executors silent for three lease lifetimes."""
@@ -508,20 +514,23 @@ class LiveState:
         if executor is not None:
             executor.leases.discard(lease_id)
         req = self.requests[lease.request_id]
-        writes = [Write("slice", self.slice_row(lease, state))]
+        writes = [self.slice_row(lease, state)]
         if requeue and req.status == "leased" and req.lease_id == lease_id:
             req.status, req.lease_id = "queued", None
             self._enqueue(req)
-            writes.append(Write("request", req.row()))
+            writes.append(Write("request", req.update_row()))
         return writes
 
-    def slice_row(self, lease: Lease, state: str) -> dict[str, Any]:
-        replica = self.replicas.get(lease.replica_id)
+    def slice_row(self, lease: Lease, state: str) -> Write:
+        """A lease as a Slice: created whole when granted, then only its end is written."""
+        if state != "leased":
+            return Write("slice_end", {"uid": lease.lease_id, "state": state, "end_wall": self.wall()})
+        replica = self.replicas[lease.replica_id]
         req = self.requests[lease.request_id]
-        return {"uid": lease.lease_id, "tenant_id": req.tenant_id, "model_uid": req.model_uid,
-                "request_uid": req.request_id, "device_ids": list(replica.device_ids) if replica else [],
-                "executor_id": lease.executor_id, "state": state, "start_wall": lease.granted_wall,
-                "end_wall": None if state == "leased" else self.wall()}
+        return Write("slice_new", {"uid": lease.lease_id, "tenant_id": req.tenant_id, "model_uid": req.model_uid,
+                                   "request_uid": req.request_id, "device_ids": list(replica.device_ids),
+                                   "executor_id": lease.executor_id, "state": state,
+                                   "start_wall": lease.granted_wall, "end_wall": None})
 
     # ---- views -------------------------------------------------------------------------------
     def queued(self) -> Iterator[LiveRequest]:

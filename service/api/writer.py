@@ -22,7 +22,7 @@ log = logging.getLogger("slicesched.writer")
 
 
 class GmgWriter:
-    def __init__(self, repo: GraphRepository, *, max_delay_s: float = 0.05, max_rows: int = 2000,
+    def __init__(self, repo: GraphRepository, *, max_delay_s: float = 0.05, max_rows: int = 5000,
                  on_lag: Callable[[float], None] | None = None) -> None:
         self.repo = repo
         self.max_delay_s = max_delay_s
@@ -35,6 +35,10 @@ class GmgWriter:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="gmg-writer")
@@ -78,13 +82,21 @@ class GmgWriter:
         batch, self._pending = self._pending[: self.max_rows], self._pending[self.max_rows:]
         if not batch:
             return
-        newest: dict[tuple[str, str], dict[str, object]] = {}
-        for w, _ in batch:
-            newest[(w.kind, str(w.row["uid"]))] = w.row  # insertion order kept: first mutation's slot
-        requests = [row for (kind, _), row in newest.items() if kind == "request"]
-        slices = [row for (kind, _), row in newest.items() if kind == "slice"]
+        requests: dict[str, dict[str, object]] = {}
+        new: dict[str, dict[str, object]] = {}
+        ends: dict[str, dict[str, object]] = {}
+        for w, _ in batch:  # the newest row per object; a slice created and ended here is created ended
+            uid = str(w.row["uid"])
+            if w.kind == "request":
+                requests[uid] = w.row
+            elif w.kind == "slice_new":
+                new[uid] = dict(w.row)
+            elif uid in new:
+                new[uid].update(w.row)
+            else:
+                ends[uid] = w.row
         try:
-            await asyncio.to_thread(self._commit, requests, slices)
+            await asyncio.to_thread(self._commit, list(requests.values()), list(new.values()), list(ends.values()))
         except Exception:
             self._pending = batch + self._pending  # nothing is lost: the rows go again
             raise
@@ -94,11 +106,20 @@ class GmgWriter:
             self.lags_s.append(lag)
             if self.on_lag is not None:
                 self.on_lag(lag)
-        self.rows_written += len(requests) + len(slices)
+        self.rows_written += len(requests) + len(new) + len(ends)
         self.batches += 1
 
-    def _commit(self, requests: list[dict[str, object]], slices: list[dict[str, object]]) -> None:
+    def _commit(self, requests: list[dict[str, object]], new: list[dict[str, object]],
+                ends: list[dict[str, object]]) -> None:
         if requests:
             self.repo.update_requests(requests)
-        if slices:
-            self.repo.record_slices(slices)
+        if new:
+            self.repo.create_slices(new)
+        if ends:
+            self.repo.end_slices(ends)
+
+    def warm_up(self) -> None:
+        """Plan the writer's queries once (empty batches), so the first real batch is not slow."""
+        self.repo.update_requests([])
+        self.repo.create_slices([])
+        self.repo.end_slices([])

@@ -86,7 +86,7 @@ class GraphRepository:
         "delete_tenant", "model_summary", "list_devices", "count_labels",
         "place_slices", "mark_slices_done", "delete_done_slices", "refresh_device_state", "replace_host_links",
         "find_candidate_slots", "create_experiment",
-        "create_request", "update_requests", "record_slices", "set_weight_residence",
+        "create_request", "update_requests", "create_slices", "end_slices", "set_weight_residence",
         "live_tenants", "live_models", "live_requests",
     )
 
@@ -389,9 +389,13 @@ class GraphRepository:
         out = self._write("update_requests", rows=rows)
         return int(out[0]["updated"]) if out else 0
 
-    def record_slices(self, rows: list[dict[str, Any]]) -> int:
-        out = self._write("record_slices", rows=rows)
-        return int(out[0]["recorded"]) if out else 0
+    def create_slices(self, rows: list[dict[str, Any]]) -> int:
+        out = self._write("create_slices", rows=rows)
+        return int(out[0]["created"]) if out else 0
+
+    def end_slices(self, rows: list[dict[str, Any]]) -> int:
+        out = self._write("end_slices", rows=rows)
+        return int(out[0]["ended"]) if out else 0
 
     def set_weight_residence(self, model_uid: str, device_ids: list[str], *, cluster: str) -> None:
         """Weights of ``model_uid`` resident on exactly ``device_ids``; refreshes the cluster's cached device state."""

@@ -1,0 +1,141 @@
+"""lease_throughput: how many leases per second does the service grant and complete, and how fast?
+
+``slicesched serve`` (uvicorn, one process) on a private Neo4j; 16 simulated executors on
+loopback (asyncio + httpx in this process: they register one device each, long-poll for up to
+``--batch`` leases, and complete each batch at once with the right number of tokens, without
+running a model). Requests are submitted up front in batches of 1,000 (each written to Neo4j
+before it is accepted). Reported: leases completed per second over the measured window, the
+latency of a lease (poll round trip while work is queued; per lease) and of a completion post,
+p50 and p99, and the GMG write lag the service measured meanwhile. Targets: >= 1,000 leases/s,
+p99 lease latency <= 50 ms on this 2-core machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import _record
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+async def executor(url: str, key: str, name: str, batch: int, work_s: float, until: float, measure_from: float,
+                   out: dict[str, Any]) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30.0) as c:
+        while time.perf_counter() < until:
+            t0 = time.perf_counter()
+            r = await c.post("/v1/leases/poll", json={"executor_id": name, "max_leases": batch, "wait_s": 1.0})
+            t1 = time.perf_counter()
+            r.raise_for_status()
+            leases = r.json()["leases"]
+            if not leases:
+                continue
+            await asyncio.sleep(work_s)  # the batch "runs"
+            sent = time.perf_counter()
+            results = [{"lease_id": x["lease_id"], "output_tokens": [0] * x["max_tokens"], "queued_s": 0.0,
+                        "ttft_s": 0.001, "e2e_s": 0.002, "iterations": x["max_tokens"], "busy_s": 0.001}
+                       for x in leases]
+            r = await c.post("/v1/leases/complete", json={"executor_id": name, "results": results})
+            t2 = time.perf_counter()
+            r.raise_for_status()
+            accepted = len(r.json()["accepted"])
+            if t0 >= measure_from:
+                out["lease_latency_s"].extend([t1 - t0] * len(leases))
+                out["complete_latency_s"].append(t2 - sent)
+                out["completed"] += accepted
+                out["rejected"] += len(leases) - accepted
+
+
+async def run(url: str, key: str, args: Any) -> dict[str, Any]:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120.0) as c:
+        (await c.post("/v1/tenants", json={"tenant_id": "bench"})).raise_for_status()
+        (await c.post("/v1/models", json={"model_id": "m", "family": "tiny", "tenant_id": "bench"})).raise_for_status()
+        t = time.perf_counter()
+        for i in range(0, args.requests, 1000):
+            n = min(1000, args.requests - i)
+            body = {"requests": [{"model_id": "m", "prompt_tokens": [1, 2, 3, 4], "max_tokens": 4, "tenant_id": "bench"}
+                                 for _ in range(n)]}
+            (await c.post("/v1/requests/batch", json=body)).raise_for_status()
+            print(f"  submitted {i + n}/{args.requests}", end="\r", flush=True)
+        submit_s = time.perf_counter() - t
+        print(f"\n  {args.requests} requests accepted in {submit_s:.1f}s ({args.requests / submit_s:.0f}/s)", flush=True)
+        for i in range(args.executors):
+            (await c.post("/v1/executors", json={"executor_id": f"sim{i:02d}", "host_id": f"sim{i:02d}",
+                                                 "devices": [{"device_id": "cpu:0", "mem_bytes": 4 << 30}]})
+             ).raise_for_status()
+        phases = {}
+        for phase, work_ms in (("paced", args.work_ms), ("saturated", 0.0)):
+            out: dict[str, Any] = {"lease_latency_s": [], "complete_latency_s": [], "completed": 0, "rejected": 0}
+            start = time.perf_counter()
+            measure_from = start + args.warmup_s
+            until = measure_from + args.duration_s
+            await asyncio.gather(*(executor(url, key, f"sim{i:02d}", args.batch, work_ms / 1e3, until, measure_from, out)
+                                   for i in range(args.executors)))
+            window = time.perf_counter() - measure_from
+            lat, comp = out["lease_latency_s"], out["complete_latency_s"]
+            phases[phase] = {
+                "work_ms_per_batch": work_ms, "leases_per_s": out["completed"] / window,
+                "leases_completed": out["completed"], "completions_rejected": out["rejected"], "window_s": window,
+                "lease_latency_ms": {"p50": 1e3 * pct(lat, 0.5), "p99": 1e3 * pct(lat, 0.99),
+                                     "mean": 1e3 * statistics.fmean(lat)},
+                "complete_latency_ms": {"p50": 1e3 * pct(comp, 0.5), "p99": 1e3 * pct(comp, 0.99)},
+            }
+            print(f"  {phase}: {phases[phase]['leases_per_s']:.0f} leases/s, lease p50 "
+                  f"{phases[phase]['lease_latency_ms']['p50']:.1f} ms p99 {phases[phase]['lease_latency_ms']['p99']:.1f} ms",
+                  flush=True)
+        stats = (await c.get("/v1/stats")).json()
+        waited = time.perf_counter()
+        while stats["gmg_write_lag_s"]["pending"] and time.perf_counter() - waited < 120:
+            await asyncio.sleep(1.0)  # let the GMG writer catch up, then read its lag
+            stats = (await c.get("/v1/stats")).json()
+            print(f"  GMG writer: {stats['gmg_write_lag_s']['rows']} rows written, "
+                  f"{stats['gmg_write_lag_s']['pending']} pending", flush=True)
+        catch_up_s = time.perf_counter() - waited
+    return {**phases, "submit_requests_per_s": args.requests / submit_s, "gmg_write_lag_s": stats["gmg_write_lag_s"],
+            "gmg_catch_up_s_after_load": catch_up_s, "service_counters": stats["counters"]}
+
+
+def main() -> int:
+    p = _record.parser("lease_throughput", __doc__.splitlines()[0])
+    p.add_argument("--executors", type=int, default=16)
+    p.add_argument("--batch", type=int, default=8, help="leases asked for per poll (the executor's free KV slots)")
+    p.add_argument("--duration-s", type=float, default=20.0)
+    p.add_argument("--warmup-s", type=float, default=2.0)
+    p.add_argument("--requests", type=int, default=60_000)
+    p.add_argument("--work-ms", type=float, default=80.0,
+                   help="paced phase: a simulated executor runs each batch this long before completing it")
+    p.add_argument("--log-dir", type=Path, help="keep the service's log here")
+    args = p.parse_args()
+    if args.quick:
+        args.duration_s, args.requests = 6.0, 30_000
+
+    from service.api.stack import LiveStack
+
+    # One replica per executor device: the model's weight decides nothing here; max_batch caps leases per replica.
+    with LiveStack(lease_ttl_s=30.0, max_batch=args.batch, log_dir=args.log_dir) as stack:
+        print(f"service at {stack.url}; {args.executors} simulated executors", flush=True)
+        results = asyncio.run(run(stack.url, stack.admin_key, args))
+    paced = results["paced"]
+    results["targets"] = {"leases_per_s": 1000, "lease_p99_ms": 50,
+                          "met": paced["leases_per_s"] >= 1000 and paced["lease_latency_ms"]["p99"] <= 50}
+    _record.write("lease_throughput", args, {"executors": args.executors, "batch": args.batch, "work_ms": args.work_ms,
+                                             "duration_s": args.duration_s, "requests": args.requests}, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
