@@ -11,8 +11,9 @@ protocol is in ``docs/API.md``). Two parts:
   posts results; a heartbeat thread renews the held leases every ``heartbeat_s`` and passes
   the service's cancellations (and its drain flag) to the main thread.
 
-The daemon never holds more than ``max_batch`` leases (it polls for the free slots only), so
-a lease is admitted into its batcher at the next iteration. Transient failures (network, 5xx)
+A replica's batcher has ``max_batch`` KV slots (the service never leases a replica more); the
+daemon holds at most ``2 * max_batch`` leases per device (it polls for the free slots only), so
+a lease joins its batcher at the next iteration. Transient failures (network, 5xx)
 are logged and retried with backoff; results that could not be posted wait for the next
 attempt. A 4xx on registration is fatal (:class:`RegisterRefused`). SIGTERM or SIGINT stops
 polling, finishes the held leases, posts their results, deregisters and exits 0; a second
@@ -144,18 +145,20 @@ class Worker:
     what finished. Requests are keyed by lease id in the batchers.
     """
 
-    def __init__(self, *, max_batch: int = 8, clock: Clock = time.perf_counter,
+    def __init__(self, *, max_batch: int = 8, max_held: int | None = None, clock: Clock = time.perf_counter,
                  loader: ModelLoader = load_staged) -> None:
-        self.max_batch = max_batch
+        self.max_batch = max_batch  # KV slots of one replica's batcher
+        self.max_held = max_held or max_batch  # leases held at once, all replicas
         self.clock = clock
         self._loader = loader
         self._models: dict[ModelKey, StagedModel] = {}
         self._batchers: dict[tuple[str, ModelKey], ContinuousBatcher] = {}
         self._held: dict[str, tuple[Lease, ContinuousBatcher]] = {}
+        self.busy_s = 0.0  # wall seconds spent in iterations, all replicas (the service's utilisation)
 
     @property
     def free_slots(self) -> int:
-        return max(0, self.max_batch - len(self._held))
+        return max(0, self.max_held - len(self._held))
 
     @property
     def busy(self) -> bool:
@@ -191,12 +194,14 @@ class Worker:
             if batcher.idle:
                 continue
             try:
-                batcher.step()
+                record = batcher.step()
             except Exception as exc:
                 log.exception("replica %s failed an iteration; failing its leases", key[0])
                 del self._batchers[key]
                 result.failed.extend(self._drop_leases_of(batcher, f"executor error: {exc}"))
                 continue
+            if record is not None:
+                self.busy_s += record.duration_s
             for request in batcher.take_finished():
                 lease, _ = self._held.pop(request.request_id)
                 result.completed.append((lease, completion_of(lease, request)))
@@ -285,6 +290,7 @@ class _Mailbox:
         self._cancel: list[str] = []
         self.service_drain = False
         self.needs_register = False
+        self.busy_s = 0.0  # the worker's total iteration time, published by the main thread
 
     def publish_running(self, lease_ids: list[str]) -> None:
         with self._lock:
@@ -317,7 +323,10 @@ class ExecutorDaemon:
                  transport: httpx.BaseTransport | None = None) -> None:
         self.settings = settings
         self.clock = clock
-        self.worker = Worker(max_batch=settings.max_batch, clock=clock)
+        # A replica's batcher has max_batch KV slots; the executor holds enough leases to fill one
+        # batcher per device twice over (the service caps leases per replica at its KV slots).
+        self.worker = Worker(max_batch=settings.max_batch, max_held=2 * settings.max_batch * len(settings.devices),
+                             clock=clock)
         self._transport = transport
         self.lease_ttl_s = 30.0
         self.heartbeat_s = 5.0
@@ -442,6 +451,7 @@ class ExecutorDaemon:
             polled = self._poll(client)
             result = self.worker.step_round()
             self._mailbox.publish_running(self.worker.lease_ids)
+            self._mailbox.busy_s = self.worker.busy_s
             self._completions.extend(result.completed)
             self._failures.extend(result.failed)
             self._post_results(client)
@@ -487,6 +497,7 @@ class ExecutorDaemon:
         for raw in answer.get("leases", []):
             self._take(raw, received_s)
         self._mailbox.publish_running(self.worker.lease_ids)
+        self._mailbox.busy_s = self.worker.busy_s
         return True
 
     def _take(self, raw: Any, received_s: float) -> None:
@@ -568,7 +579,7 @@ class ExecutorDaemon:
         whether its completion counts."""
         path = f"/v1/executors/{self.settings.executor_id}/heartbeat"
         try:
-            answer = self._call(client, "POST", path, {"running": self._mailbox.running()})
+            answer = self._call(client, "POST", path, {"running": self._mailbox.running(), "busy_s": self._mailbox.busy_s})
         except TransientError as exc:
             log.warning("heartbeat: %s", exc)
             return

@@ -61,6 +61,7 @@ class LiveSnapshot:
     recent: tuple[RequestSpec, ...]  # arrival_s relative to the window's start; tenant_id = model uid
     window_s: float
     iteration_s: dict[str, float] = field(default_factory=dict)  # family -> observed mean iteration time
+    devices_of: dict[str, tuple[str, ...]] = field(default_factory=dict)  # compute unit -> its live devices
 
 
 class LiveClusterView:

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from service.api.live_view import LIVE_CLUSTER, LiveClusterView, LiveSnapshot, live_spec
@@ -35,6 +36,7 @@ from service.api.writer import GmgWriter
 from service.core.placement import TenantDemand, candidate_groups, container_replicas, make_placement_policy
 from service.core.queue import make_queue_policy
 from service.core.scheduler import Decision, DeviceInfo, ReplicaInfo, Scheduler
+from service.core.slot import InputDep, Slot, SlotQuery
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec
 from service.graph.catalog import QueryCatalog
@@ -207,10 +209,15 @@ class LiveService:
 
     # ---- placement: the scheduler loop ---------------------------------------------------------
     def snapshot(self, window_s: float = 20.0) -> LiveSnapshot:
+        """The live state as the scheduler sees it. Compute units: an executor daemon runs one
+        iteration at a time, so all its devices share one compute stream; the scheduler sees one
+        device per executor (memory: its devices together) and a placement on it is put on the
+        executor's device with the most free memory."""
         state = self.state
         now_wall = time.time()
         now = time.monotonic()
         family = {uid: m.family for uid, m in state.models.items()}
+        unit_of = {d.device_id: d.executor_id for d in state.devices.values()}
         replicas = []
         first_home: dict[str, str] = {}
         for r in sorted(state.replicas.values(), key=lambda r: (r.guest, r.replica_id)):
@@ -219,27 +226,30 @@ class LiveService:
         for r in state.replicas.values():
             waiting = state.waiting(r.model_uid) if first_home.get(r.model_uid) == r.replica_id else 0
             idle = 0.0 if r.leases else now - r.last_active
-            replicas.append(ReplicaInfo(r.replica_id, r.model_uid, family[r.model_uid], r.device_ids, waiting,
+            units = tuple(dict.fromkeys(unit_of[d] for d in r.device_ids))
+            replicas.append(ReplicaInfo(r.replica_id, r.model_uid, family[r.model_uid], units, waiting,
                                         len(r.leases), r.guest, r.draining, idle))
-        devices = []
-        for d in state.devices.values():
-            hosting = tuple(r.replica_id for r in state.replicas.values() if d.device_id in r.device_ids)
-            devices.append(DeviceInfo(d.device_id, d.executor_id, state.free_bytes(d.device_id),
-                                      self._utilisation(d.executor_id), hosting))
+        devices, rows, devices_of = [], [], {}
+        for e in state.executors.values():
+            members = [state.devices[d] for d in e.device_ids if d in state.devices]
+            if not members:
+                continue
+            devices_of[e.executor_id] = tuple(d.device_id for d in members)
+            hosting = tuple(r.replica_id for r in state.replicas.values() if set(r.device_ids) & set(e.device_ids))
+            devices.append(DeviceInfo(e.executor_id, e.executor_id, sum(state.free_bytes(d.device_id) for d in members),
+                                      self._utilisation(e.executor_id), hosting))
+            rows.append((e.executor_id, e.executor_id, members[0].kind, sum(d.mem_bytes for d in members)))
         start = now_wall - window_s
         recent = []
         for req in state.requests.values():
-            if req.status in TERMINAL and req.arrival < start:
-                continue
-            if req.status == "cancelled":
+            if (req.status in TERMINAL and req.arrival < start) or req.status == "cancelled":
                 continue
             recent.append(RequestSpec(req.request_id, req.model_uid, family[req.model_uid],
                                       max(0.0, req.arrival - start), len(req.prompt), req.token_budget,
                                       req.sla_class))
-        spec = live_spec([(d.device_id, d.executor_id, d.kind, d.mem_bytes) for d in state.devices.values()])
-        return LiveSnapshot(now - self.started, spec, tuple(replicas), tuple(devices),
+        return LiveSnapshot(now - self.started, live_spec(rows), tuple(replicas), tuple(devices),
                             {r.replica_id: r.max_batch for r in state.replicas.values()}, tuple(recent), window_s,
-                            dict(state.iteration_s))
+                            dict(state.iteration_s), devices_of)
 
     def _utilisation(self, executor_id: str) -> float:
         e = self.state.executors[executor_id]
@@ -247,9 +257,26 @@ class LiveService:
         t0, b0 = self._busy_mark.get(executor_id, (self.started, 0.0))
         return min(1.0, (e.busy_s - b0) / (now - t0) / max(1, len(e.device_ids))) if now > t0 else 0.0
 
-    def _cypher_candidates(self, view: Any, tenant: str, k: int) -> list[tuple[str, ...]]:
+    def _cypher_candidates(self, view: LiveClusterView, tenant: str, k: int) -> list[tuple[str, ...]]:
+        """Candidate units from the Cypher candidate-slot search over the live devices in the GMG:
+        the query runs on real devices; each answer counts for its executor (compute unit)."""
         assert self.repo is not None
-        return candidate_groups(view, tenant, k, search=self.repo.find_candidate_slots)
+        repo = self.repo
+        devices_of = view.snap.devices_of
+        unit_of = {d: u for u, ds in devices_of.items() for d in ds}
+
+        def search(q: SlotQuery) -> list[Slot]:
+            deps = tuple(InputDep(devices_of[d.device_id][0] if d.device_id in devices_of else d.device_id,
+                                  d.end_s, d.bytes) for d in q.input_deps)
+            slots = repo.find_candidate_slots(replace(q, input_deps=deps, k=max(q.k, len(unit_of))))
+            best: dict[str, Slot] = {}
+            for slot in slots:  # best first
+                unit = unit_of.get(slot.device_id)
+                if unit is not None and unit not in best:
+                    best[unit] = replace(slot, device_id=unit)
+            return list(best.values())[: q.k]
+
+        return candidate_groups(view, tenant, k, search=search)
 
     async def _schedule_loop(self) -> None:
         while True:
@@ -275,9 +302,14 @@ class LiveService:
         for rid in decision.drain:
             if rid in state.replicas:
                 state.replicas[rid].draining = True
-        for change in decision.add:
-            if change.tenant_id in state.models and set(change.device_ids) <= set(state.devices):
-                state.add_replica(change.tenant_id, change.device_ids, guest=True)
+        for change in decision.add:  # device ids are compute units (executors): pick their roomiest device
+            real = []
+            for unit in change.device_ids:
+                members = [d for d in state.devices.values() if d.executor_id == unit]
+                if members:
+                    real.append(max(members, key=lambda d: (state.free_bytes(d.device_id), d.device_id)).device_id)
+            if change.tenant_id in state.models and len(real) == len(change.device_ids):
+                state.add_replica(change.tenant_id, tuple(real), guest=True)
         for note in decision.notes:
             log.info("scheduler: %s", note)
             self.decisions.append(note)
@@ -312,15 +344,15 @@ class LiveService:
         unknown = [d for d in device_ids if d not in self.state.devices]
         if unknown or not device_ids:
             raise InvalidInputError(f"unknown devices {unknown or 'none given'}")
-        snap = self.snapshot()
-        view = LiveClusterView(snap)
-        baseline, changed = view.what_if(ReplicaChange(model_uid, self.state.models[model_uid].family, device_ids),
+        units = tuple(dict.fromkeys(self.state.devices[d].executor_id for d in device_ids))
+        view = LiveClusterView(self.snapshot())
+        baseline, changed = view.what_if(ReplicaChange(model_uid, self.state.models[model_uid].family, units),
                                          horizon_s)
 
         def plain(o: Any) -> dict[str, Any] | None:
             return None if o is None else {"output_tokens": o.output_tokens, "violations_by_model": o.violations_by_tenant,
                                            "memory_violations": o.memory_violations, "peak_bytes": o.peak_bytes}
 
-        return {"horizon_s": horizon_s, "baseline": plain(baseline), "with_change": plain(changed),
-                "feasible": changed is not None}
+        return {"horizon_s": horizon_s, "compute_units": list(units), "baseline": plain(baseline),
+                "with_change": plain(changed), "feasible": changed is not None}
 

@@ -1,0 +1,164 @@
+"""Serve a synthetic multi-tenant workload on the live stack and measure it.
+
+:func:`run_live` starts ``slicesched serve`` with one placement policy and two executor
+daemons (``--devices cpu:0,cpu:1`` each), registers the tenants and their models, submits the
+workload's requests at their arrival times (a client thread per tenant, over HTTP, with the
+tenant's own key), waits for every request to finish, and summarises what the service
+recorded: output tokens per second over the run, SLA violations, TTFT and end-to-end p50/p99
+per tenant, the GMG write lag and the scheduler's decisions. The demo and the ``live_e2e``
+benchmark both run it once per placement, on the same workload.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+
+from service.api.metrics import sla_met
+from service.api.stack import LiveStack
+from service.api.state import LiveRequest
+from service.domain.request import Workload
+from service.workload.synthetic import TenantLoad, synthetic_workload
+
+# Three tenants on two executors x two CPU "devices": one bursty interactive tenant on a model
+# that is slow on a CPU, a steady light one, and a batch tenant; their loads peak at different times.
+DEMO_TENANTS = (
+    TenantLoad("acme", "small-llama", 1.6, "interactive", "gamma", 3.0, prompt_median_tokens=24, prompt_sigma=0.5,
+               prompt_max_tokens=128, output_median_tokens=40, output_sigma=0.5, output_max_tokens=160),
+    TenantLoad("globex", "tiny-llama", 3.0, "standard", "poisson", prompt_median_tokens=32, prompt_sigma=0.5,
+               prompt_max_tokens=128, output_median_tokens=64, output_sigma=0.5, output_max_tokens=256),
+    TenantLoad("initech", "small-llama", 0.5, "batch", "gamma", 2.0, prompt_median_tokens=48, prompt_sigma=0.5,
+               prompt_max_tokens=128, output_median_tokens=64, output_sigma=0.5, output_max_tokens=256),
+)
+
+
+def demo_workload(seed: int, duration_s: float, tenants: Sequence[TenantLoad] = DEMO_TENANTS) -> Workload:
+    return synthetic_workload(np.random.default_rng(seed), tenants=tenants, duration_s=duration_s)
+
+
+@dataclass
+class TenantSummary:
+    tenant_id: str
+    requests: int
+    output_tokens: int
+    sla_violations: int
+    ttft_p50_s: float
+    ttft_p99_s: float
+    e2e_p50_s: float
+    e2e_p99_s: float
+
+
+@dataclass
+class LiveRunResult:
+    placement: str
+    wall_s: float  # first arrival to last completion
+    output_tokens: int
+    tokens_per_s: float
+    sla_violation_rate: float
+    tenants: list[TenantSummary]
+    gmg_write_lag_s: dict[str, Any]
+    counters: dict[str, int]
+    decisions: list[str] = field(default_factory=list)
+    guest_replicas: int = 0
+    unfinished: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def run_live(placement: str, workload: Workload, *, neo4j_uri: str | None = None, seed: int = 0,
+             progress: Callable[[str], None] | None = None, drain_timeout_s: float = 300.0) -> LiveRunResult:
+    say = progress or (lambda _: None)
+    tenants = {r.tenant_id: r for r in workload.requests}
+    models = {r.tenant_id: r.model for r in workload.requests}
+    sla = {r.tenant_id: r.sla_class for r in workload.requests}
+    with LiveStack(placement=placement, neo4j_uri=neo4j_uri, lease_ttl_s=10.0, heartbeat_s=1.0) as stack:
+        keys: dict[str, str] = {}
+        with stack.client(timeout_s=120.0) as admin:
+            for tenant in sorted(tenants):
+                r = admin.post("/v1/tenants", json={"tenant_id": tenant, "sla_class": sla[tenant]})
+                if r.status_code == 409:
+                    raise RuntimeError(f"tenant {tenant} already exists in this Neo4j: use a clean graph")
+                r.raise_for_status()
+                keys[tenant] = r.json()["api_key"]
+                admin.post("/v1/models", json={"model_id": "m", "family": models[tenant], "tenant_id": tenant}
+                           ).raise_for_status()
+            stack.start_executor("exec-a", ["cpu:0", "cpu:1"])
+            stack.start_executor("exec-b", ["cpu:0", "cpu:1"])
+            stack.wait_devices(4)
+            say(f"{placement}: API at {stack.url}, 2 executors x 2 devices, {len(tenants)} tenants")
+            ids: dict[str, list[str]] = {t: [] for t in tenants}
+            rng = np.random.default_rng(seed)
+            start = time.monotonic() + 0.5
+
+            def client(tenant: str) -> None:
+                with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {keys[tenant]}"},
+                                  timeout=60.0) as c:
+                    for req in workload.requests:
+                        if req.tenant_id != tenant:
+                            continue
+                        delay = start + req.arrival_s - time.monotonic()
+                        if delay > 0:
+                            time.sleep(delay)
+                        prompt = [int(x) for x in rng.integers(32, 127, size=req.prompt_tokens)]
+                        r = c.post("/v1/requests", json={"model_id": "m", "prompt_tokens": prompt,
+                                                         "max_tokens": req.output_tokens})
+                        r.raise_for_status()
+                        ids[tenant].append(r.json()["request_id"])
+
+            threads = [threading.Thread(target=client, args=(t,), daemon=True) for t in sorted(tenants)]
+            for t in threads:
+                t.start()
+            total = workload.num_requests
+            while any(t.is_alive() for t in threads):
+                time.sleep(2.0)
+                done = admin.get("/v1/stats").json()["counters"]["leases_completed"]
+                say(f"{placement}: {time.monotonic() - start:5.0f}s  submitted {sum(map(len, ids.values()))}/{total}"
+                    f"  completed {done}")
+            deadline = time.monotonic() + drain_timeout_s
+            while time.monotonic() < deadline:
+                finished = admin.get("/v1/requests", params={"limit": 10_000, "status": "done"}).json()
+                if len(finished) >= total:
+                    break
+                say(f"{placement}: draining, {len(finished)}/{total} done")
+                time.sleep(2.0)
+            finished = admin.get("/v1/requests", params={"limit": 10_000}).json()
+            stats = admin.get("/v1/stats").json()
+    return summarise(placement, finished, stats)
+
+
+def summarise(placement: str, rows: list[dict[str, Any]], stats: dict[str, Any]) -> LiveRunResult:
+    done = [r for r in rows if r["status"] == "done"]
+    reqs = [LiveRequest(r["request_id"], r["tenant_id"], r["model_id"], [], r["max_tokens"], r["sla_class"],
+                        r["token_budget"], r["arrival"], status="done", output_tokens=r["output_tokens"],
+                        ttft_s=r["ttft_s"], e2e_s=r["e2e_s"], finished_at=r["finished_at"]) for r in done]
+    first = min((r.arrival for r in reqs), default=0.0)
+    last = max((r.finished_at or 0.0 for r in reqs), default=0.0)
+    wall = max(1e-9, last - first)
+    tokens = sum(len(r.output_tokens) for r in reqs)
+    tenants = []
+    for tenant in sorted({r.tenant_id for r in reqs}):
+        mine = [r for r in reqs if r.tenant_id == tenant]
+        ttft = [r.ttft_s or 0.0 for r in mine]
+        e2e = [r.e2e_s or 0.0 for r in mine]
+        tenants.append(TenantSummary(tenant, len(mine), sum(len(r.output_tokens) for r in mine),
+                                     sum(not sla_met(r) for r in mine), _pct(ttft, 0.5), _pct(ttft, 0.99),
+                                     _pct(e2e, 0.5), _pct(e2e, 0.99)))
+    violations = sum(t.sla_violations for t in tenants)
+    guests = sum(1 for d in stats["decisions"] if d.startswith("add "))
+    return LiveRunResult(placement, wall, tokens, tokens / wall, violations / max(1, len(reqs)), tenants,
+                         stats["gmg_write_lag_s"], stats["counters"], stats["decisions"], guests,
+                         unfinished=len(rows) - len(done))
