@@ -41,7 +41,9 @@ def commit() -> str:
 
 def machine() -> dict[str, Any]:
     return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()}
+            "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+            # other work on the machine when the record is written (timings on shared cores move with it)
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
 def write(name: str, args: argparse.Namespace, config: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:

@@ -164,7 +164,7 @@ def main() -> int:
                                  slice_bytes=int(rng.uniform(0.1, 4.0) * GB), weight_bytes=models[mu],
                                  needs_weights=bool(rng.random() < 0.5), input_deps=deps, margin=0.05, k=args.k)
 
-            for _ in range(20):  # warm the plan cache and the page cache
+            for _ in range(100):  # warm the plan cache, the page cache and the JIT (as a live service is)
                 repo.find_candidate_slots(random_query())
             cypher_ms: list[float] = []
             memory_ms: list[float] = []

@@ -315,8 +315,14 @@ class GraphRepository:
             if deleted == 0:
                 return total
 
-    def find_candidate_slots(self, query: SlotQuery) -> list[Slot]:
-        """The best ``query.k`` slots by the contract of :mod:`service.core.slot`, answered by Cypher."""
+    def find_candidate_slots(self, query: SlotQuery, *, scan_first: int | None = None) -> list[Slot]:
+        """The best ``query.k`` slots by the contract of :mod:`service.core.slot`, answered by Cypher.
+
+        ``scan_first``: devices whose free start is computed in the query's first tier (default
+        ``max(128, 16 * k)``); a speed knob only: any value >= 1 gives the same answer."""
+        first = max(128, 16 * query.k) if scan_first is None else scan_first
+        if first < 1:
+            raise InvalidInputError(f"scan_first must be >= 1, got {first}")
         rows = self._read(
             "find_candidate_slots", cluster=query.cluster, now_s=float(query.now_s),
             duration_s_by_kind={k: float(v) for k, v in query.duration_s_by_kind.items()},
@@ -324,7 +330,7 @@ class GraphRepository:
             needs_weights=bool(query.needs_weights), model_uid=query.model_uid,
             input_deps=[{"device_id": d.device_id, "end_s": float(d.end_s), "bytes": int(d.bytes)}
                         for d in query.input_deps],
-            margin=float(query.margin), k=int(query.k),
+            margin=float(query.margin), k=int(query.k), scan_first=int(first),
         )
         return [Slot(r["device_id"], float(r["start_s"]), float(r["headroom_bytes"])) for r in rows]
 
