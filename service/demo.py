@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 from service.cli import print_table
 
@@ -87,6 +88,9 @@ def run_demo(args: argparse.Namespace) -> int:
     print("GMG nodes: " + ", ".join(f"{k} {v:,}" for k, v in counts.items() if v))
     driver.close()
 
+    if not getattr(args, "skip_live", False):
+        live_and_replay(args, settings)
+
     if settings.managed and getattr(args, "stop", False):
         from service.graph.local_server import LocalNeo4j
 
@@ -97,3 +101,45 @@ def run_demo(args: argparse.Namespace) -> int:
               "slicesched cypher 'MATCH (d:Device) RETURN d.device_id, d.kind'; stop it with  slicesched neo4j stop")
     print(f"demo finished in {time.perf_counter() - started:.1f}s")
     return 0
+
+
+def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
+    """The live service serving three tenants (container, then slice placement), then the replay."""
+    from pathlib import Path
+
+    from service.api.live_run import compare_placements, demo_workload
+    from service.graph.connection import resolve_uri
+
+    out = Path(getattr(args, "out", None) or "demo-output")
+    duration = float(getattr(args, "live_duration", 30.0))
+    _step(f"live: slicesched serve + 2 executor daemons (cpu:0,cpu:1 each), three tenants, {duration:.0f}s per placement")
+    workload = demo_workload(getattr(args, "seed", 0), duration)
+    record = compare_placements(workload, out, neo4j_uri=resolve_uri(settings), progress=_progress)
+    print()
+    runs = record["runs"]
+    rows = []
+    for placement, run in runs.items():
+        for t in run["tenants"]:
+            rows.append([placement, t["tenant_id"], t["requests"], t["output_tokens"],
+                         f"{t['sla_violations']}/{t['requests']}", f"{t['ttft_p50_s']:.2f}", f"{t['ttft_p99_s']:.2f}",
+                         f"{t['e2e_p50_s']:.2f}", f"{t['e2e_p99_s']:.2f}"])
+    print_table(["placement", "tenant", "requests", "tokens", "SLA missed", "TTFT p50", "TTFT p99", "e2e p50", "e2e p99"],
+                rows, title="per tenant (seconds)")
+    print_table(["placement", "tokens/s", "SLA violations", "guest replicas", "GMG write lag p50/p99 (s)"],
+                [[p, f"{r['tokens_per_s']:.1f}", f"{100 * r['sla_violation_rate']:.1f}%", r["guest_replicas"],
+                  f"{r['gmg_write_lag_s']['p50'] or 0:.3f} / {r['gmg_write_lag_s']['p99'] or 0:.3f}"]
+                 for p, r in runs.items()], title="summary")
+    print(f"slice / container tokens/s: {record['tokens_per_s_ratio']:.2f}x")
+    for note in runs["slice"]["decisions"][:8]:
+        print(f"  scheduler: {note}")
+
+    _step("replay: the same policies on a simulated 8xA100 cluster (four tenants from Azure and Mooncake lengths)")
+    from service.cli import main as cli_main
+
+    cli_main(["replay", "--tenants", "a100-4tenants", "--cluster", "8xA100-nvlink", "--duration", "60",
+              "--policy", "fifo/container", "--policy", "fifo/slice", "--out", str(out / "replay")])
+    print(f"\nplots and JSON: {out}/live_latency.png, {out}/live.json, {out}/replay/*.png")
+
+
+def _progress(message: str) -> None:
+    print(f"\r  {message:<78}", end="", flush=True)

@@ -11,10 +11,12 @@ benchmark both run it once per placement, on the same workload.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,14 +28,15 @@ from service.api.state import LiveRequest
 from service.domain.request import Workload
 from service.workload.synthetic import TenantLoad, synthetic_workload
 
-# Three tenants on two executors x two CPU "devices": one bursty interactive tenant on a model
-# that is slow on a CPU, a steady light one, and a batch tenant; their loads peak at different times.
+# Three tenants on two executors x two CPU "devices": a busy, bursty interactive tenant on a model
+# that is slow on a CPU (it gets two devices of one executor under container placement), and two
+# light tenants sharing the other executor, which therefore has idle time to lend.
 DEMO_TENANTS = (
-    TenantLoad("acme", "small-llama", 1.6, "interactive", "gamma", 3.0, prompt_median_tokens=24, prompt_sigma=0.5,
-               prompt_max_tokens=128, output_median_tokens=40, output_sigma=0.5, output_max_tokens=160),
-    TenantLoad("globex", "tiny-llama", 3.0, "standard", "poisson", prompt_median_tokens=32, prompt_sigma=0.5,
+    TenantLoad("acme", "small-llama", 6.0, "interactive", "gamma", 2.0, prompt_median_tokens=24, prompt_sigma=0.5,
+               prompt_max_tokens=128, output_median_tokens=32, output_sigma=0.5, output_max_tokens=128),
+    TenantLoad("globex", "tiny-llama", 1.0, "standard", "poisson", prompt_median_tokens=32, prompt_sigma=0.5,
                prompt_max_tokens=128, output_median_tokens=64, output_sigma=0.5, output_max_tokens=256),
-    TenantLoad("initech", "small-llama", 0.5, "batch", "gamma", 2.0, prompt_median_tokens=48, prompt_sigma=0.5,
+    TenantLoad("initech", "tiny", 0.5, "batch", "gamma", 2.0, prompt_median_tokens=48, prompt_sigma=0.5,
                prompt_max_tokens=128, output_median_tokens=64, output_sigma=0.5, output_max_tokens=256),
 )
 
@@ -67,6 +70,8 @@ class LiveRunResult:
     decisions: list[str] = field(default_factory=list)
     guest_replicas: int = 0
     unfinished: int = 0
+    scheduler_steps: int = 0
+    scheduler_cpu_s: float = 0.0  # wall time the scheduler's steps took (what-ifs included)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -83,6 +88,8 @@ def run_live(placement: str, workload: Workload, *, neo4j_uri: str | None = None
              progress: Callable[[str], None] | None = None, drain_timeout_s: float = 300.0) -> LiveRunResult:
     say = progress or (lambda _: None)
     tenants = {r.tenant_id: r for r in workload.requests}
+    if neo4j_uri is not None:  # a shared graph: start from none of these tenants' objects
+        reset_tenants(neo4j_uri, sorted(tenants))
     models = {r.tenant_id: r.model for r in workload.requests}
     sla = {r.tenant_id: r.sla_class for r in workload.requests}
     with LiveStack(placement=placement, neo4j_uri=neo4j_uri, lease_ttl_s=10.0, heartbeat_s=1.0) as stack:
@@ -140,6 +147,18 @@ def run_live(placement: str, workload: Workload, *, neo4j_uri: str | None = None
     return summarise(placement, finished, stats)
 
 
+def reset_tenants(neo4j_uri: str, tenant_ids: Sequence[str]) -> None:
+    """Delete everything these tenants own in the graph (models, requests, slices, keys)."""
+    from neo4j import GraphDatabase
+
+    from service.graph.repository import GraphRepository
+
+    with GraphDatabase.driver(neo4j_uri, auth=None) as driver:
+        repo = GraphRepository(driver)
+        for tenant in tenant_ids:
+            repo.delete_tenant(tenant)
+
+
 def summarise(placement: str, rows: list[dict[str, Any]], stats: dict[str, Any]) -> LiveRunResult:
     done = [r for r in rows if r["status"] == "done"]
     reqs = [LiveRequest(r["request_id"], r["tenant_id"], r["model_id"], [], r["max_tokens"], r["sla_class"],
@@ -161,4 +180,51 @@ def summarise(placement: str, rows: list[dict[str, Any]], stats: dict[str, Any])
     guests = sum(1 for d in stats["decisions"] if d.startswith("add "))
     return LiveRunResult(placement, wall, tokens, tokens / wall, violations / max(1, len(reqs)), tenants,
                          stats["gmg_write_lag_s"], stats["counters"], stats["decisions"], guests,
-                         unfinished=len(rows) - len(done))
+                         unfinished=len(rows) - len(done), scheduler_steps=stats["scheduler_steps"],
+                         scheduler_cpu_s=stats["scheduler_step_s_total"])
+
+
+def compare_placements(workload: Workload, out_dir: Path, *, neo4j_uri: str | None = None, seed: int = 0,
+                       progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The same workload served once with ``container`` and once with ``slice`` placement;
+    writes ``live.json`` and ``live_latency.png`` into ``out_dir`` and returns the record."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = {p: run_live(p, workload, neo4j_uri=neo4j_uri, seed=seed, progress=progress)
+            for p in ("container", "slice")}
+    c, s = runs["container"], runs["slice"]
+    record = {
+        "workload": {"name": workload.name, "requests": workload.num_requests, "duration_s": workload.duration_s,
+                     "offered_output_tokens_per_s": sum(r.output_tokens for r in workload.requests)
+                     / max(1e-9, workload.duration_s)},
+        "runs": {p: r.to_dict() for p, r in runs.items()},
+        "tokens_per_s_ratio": s.tokens_per_s / c.tokens_per_s if c.tokens_per_s else float("nan"),
+        "sla_violation_rate": {"container": c.sla_violation_rate, "slice": s.sla_violation_rate},
+    }
+    (out_dir / "live.json").write_text(json.dumps(record, indent=2, default=float) + "\n")
+    plot_live(out_dir / "live_latency.png", runs)
+    return record
+
+
+def plot_live(path: Path, runs: dict[str, LiveRunResult]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    tenants = sorted({t.tenant_id for r in runs.values() for t in r.tenants})
+    width = 0.8 / len(runs)
+    for i, (placement, run) in enumerate(runs.items()):
+        by = {t.tenant_id: t for t in run.tenants}
+        xs = [j + i * width for j in range(len(tenants))]
+        axes[0].bar(xs, [by[t].e2e_p99_s if t in by else 0.0 for t in tenants], width, label=placement)
+        axes[1].bar(xs, [by[t].sla_violations / max(1, by[t].requests) if t in by else 0.0 for t in tenants],
+                    width, label=placement)
+    for ax, title in ((axes[0], "end-to-end p99 (s)"), (axes[1], "SLA violation rate")):
+        ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(tenants))], tenants)
+        ax.set_title(title)
+        ax.legend()
+    fig.suptitle("live service on this CPU: " + ", ".join(f"{p} {r.tokens_per_s:.0f} tok/s" for p, r in runs.items()))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -67,21 +67,31 @@ class LiveSnapshot:
 class LiveClusterView:
     def __init__(self, snap: LiveSnapshot, *, kv_reserve_tokens: int = 2048, seed: int = 0) -> None:
         self.snap = snap
-        overheads = {family: IterationOverhead(per_iteration_s=s, separate_prefill_passes=True)
-                     for family, s in snap.iteration_s.items()}
-        replicas = [ReplicaSpec(r.replica_id, r.model, r.device_ids, max_num_seqs=snap.max_batch[r.replica_id],
-                                tenant_id=r.tenant_id, guest=r.guest) for r in snap.replicas if not r.draining]
-        self._mirror = SimulatedCluster(snap.spec, replicas, RooflineCostModel(), rng=np.random.default_rng(seed),
-                                        overheads=overheads)
-        self._mirror.submit(sorted(snap.recent, key=lambda r: r.arrival_s))
-        self._mirror.run(until=snap.window_s)
-        self._sim = SimClusterView(self._mirror, kv_reserve_tokens=kv_reserve_tokens)
+        self.kv_reserve_tokens = kv_reserve_tokens
+        self.seed = seed
+        self._built: SimClusterView | None = None
+
+    @property
+    def _sim(self) -> SimClusterView:
+        """The mirror, built on first use: a step with no backlog never pays for it."""
+        if self._built is None:
+            snap = self.snap
+            overheads = {family: IterationOverhead(per_iteration_s=s, separate_prefill_passes=True)
+                         for family, s in snap.iteration_s.items()}
+            replicas = [ReplicaSpec(r.replica_id, r.model, r.device_ids, max_num_seqs=snap.max_batch[r.replica_id],
+                                    tenant_id=r.tenant_id, guest=r.guest) for r in snap.replicas if not r.draining]
+            mirror = SimulatedCluster(snap.spec, replicas, RooflineCostModel(), rng=np.random.default_rng(self.seed),
+                                      overheads=overheads)
+            mirror.submit(sorted(snap.recent, key=lambda r: r.arrival_s))
+            mirror.run(until=snap.window_s)
+            self._built = SimClusterView(mirror, kv_reserve_tokens=self.kv_reserve_tokens)
+        return self._built
 
     # ---- ClusterView: the live truth ----------------------------------------------------------
     @property
     def now_s(self) -> float:
         """The mirror's clock (the end of its replayed window): slot windows are in its time."""
-        return self._mirror.now_s
+        return self.snap.window_s
 
     @property
     def spec(self) -> ClusterSpec:

@@ -101,7 +101,8 @@ async def stats(svc: Svc, p: Caller) -> dict[str, Any]:
             "replicas": [{"replica_id": r.replica_id, "model": r.model_uid, "devices": list(r.device_ids),
                           "guest": r.guest, "draining": r.draining, "leases": len(r.leases)}
                          for r in svc.state.replicas.values()],
-            "decisions": svc.decisions[-50:], "iteration_s": svc.state.iteration_s}
+            "decisions": svc.decisions[-50:], "iteration_s": svc.state.iteration_s,
+            "scheduler_steps": len(svc.step_s), "scheduler_step_s_total": sum(svc.step_s)}
 
 
 # ---- tenants ---------------------------------------------------------------------------------------

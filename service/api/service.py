@@ -83,6 +83,7 @@ class LiveService:
         self.work = Signal()  # notified when leases may be granted
         self.changed = asyncio.Event()  # set on arrivals and completions (the scheduler's trigger)
         self.decisions: list[str] = []
+        self.step_s: list[float] = []  # wall time of each scheduler step (what-ifs included)
         self._tasks: list[asyncio.Task[None]] = []
         self._busy_mark: dict[str, tuple[float, float]] = {}
         self._replan_lock = asyncio.Lock()  # one re-plan at a time: they rewrite the same devices
@@ -294,7 +295,9 @@ class LiveService:
         snap = self.snapshot()
         for eid, e in self.state.executors.items():
             self._busy_mark[eid] = (time.monotonic(), e.busy_s)
+        started = time.perf_counter()
         decision = await asyncio.to_thread(lambda: self.scheduler.step(snap.now_s, LiveClusterView(snap)))
+        self.step_s.append(time.perf_counter() - started)
         return await self.apply(decision)
 
     async def apply(self, decision: Decision) -> Decision:

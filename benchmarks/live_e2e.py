@@ -1,0 +1,53 @@
+"""live_e2e: the demo workload on the live stack: tokens/s of slice vs container, SLA violations, GMG lag.
+
+Real processes on loopback: ``slicesched serve`` on a private Neo4j and two executor daemons
+(``--devices cpu:0,cpu:1`` each, one torch thread each) running the models with PyTorch on
+this CPU. The same synthetic three-tenant workload (seeded) is served once per placement;
+results come from what the service recorded (per-request timings measured by the executors plus
+the time waiting for a lease). Writes ``benchmarks/results/live_e2e.json`` and a plot next to it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import _record
+
+
+def main() -> int:
+    p = _record.parser("live_e2e", __doc__.splitlines()[0])
+    p.add_argument("--duration-s", type=float, default=60.0, help="seconds of arrivals per placement")
+    p.add_argument("--load", type=float, default=1.0, help="arrival-rate multiple of the demo mix")
+    args = p.parse_args()
+    if args.quick:
+        args.duration_s = 20.0
+
+    from service.api.live_run import compare_placements, demo_workload
+
+    workload = demo_workload(args.seed, args.duration_s)
+    if args.load != 1.0:
+        workload = workload.scaled(args.load)
+    record = compare_placements(workload, args.out, seed=args.seed, progress=lambda m: print(" ", m, flush=True))
+    (args.out / "live_latency.png").rename(args.out / "live_e2e.png")
+    (args.out / "live.json").unlink()
+    runs = record["runs"]
+    results = {
+        "tokens_per_s": {k: v["tokens_per_s"] for k, v in runs.items()},
+        "tokens_per_s_ratio_slice_over_container": record["tokens_per_s_ratio"],
+        "sla_violation_rate": record["sla_violation_rate"],
+        "gmg_write_lag_s": {k: v["gmg_write_lag_s"] for k, v in runs.items()},
+        "guest_replicas": runs["slice"]["guest_replicas"], "decisions": runs["slice"]["decisions"],
+        "scheduler_cpu_s": {k: v["scheduler_cpu_s"] for k, v in runs.items()},
+        "per_tenant": {k: v["tenants"] for k, v in runs.items()},
+        "workload": record["workload"], "plot": "live_e2e.png",
+    }
+    _record.write("live_e2e", args, {"duration_s": args.duration_s, "load": args.load, "executors": 2,
+                                     "devices_per_executor": 2}, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
