@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from neo4j.exceptions import ServiceUnavailable, SessionExpired
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.api.settings import ServiceSettings
@@ -103,6 +104,12 @@ def install_error_handlers(app: FastAPI) -> None:
         log.exception("unexpected error", exc_info=exc)
         return _error(500, "internal", "internal error (logged on the server)")
 
+    async def neo4j_down(_: Request, exc: Exception) -> JSONResponse:
+        log.warning("Neo4j unavailable: %s", exc)
+        return _error(503, "unavailable", "Neo4j is unavailable; retry shortly")
+
+    app.add_exception_handler(ServiceUnavailable, neo4j_down)
+    app.add_exception_handler(SessionExpired, neo4j_down)
     app.add_exception_handler(SliceschedError, domain)
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(StarletteHTTPException, http)

@@ -54,6 +54,7 @@ def resolve_uri(settings: Neo4jSettings, *, start: bool = True) -> str:
 def open_driver(settings: Neo4jSettings, *, start: bool = True) -> Driver:
     uri = resolve_uri(settings, start=start)
     auth = (settings.user, settings.password or "") if settings.user else None
-    driver = GraphDatabase.driver(uri, auth=auth)
+    # Notifications ("property key does not exist" on a young graph) are noise for a service.
+    driver = GraphDatabase.driver(uri, auth=auth, notifications_min_severity="OFF")
     driver.verify_connectivity()
     return driver

@@ -17,7 +17,7 @@ from typing import Any
 
 import neo4j
 from neo4j import Driver, ManagedTransaction
-from neo4j.exceptions import ClientError, CypherSyntaxError
+from neo4j.exceptions import ClientError, CypherSyntaxError, DatabaseError
 
 from service.core.slot import PlacedSlice, Slot, SlotQuery
 from service.domain.cluster import ClusterSpec, Link
@@ -347,6 +347,8 @@ class GraphRepository:
                 return s.execute_read(work)
         except CypherSyntaxError as exc:
             raise InvalidInputError(f"Cypher syntax error: {exc.message}") from None
+        except DatabaseError as exc:  # the server failed on this query (not on the connection)
+            raise InvalidInputError(f"query failed in the server: {exc.message}") from None
         except ClientError as exc:
             code = exc.code or ""
             if "AccessMode" in code or "ForbiddenDueToTransactionType" in code or "WriteOnReadOnly" in code:
