@@ -370,11 +370,18 @@ async def fail(lease_id: str, body: FailIn, svc: Svc, p: Caller) -> dict[str, An
 # ---- what-if and inspection ----------------------------------------------------------------------
 @router.post("/v1/whatif", tags=["scheduling"])
 async def what_if(body: WhatIfIn, svc: Svc, p: Caller) -> dict[str, Any]:
-    """Admin: predict the next ``horizon_s`` with and without a replica of the model on ``device_ids``."""
+    """Admin: predict the next ``horizon_s`` with and without a replica of a model on
+    ``device_ids``; or, with ``placement: slice``, what the slice policy would change now."""
     require(p, "admin")
-    uid = f"{body.tenant_id}/{body.model_id}"
+    if body.placement is not None:
+        if body.device_ids is not None:
+            raise InvalidInputError("give either a candidate placement (tenant_id, model_id, device_ids) or placement")
+        return await asyncio.to_thread(svc.policy_what_if, body.horizon_s)
+    if body.tenant_id is None or body.model_id is None or body.device_ids is None:
+        raise InvalidInputError("a candidate placement needs tenant_id, model_id and device_ids")
     svc.state.model(body.tenant_id, body.model_id)
-    return await asyncio.to_thread(svc.what_if, uid, tuple(body.device_ids), body.horizon_s)
+    return await asyncio.to_thread(svc.what_if, f"{body.tenant_id}/{body.model_id}", tuple(body.device_ids),
+                                   body.horizon_s)
 
 
 @router.post("/v1/inspect", tags=["inspection"])

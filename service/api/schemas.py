@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -87,9 +87,11 @@ class FailIn(Body):
 
 
 class WhatIfIn(Body):
-    tenant_id: str = Field(pattern=ID)
-    model_id: str = Field(pattern=ID)
-    device_ids: list[str] = Field(min_length=1, max_length=8)
+    tenant_id: str | None = Field(None, pattern=ID)
+    model_id: str | None = Field(None, pattern=ID)
+    device_ids: list[str] | None = Field(None, min_length=1, max_length=8,
+                                         description="a candidate placement: a replica of the model on these devices")
+    placement: Literal["slice"] | None = Field(None, description="or: what the slice policy would do now")
     horizon_s: float = Field(20.0, gt=0, le=600)
 
 

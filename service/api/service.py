@@ -338,6 +338,17 @@ class LiveService:
             if writes or removed:
                 self.changed.set()
 
+    def policy_what_if(self, horizon_s: float) -> dict[str, Any]:
+        """What one step of the slice policy would decide on the current state (nothing applied)."""
+        from service.core.placement import SlicePlacementPolicy
+
+        policy = SlicePlacementPolicy(horizon_s=horizon_s, find_devices=self._cypher_candidates)  # type: ignore[arg-type]
+        snap = self.snapshot()
+        decision = policy.step(snap.now_s, LiveClusterView(snap))
+        return {"placement": "slice", "horizon_s": horizon_s, "whatifs": decision.num_whatifs,
+                "add": [{"model": c.tenant_id, "compute_units": list(c.device_ids)} for c in decision.add],
+                "drain": decision.drain, "notes": decision.notes}
+
     # ---- what-if (admin) -------------------------------------------------------------------------
     def what_if(self, model_uid: str, device_ids: tuple[str, ...], horizon_s: float) -> dict[str, Any]:
         from service.core.scheduler import ReplicaChange

@@ -466,7 +466,7 @@ class LiveState:
         if len(c.output_tokens) != req.max_tokens:
             raise InvalidInputError(f"lease {c.lease_id}: {len(c.output_tokens)} output tokens, "
                                     f"the request asked for {req.max_tokens}")
-        writes = self._end_lease(c.lease_id, "done")
+        writes = self._end_lease(c.lease_id, "done", observed=c)
         wall = self.wall()
         waited = lease.granted_wall - req.arrival
         req.status, req.output_tokens, req.finished_at = "done", list(c.output_tokens), wall
@@ -504,7 +504,8 @@ class LiveState:
             writes += self.drop_executor(eid)
         return writes
 
-    def _end_lease(self, lease_id: str, state: str, *, requeue: bool = False) -> list[Write]:
+    def _end_lease(self, lease_id: str, state: str, *, requeue: bool = False,
+                   observed: Completion | None = None) -> list[Write]:
         lease = self.leases.pop(lease_id)
         replica = self.replicas.get(lease.replica_id)
         if replica is not None:
@@ -514,17 +515,22 @@ class LiveState:
         if executor is not None:
             executor.leases.discard(lease_id)
         req = self.requests[lease.request_id]
-        writes = [self.slice_row(lease, state)]
+        writes = [self.slice_row(lease, state, observed)]
         if requeue and req.status == "leased" and req.lease_id == lease_id:
             req.status, req.lease_id = "queued", None
             self._enqueue(req)
             writes.append(Write("request", req.update_row()))
         return writes
 
-    def slice_row(self, lease: Lease, state: str) -> Write:
-        """A lease as a Slice: created whole when granted, then only its end is written."""
+    def slice_row(self, lease: Lease, state: str, observed: Completion | None = None) -> Write:
+        """A lease as a Slice: created whole when granted, then only its end is written, with the
+        executor's observation when it completed (busy seconds, iterations, peak bytes)."""
         if state != "leased":
-            return Write("slice_end", {"uid": lease.lease_id, "state": state, "end_wall": self.wall()})
+            row: dict[str, Any] = {"uid": lease.lease_id, "state": state, "end_wall": self.wall(),
+                                   "busy_s": None, "iterations": None, "peak_bytes": None}
+            if observed is not None:
+                row.update(busy_s=observed.busy_s, iterations=observed.iterations, peak_bytes=observed.peak_bytes)
+            return Write("slice_end", row)
         replica = self.replicas[lease.replica_id]
         req = self.requests[lease.request_id]
         return Write("slice_new", {"uid": lease.lease_id, "tenant_id": req.tenant_id, "model_uid": req.model_uid,

@@ -175,5 +175,9 @@ def test_cancel_and_whatif(client: TestClient, uid: str) -> None:
     assert r.json()["feasible"] and r.json()["baseline"]["memory_violations"] == 0
     assert client.post("/v1/whatif", json={"tenant_id": f"c{uid}", "model_id": "m", "device_ids": ["nope"]},
                        headers=auth(ADMIN)).status_code == 400
+    policy = client.post("/v1/whatif", json={"placement": "slice", "horizon_s": 5}, headers=auth(ADMIN))
+    assert policy.status_code == 200 and policy.json()["add"] == []  # nothing waiting: nothing to gain
+    assert client.post("/v1/whatif", json={"placement": "slice", "device_ids": ["x"]},
+                       headers=auth(ADMIN)).status_code == 400
     assert client.post("/v1/whatif", json={"tenant_id": f"c{uid}", "model_id": "m", "device_ids": ["x"]},
                        headers=auth(key)).status_code == 403
