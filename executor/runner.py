@@ -23,7 +23,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from service.models.family import DecoderLM, ModelConfig, build_model, model_config
+from service.models.family import DecoderLM, ModelConfig, build_model, embed_inputs, model_config
 
 _DEVICE_ID = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 
@@ -117,15 +117,8 @@ class StagedModel(nn.Module):
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv_cache: Sequence[Tensor] | None = None,
                 attn_bias: Tensor | None = None, last_logits_only: bool = False) -> tuple[Tensor, list[Tensor]]:
-        x = self.embed(input_ids)
-        rope: tuple[Tensor, Tensor] | None = None
-        if self.pos_embed is not None:
-            x = x + self.pos_embed(positions)
-        else:
-            inv_freq: Tensor = self.inv_freq  # type: ignore[assignment]  # a registered buffer
-            freqs = positions.unsqueeze(-1).to(torch.float32) * inv_freq
-            angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)
-            rope = (angles.cos().to(x.dtype), angles.sin().to(x.dtype))
+        x, rope = embed_inputs(self.embed, self.pos_embed, None if self.pos_embed is not None else self.inv_freq,
+                               input_ids, positions)
         new_kv: list[Tensor] = []
         for s, (device, blocks) in enumerate(zip(self.devices, self.stage_blocks, strict=True)):
             x = x.to(device)

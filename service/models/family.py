@@ -184,6 +184,18 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x)), kv
 
 
+def embed_inputs(embed: nn.Module, pos_embed: nn.Module | None, inv_freq: Tensor | nn.Module | None,
+                 input_ids: Tensor, positions: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+    """Token embeddings plus learned positions (GPT-2), or with the rotary angles (Llama)."""
+    x: Tensor = embed(input_ids)
+    if pos_embed is not None:
+        return x + pos_embed(positions), None
+    assert isinstance(inv_freq, Tensor)
+    freqs = positions.unsqueeze(-1).to(torch.float32) * inv_freq
+    angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)
+    return x, (angles.cos().to(x.dtype), angles.sin().to(x.dtype))
+
+
 class DecoderLM(nn.Module):
     def __init__(self, c: ModelConfig) -> None:
         super().__init__()
@@ -204,15 +216,8 @@ class DecoderLM(nn.Module):
                 attn_bias: Tensor | None = None, last_logits_only: bool = False) -> tuple[Tensor, Tensor]:
         """``last_logits_only``: compute logits for the last position only, as a serving engine
         does when it samples one token per sequence (the traced reference computes all)."""
-        x = self.embed(input_ids)
-        rope: tuple[Tensor, Tensor] | None = None
-        if self.config.style == "gpt2":
-            x = x + self.pos_embed(positions)
-        else:
-            inv_freq: Tensor = self.inv_freq  # type: ignore[assignment]  # a registered buffer
-            freqs = positions.unsqueeze(-1).to(torch.float32) * inv_freq
-            angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)
-            rope = (angles.cos().to(x.dtype), angles.sin().to(x.dtype))
+        x, rope = embed_inputs(self.embed, self.pos_embed if self.config.style == "gpt2" else None,
+                               None if self.config.style == "gpt2" else self.inv_freq, input_ids, positions)
         new_kv = []
         for i, block in enumerate(self.blocks):
             past = kv_cache[i] if kv_cache is not None else None
