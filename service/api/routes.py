@@ -74,14 +74,15 @@ def scoped_tenant(p: Principal, given: str | None) -> str:
 # ---- health and metrics --------------------------------------------------------------------------
 @router.get("/healthz", tags=["ops"])
 async def healthz(svc: Svc) -> dict[str, Any]:
-    s = svc.state
-    return {"status": "ok", "placement": svc.settings.placement, "queue": svc.settings.queue,
-            "tenants": len(s.tenants), "models": len(s.models), "devices": len(s.devices),
-            "queued": sum(1 for _ in s.queued()), "leases": len(s.leases)}
+    """Liveness, with nothing about tenants (no key needed)."""
+    return {"status": "ok", "placement": svc.settings.placement, "queue": svc.settings.queue}
 
 
 @router.get("/metrics", tags=["ops"])
-async def metrics(svc: Svc) -> Response:
+async def metrics(svc: Svc, p: Caller) -> Response:
+    """Prometheus text format; admin key (the labels name tenants). Configure the scrape job
+    with ``authorization: {credentials: <admin key>}``."""
+    require(p, "admin")
     return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")
 
 

@@ -59,7 +59,8 @@ def test_submit_lease_complete(client: TestClient, uid: str) -> None:
                     headers=auth(EXECUTOR))
     assert r.json()["accepted"] == [] and len(r.json()["rejected"]) == 1
     assert client.get(f"/v1/requests/{rid}", headers=auth(key)).json()["output_tokens"] == [104, 105, 33, 33]
-    metrics = client.get("/metrics").text
+    assert client.get("/metrics").status_code == 401 and client.get("/metrics", headers=auth(key)).status_code == 403
+    metrics = client.get("/metrics", headers=auth(ADMIN)).text
     assert f'slicesched_requests_finished_total{{tenant="a{uid}"}} 1.0' in metrics
     assert 'slicesched_leases_total{event="completed"}' in metrics
 

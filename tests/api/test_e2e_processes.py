@@ -85,7 +85,7 @@ def test_three_tenants_complete_with_the_same_tokens_as_in_process(stack: LiveSt
         got = wait_done(c, ids)
         check_tokens(c, got, ids, 16)
         served_once(stack, c, ids)
-        metrics = httpx.get(f"{stack.url}/metrics").text
+        metrics = c.get("/metrics").text
         assert 'slicesched_leases_total{event="completed"} 12.0' in metrics
 
 
