@@ -12,7 +12,7 @@ import hashlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from service.api.app import Principal, authenticate
 from service.api.schemas import (
@@ -295,8 +295,8 @@ def _tenant_only(p: Principal) -> str:
 
 
 # ---- leases --------------------------------------------------------------------------------------
-@router.post("/v1/leases/poll", tags=["leases"])
-async def poll(body: PollIn, svc: Svc, p: Caller) -> dict[str, Any]:
+@router.post("/v1/leases/poll", tags=["leases"], response_class=JSONResponse)
+async def poll(body: PollIn, svc: Svc, p: Caller) -> JSONResponse:
     """Long poll: the next leases for the executor's devices, waiting up to ``wait_s`` for work."""
     require(p, "admin", "executor")
     loop = asyncio.get_running_loop()
@@ -315,10 +315,10 @@ async def poll(body: PollIn, svc: Svc, p: Caller) -> dict[str, Any]:
                                "model_id": req.model_id, "family": model.family, "seed": model.seed,
                                "replica_id": replica.replica_id, "stages": stages, "prompt_tokens": req.prompt,
                                "max_tokens": req.max_tokens, "expires_in_s": svc.settings.lease_ttl_s})
-            return {"leases": leases}
+            return JSONResponse({"leases": leases})  # plain JSON: the hot path skips response encoding
         remaining = deadline - loop.time()
         if remaining <= 0:
-            return {"leases": []}
+            return JSONResponse({"leases": []})
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(woken.wait(), remaining)
 
@@ -337,8 +337,8 @@ async def renew(lease_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
     return {"lease_id": lease_id, "expires_in_s": svc.state.renew(lease_id)}
 
 
-@router.post("/v1/leases/complete", tags=["leases"])
-async def complete(body: CompleteIn, svc: Svc, p: Caller) -> dict[str, Any]:
+@router.post("/v1/leases/complete", tags=["leases"], response_class=JSONResponse)
+async def complete(body: CompleteIn, svc: Svc, p: Caller) -> JSONResponse:
     """Completions of leases; each is accepted only if its lease is live (exactly once)."""
     require(p, "admin", "executor")
     state = svc.state
@@ -357,7 +357,7 @@ async def complete(body: CompleteIn, svc: Svc, p: Caller) -> dict[str, Any]:
     if accepted:
         svc.work.notify()
         svc.changed.set()
-    return {"accepted": accepted, "rejected": rejected}
+    return JSONResponse({"accepted": accepted, "rejected": rejected})
 
 
 @router.post("/v1/leases/{lease_id}/fail", tags=["leases"])

@@ -1,0 +1,151 @@
+"""The live state's lease rules, with a hand-driven clock: no server, no Neo4j."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.api.state import Completion, ConflictError, LiveModel, LiveState, hash_key
+from service.core.queue import make_queue_policy
+from service.domain.error import InvalidInputError, NotFoundError
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make_state(queue: str = "fifo", **kw: object) -> tuple[LiveState, Clock]:
+    clock = Clock()
+    state = LiveState(make_queue_policy(queue), clock=clock, wall=clock, lease_ttl_s=5.0, **kw)  # type: ignore[arg-type]
+    for tenant in ("a", "b"):
+        state.add_tenant(tenant, "standard", 1.0, 0, hash_key(tenant))
+        state.add_model(LiveModel(tenant, "m", "tiny", 1, 1))
+    state.register_executor("e1", "h", [("cpu:0", "cpu", 2 << 30)])
+    state.register_executor("e2", "h", [("cpu:0", "cpu", 2 << 30)])
+    state.add_replica("a/m", ("e1/cpu:0",), guest=False)
+    state.add_replica("b/m", ("e2/cpu:0",), guest=False)
+    return state, clock
+
+
+def submit(state: LiveState, tenant: str, n: int = 1, max_tokens: int = 3) -> list[str]:
+    ids = []
+    for _ in range(n):
+        req = state.new_request(tenant, "m", [1, 2], max_tokens, None)
+        state.accept(req)
+        ids.append(req.request_id)
+    return ids
+
+
+def done(lease_id: str, n: int = 3) -> Completion:
+    return Completion(lease_id, [7] * n, 0.0, 0.1, 0.2, n, 0.05, 1000)
+
+
+def test_leases_go_to_the_executor_holding_the_replica_in_fifo_order() -> None:
+    state, _ = make_state()
+    a = submit(state, "a", 3)
+    submit(state, "b", 1)
+    grants = state.grant("e1", 8)
+    assert [req.request_id for _, _, req in grants] == a  # only tenant a's replica is on e1
+    assert all(req.status == "leased" for _, _, req in grants)
+
+
+def test_a_replica_never_holds_more_leases_than_its_kv_slots() -> None:
+    state, _ = make_state(max_batch=2)
+    submit(state, "a", 5)
+    assert len(state.grant("e1", 8)) == 2
+    assert state.grant("e1", 8) == []
+
+
+def test_expired_lease_requeues_and_its_late_completion_changes_nothing() -> None:
+    state, clock = make_state()
+    [rid] = submit(state, "a")
+    [(lease, _, _)] = state.grant("e1", 1)
+    clock.t += 6.0  # past the TTL, no heartbeat
+    state.expire()
+    assert state.requests[rid].status == "queued" and state.counters["leases_expired"] == 1
+    with pytest.raises(ConflictError):
+        state.complete("e1", done(lease.lease_id))
+    [(again, _, _)] = state.grant("e1", 1)
+    state.complete("e1", done(again.lease_id))
+    req = state.requests[rid]
+    assert req.status == "done" and req.attempts == 2 and req.output_tokens == [7, 7, 7]
+    with pytest.raises(ConflictError):  # a second completion of the same lease
+        state.complete("e1", done(again.lease_id))
+
+
+def test_heartbeat_renews_every_lease_of_the_executor() -> None:
+    state, clock = make_state()
+    submit(state, "a", 2)
+    leases = [lease.lease_id for lease, _, _ in state.grant("e1", 8)]
+    clock.t += 4.0
+    renewed, cancel = state.heartbeat("e1", 0.0)
+    assert renewed == sorted(leases) and cancel == []
+    clock.t += 4.0  # 8 s after the grant, 4 s after the renewal
+    state.expire()
+    assert state.counters["leases_expired"] == 0
+
+
+def test_cancel_of_a_running_request_is_announced_at_the_next_heartbeat() -> None:
+    state, _ = make_state()
+    [rid] = submit(state, "a")
+    [(lease, _, _)] = state.grant("e1", 1)
+    state.cancel(state.requests[rid])
+    assert state.requests[rid].status == "cancelled"
+    with pytest.raises(ConflictError):
+        state.complete("e1", done(lease.lease_id))
+    with pytest.raises(ConflictError):
+        state.cancel(state.requests[rid])
+
+
+def test_a_request_fails_after_max_attempts() -> None:
+    state, _ = make_state(max_attempts=2)
+    [rid] = submit(state, "a")
+    for _ in range(2):
+        [(lease, _, _)] = state.grant("e1", 1)
+        state.fail(lease.lease_id, "e1", "boom")
+    assert state.requests[rid].status == "failed" and state.requests[rid].error == "boom"
+    assert state.grant("e1", 1) == []
+
+
+def test_a_silent_executor_is_dropped_with_its_replicas_and_leases() -> None:
+    state, clock = make_state()
+    [rid] = submit(state, "a")
+    state.grant("e1", 1)
+    clock.t += 16.0  # three TTLs without a word
+    state.heartbeat("e2", 0.0)
+    state.expire()
+    assert "e1" not in state.executors and not any("e1/" in d for d in state.devices)
+    assert state.requests[rid].status == "queued"
+
+
+def test_tenants_cannot_see_each_others_requests_and_bad_requests_are_refused() -> None:
+    state, _ = make_state()
+    [rid] = submit(state, "a")
+    assert state.request(rid, "a").tenant_id == "a"
+    with pytest.raises(NotFoundError):
+        state.request(rid, "b")
+    for prompt, max_tokens in (([], 1), ([1], 0), ([300], 1), ([1] * 500, 100)):
+        with pytest.raises(InvalidInputError):
+            state.new_request("a", "m", prompt, max_tokens, None)
+    with pytest.raises(InvalidInputError):
+        state.new_request("a", "m", [1], 1, "gold")
+
+
+def test_completion_must_carry_the_asked_number_of_tokens() -> None:
+    state, _ = make_state()
+    submit(state, "a", max_tokens=3)
+    [(lease, _, _)] = state.grant("e1", 1)
+    with pytest.raises(InvalidInputError):
+        state.complete("e1", done(lease.lease_id, n=2))
+    assert state.leases  # still live: a corrected completion is accepted
+    state.complete("e1", done(lease.lease_id))
+
+
+def test_budget_calibration_follows_observed_outputs() -> None:
+    state, _ = make_state()
+    state.calibrator.observe("a/m", 100, 100, 50)
+    assert state.calibrator.budget("a/m", 100) < 100
+    assert state.calibrator.budget("b/m", 100) == 100
