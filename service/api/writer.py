@@ -22,7 +22,7 @@ log = logging.getLogger("slicesched.writer")
 
 
 class GmgWriter:
-    def __init__(self, repo: GraphRepository, *, max_delay_s: float = 0.05, max_rows: int = 5000,
+    def __init__(self, repo: GraphRepository, *, max_delay_s: float = 0.2, max_rows: int = 5000,
                  on_lag: Callable[[float], None] | None = None) -> None:
         self.repo = repo
         self.max_delay_s = max_delay_s

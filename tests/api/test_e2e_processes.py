@@ -70,12 +70,18 @@ def check_tokens(c: httpx.Client, got: list[dict[str, Any]], ids: dict[str, tupl
 
 
 def served_once(stack: LiveStack, c: httpx.Client, ids: dict[str, Any]) -> None:
-    """In the GMG every request is done and served by exactly one completed slice."""
-    time.sleep(0.5)  # the writer's batch
-    rows = c.post("/v1/inspect", json={
-        "query": "MATCH (r:Request) WHERE r.uid IN $ids OPTIONAL MATCH (s:Slice {state: 'done'})-[:SERVES]->(r) "
-                 "RETURN r.uid, r.status, count(s)", "params": {"ids": list(ids)}}).json()["rows"]
-    assert sorted(rows) == sorted([rid, "done", 1] for rid in ids)
+    """In the GMG every request is done and served by exactly one completed slice (the writer
+    batches: give it a few seconds to catch up)."""
+    query = ("MATCH (r:Request) WHERE r.uid IN $ids OPTIONAL MATCH (s:Slice {state: 'done'})-[:SERVES]->(r) "
+             "RETURN r.uid, r.status, count(s)")
+    want = sorted([rid, "done", 1] for rid in ids)
+    deadline = time.monotonic() + 10
+    while True:
+        rows = sorted(c.post("/v1/inspect", json={"query": query, "params": {"ids": list(ids)}}).json()["rows"])
+        if rows == want or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert rows == want
 
 
 def test_three_tenants_complete_with_the_same_tokens_as_in_process(stack: LiveStack) -> None:
