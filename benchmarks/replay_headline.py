@@ -3,10 +3,12 @@ queue policies and the calibration deliver, on production-shaped multi-tenant tr
 
 One run, side by side, same seed and the same requests for every policy, on ``8xA100-nvlink``
 with the ``a100-4tenants`` mix (four tenants, four models from 70B to 124M, three SLA classes,
-ServeGen rate curves with Azure conv / code and Mooncake lengths):
+ServeGen rate curves with Azure conv / code and Mooncake lengths; ``--mix a100-6tenants`` adds
+two tenants that are quiet for 300 s and then burst):
 
 1. ``fifo/slice`` against ``fifo/container``: token throughput at equal offered load, and the
-   highest load each sustains with SLA violations <= 9% (a load sweep).
+   highest load each sustains with SLA violations <= 9% (a load sweep from 0.05x, so that
+   both are bracketed; ``sustained_bracketed`` says whether they were).
    Target >= 1.5x, aiming at 2.3x.
 2. ``sjf/container`` and ``aging-spf/container`` (both starvation-safe, default parameters; see
    :mod:`service.core.queue`) against ``fifo/container`` at a load where requests queue: change
@@ -28,17 +30,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _record
 
+DEFAULT_MIX = "a100-4tenants"
+
 
 def main() -> int:
     p = _record.parser("replay_headline", __doc__.splitlines()[0])
     p.add_argument("--duration", type=float, help="simulated seconds of traffic per run")
-    p.add_argument("--mix", default="a100-4tenants", help="tenant mix (built-in name or file)")
+    p.add_argument("--mix", default=DEFAULT_MIX, help="tenant mix (built-in name or file)")
     p.add_argument("--loads", help="comma-separated load multiples of the mix")
     p.add_argument("--queue-loads", default="1,1.5", help="loads for the queue-policy comparison")
     args = p.parse_args()
-    duration = args.duration or (300.0 if args.quick else 900.0)
+    # 600 s even when quick: a shorter window misses a100-6tenants' two late tenants, whose
+    # ServeGen clients are quiet for the first 300 s and then burst
+    duration = args.duration or (600.0 if args.quick else 900.0)
+    # low loads too, so the container's sustained load is bracketed on every built-in mix
     loads = [float(x) for x in args.loads.split(",")] if args.loads else (
-        [0.25, 0.5, 0.75, 1.0] if args.quick else [0.25, 0.5, 0.75, 1.0, 1.25, 1.5])
+        [0.05, 0.1, 0.15, 0.2, 0.25, 0.5, 0.75, 1.0] if args.quick
+        else [0.05, 0.1, 0.15, 0.2, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5])
 
     import numpy as np
 
@@ -53,7 +61,7 @@ def main() -> int:
     cluster = load_cluster_spec("8xA100-nvlink")
     mix = load_mix(args.mix)
     config = ReplayConfig(cluster, mix, RooflineCostModel(), seed=args.seed, duration_s=duration)
-    record_name = "replay_headline" if args.mix == "a100-4tenants" else f"replay_headline-{Path(args.mix).stem}"
+    record_name = "replay_headline" if args.mix == DEFAULT_MIX else f"replay_headline-{Path(args.mix).stem}"
     plots = args.out / record_name
     plots.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -78,6 +86,9 @@ def main() -> int:
             if load == 1.0 or (1.0 not in loads and load == loads[len(loads) // 2]):
                 spans_at_1[policy] = spans
     sustained = {pol: sustained_load(rs) for pol, rs in sweep.items()}
+    # a sustained load is measured only when the sweep brackets it: the lowest load within 9%
+    # and the highest beyond (otherwise it is 0 or the highest load tried, a bound)
+    bracketed = {pol: rs[0].sla_violation_rate <= 0.09 < rs[-1].sla_violation_rate for pol, rs in sweep.items()}
     per_load = []
     for c, s in zip(sweep["fifo/container"], sweep["fifo/slice"], strict=True):
         per_load.append({"load": c.load_scale, "container_tps": round(c.token_throughput_tps),
@@ -88,7 +99,8 @@ def main() -> int:
                          "container_sla_violation": round(c.sla_violation_rate, 4),
                          "slice_sla_violation": round(s.sla_violation_rate, 4),
                          "slice_guest_replicas": s.num_guest_replicas, "slice_memory_violations": s.memory_violations})
-    sustained_ratio = sustained["fifo/slice"] / sustained["fifo/container"] if sustained["fifo/container"] else None
+    sustained_ratio = (sustained["fifo/slice"] / sustained["fifo/container"]
+                       if sustained["fifo/container"] and bracketed["fifo/container"] else None)
     for name, spans in spans_at_1.items():
         plot_timeline(plots / f"timeline-{name.replace('/', '-')}.png", spans, title=f"{name}: device timeline")
     plot_load_sweep(plots / "load_sweep.png", [r for rs in sweep.values() for r in rs])
@@ -126,6 +138,7 @@ def main() -> int:
         "queue_loads": queue_loads, "cost_model": "roofline", "interval_s": config.interval_s,
     }, {
         "slice_vs_container": {"per_load": per_load, "sustained_load_at_9pct": sustained,
+                               "sustained_bracketed": bracketed,
                                "sustained_load_ratio": round(sustained_ratio, 3) if sustained_ratio else None,
                                "best_throughput_ratio": best_ratio,
                                "best_goodput_ratio": max(x["goodput_ratio"] for x in per_load),
@@ -133,6 +146,7 @@ def main() -> int:
         "queue_policies": queue_summary,
         "calibration": calib,
         "targets": {"throughput_ratio_ge_1_5": best_ratio >= 1.5,
+                    # a lower bound when the slice's sustained load is not bracketed
                     "sustained_ratio_ge_1_5": bool(sustained_ratio and sustained_ratio >= 1.5),
                     "sjf_median_le_-40pct": any(v["median_change"] <= -0.40 for k, v in queue_summary.items()
                                                 if k.startswith("sjf/")),
