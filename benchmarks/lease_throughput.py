@@ -115,7 +115,7 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=8, help="leases asked for per poll (the executor's free KV slots)")
     p.add_argument("--duration-s", type=float, default=20.0)
     p.add_argument("--warmup-s", type=float, default=2.0)
-    p.add_argument("--requests", type=int, default=60_000)
+    p.add_argument("--requests", type=int, default=90_000)
     p.add_argument("--work-ms", type=float, default=80.0,
                    help="paced phase: a simulated executor runs each batch this long before completing it")
     p.add_argument("--log-dir", type=Path, help="keep the service's log here")

@@ -30,9 +30,9 @@ def main() -> int:
     workload = demo_workload(args.seed, args.duration_s)
     if args.load != 1.0:
         workload = workload.scaled(args.load)
-    record = compare_placements(workload, args.out, seed=args.seed, progress=lambda m: print(" ", m, flush=True))
-    (args.out / "live_latency.png").rename(args.out / "live_e2e.png")
-    (args.out / "live.json").unlink()
+    plots = args.out / "live_e2e"
+    record = compare_placements(workload, plots, seed=args.seed, progress=lambda m: print(" ", m, flush=True))
+    (plots / "live.json").unlink()  # the record below holds it
     runs = record["runs"]
     results = {
         "tokens_per_s": {k: v["tokens_per_s"] for k, v in runs.items()},
@@ -42,7 +42,7 @@ def main() -> int:
         "guest_replicas": runs["slice"]["guest_replicas"], "decisions": runs["slice"]["decisions"],
         "scheduler_cpu_s": {k: v["scheduler_cpu_s"] for k, v in runs.items()},
         "per_tenant": {k: v["tenants"] for k, v in runs.items()},
-        "workload": record["workload"], "plot": "live_e2e.png",
+        "workload": record["workload"], "plot": "live_e2e/live_latency.png",
     }
     _record.write("live_e2e", args, {"duration_s": args.duration_s, "load": args.load, "executors": 2,
                                      "devices_per_executor": 2}, results)
