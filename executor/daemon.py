@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from types import FrameType
 from typing import Any
 
@@ -278,6 +278,7 @@ class Settings:
     busy_poll_s: float = 0.05  # while running, poll (without waiting) at most this often
     timeout_s: float = 10.0  # per call, on top of a long poll's wait
     retry_base_s: float = 0.5  # first delay after a transient failure (doubling up to 10 s)
+    stage_url: str | None = None  # this node's stage server, for drivers on other nodes (executor.remote)
 
 
 class _Mailbox:
@@ -414,7 +415,8 @@ class ExecutorDaemon:
     def _register_once(self, client: httpx.Client) -> bool:
         """One registration attempt: True when registered, False on a transient failure."""
         s = self.settings
-        body = {"executor_id": s.executor_id, "host_id": s.host_id, "devices": list(s.devices)}
+        body = {"executor_id": s.executor_id, "host_id": s.host_id, "devices": list(s.devices),
+                "stage_url": s.stage_url}
         try:
             answer = self._call(client, "POST", "/v1/executors", body)
         except TransientError as exc:
@@ -638,6 +640,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host-id", default=None, help="default: the hostname")
     p.add_argument("--max-batch", type=int, default=8, help="leases held at once (and KV slots per replica)")
     p.add_argument("--poll-wait-s", type=float, default=2.0, help="long-poll wait while idle")
+    p.add_argument("--stage-host", default="127.0.0.1",
+                   help="address of this node's stage server (layers placed here by leases held on other nodes)")
+    p.add_argument("--stage-port", type=int, default=0, help="its port (0: any free port; -1: no stage server)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: one executor per core; more threads contend on small models)")
     return p
@@ -669,6 +674,12 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(server=args.server, key=key, executor_id=args.executor_id or f"{host}-{os.getpid()}",
                         host_id=args.host_id or host, devices=tuple(devices), max_batch=args.max_batch,
                         poll_wait_s=args.poll_wait_s)
+    stage_server = None
+    if args.stage_port >= 0:
+        from executor.remote import StageServer
+
+        stage_server = StageServer(args.stage_host, args.stage_port).start()
+        settings = replace(settings, stage_url=stage_server.url)
     daemon = ExecutorDaemon(settings)
     daemon.install_signal_handlers()
     try:
@@ -676,3 +687,6 @@ def main(argv: list[str] | None = None) -> int:
     except RegisterRefused as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    finally:
+        if stage_server is not None:
+            stage_server.close()

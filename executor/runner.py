@@ -23,6 +23,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from executor.remote import RemoteStage
 from service.models.family import DecoderLM, ModelConfig, build_model, embed_inputs, model_config
 
 _DEVICE_ID = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
@@ -46,17 +47,20 @@ def torch_device(device_id: str) -> torch.device:
 
 @dataclass(frozen=True)
 class Stage:
-    """Layers ``[start, end)`` of a model, run on ``device_id``."""
+    """Layers ``[start, end)`` of a model, run on ``device_id``; on another node when ``url``
+    (that node's stage server, :mod:`executor.remote`) is given."""
 
     device_id: str
     start: int
     end: int
+    url: str | None = None
 
     @staticmethod
     def from_dict(raw: Mapping[str, Any]) -> Stage:
-        """A stage from its API form ``{"device_id": ..., "layers": [start, end]}``."""
+        """A stage from its API form ``{"device_id": ..., "layers": [start, end], "url"?: ...}``."""
         start, end = raw["layers"]
-        return Stage(str(raw["device_id"]), int(start), int(end))
+        url = raw.get("url")
+        return Stage(str(raw["device_id"]), int(start), int(end), str(url) if url else None)
 
 
 def check_stages(stages: Sequence[Stage], n_layers: int) -> None:
@@ -83,13 +87,19 @@ class StagedModel(nn.Module):
     It takes over ``model``'s modules: they move to their stage's device in place.
     """
 
-    def __init__(self, model: DecoderLM, stages: Sequence[Stage]) -> None:
+    def __init__(self, model: DecoderLM, stages: Sequence[Stage], *, seed: int | None = None) -> None:
         super().__init__()
         c = model.config
         check_stages(stages, c.n_layers)
+        if any(s.url for s in stages) and seed is None:
+            raise ValueError("remote stages need the model's seed (they build the same weights there)")
         self.config: ModelConfig = c
         self.stages = tuple(stages)
-        self.devices = tuple(torch_device(s.device_id) for s in stages)
+        # The embedding and the head always run on this node; a remote stage's KV cache stays
+        # here too, on the first local device.
+        local = next(torch_device(s.device_id) for s in stages if not s.url) if any(not s.url for s in stages) \
+            else torch.device("cpu")
+        self.devices = tuple(local if s.url else torch_device(s.device_id) for s in stages)
         first, last = self.devices[0], self.devices[-1]
         self.embed = model.embed.to(first)
         self.pos_embed = model.pos_embed.to(first) if c.style == "gpt2" else None
@@ -97,7 +107,9 @@ class StagedModel(nn.Module):
             inv_freq: Tensor = model.inv_freq  # type: ignore[assignment]  # a registered buffer
             self.register_buffer("inv_freq", inv_freq.to(first), persistent=False)
         self.stage_blocks = nn.ModuleList(
-            nn.ModuleList(b.to(d) for b in model.blocks[s.start : s.end]) for s, d in zip(stages, self.devices, strict=True)
+            RemoteStage(s.url, c.name, cast(int, seed), s.start, s.end, s.device_id) if s.url
+            else nn.ModuleList(b.to(d) for b in model.blocks[s.start : s.end])
+            for s, d in zip(stages, self.devices, strict=True)
         )
         self.final_norm = model.final_norm.to(last)
         self.lm_head = self._head_on(model, last)
@@ -124,6 +136,10 @@ class StagedModel(nn.Module):
             x = x.to(device)
             stage_rope = (rope[0].to(device), rope[1].to(device)) if rope is not None else None
             bias = attn_bias.to(device) if attn_bias is not None else None
+            if isinstance(blocks, RemoteStage):  # activations (and this stage's cache) over HTTP
+                x, stage_kv = blocks(x, stage_rope, kv_cache[s] if kv_cache is not None else None, bias)
+                new_kv.append(stage_kv)
+                continue
             kvs = []
             for j, block in enumerate(cast(nn.ModuleList, blocks)):
                 past = kv_cache[s][j] if kv_cache is not None else None
@@ -148,7 +164,7 @@ def load_staged(family: str, seed: int, stages: Sequence[Stage]) -> StagedModel:
     config = model_config(family)
     check_stages(stages, config.n_layers)
     model = build_model(config, seed=seed, device=torch_device(stages[0].device_id))
-    return StagedModel(model, stages)
+    return StagedModel(model, stages, seed=seed)
 
 
 def activation_bytes(config: ModelConfig, *, batch: int, tokens: int, context: int, all_logits: bool = False) -> int:

@@ -23,6 +23,7 @@ from service.api.schemas import (
     InspectIn,
     ModelIn,
     PollIn,
+    ReplicaIn,
     RequestBatchIn,
     RequestIn,
     TenantIn,
@@ -205,7 +206,8 @@ async def register_executor(body: ExecutorIn, svc: Svc, p: Caller) -> dict[str, 
     if len(set(names)) != len(names):
         raise InvalidInputError(f"duplicate device names in {names}")
     svc.persist(svc.state.register_executor(body.executor_id, body.host_id,
-                                            [(d.device_id, d.kind, d.mem_bytes) for d in body.devices]))
+                                            [(d.device_id, d.kind, d.mem_bytes) for d in body.devices],
+                                            body.stage_url))
     await svc.replan()
     return {"executor_id": body.executor_id, "lease_ttl_s": svc.settings.lease_ttl_s,
             "heartbeat_s": svc.settings.heartbeat_s,
@@ -226,6 +228,31 @@ async def deregister_executor(executor_id: str, svc: Svc, p: Caller) -> dict[str
     svc.persist(svc.state.drop_executor(executor_id))
     await svc.replan()
     return {"executor_id": executor_id, "removed": True}
+
+
+@router.post("/v1/replicas", status_code=201, tags=["executors"])
+async def pin_replica(body: ReplicaIn, svc: Svc, p: Caller) -> dict[str, Any]:
+    """Admin: place a replica of a model on these devices, layers split over them in order (they
+    may belong to different executors: the leading executor runs the others' layers over HTTP).
+    The home planner leaves it alone; it goes when one of its devices does."""
+    require(p, "admin")
+    state = svc.state
+    model = state.model(body.tenant_id, body.model_id)
+    unknown = [d for d in body.device_ids if d not in state.devices]
+    if unknown:
+        raise InvalidInputError(f"unknown devices {unknown}")
+    if len(set(body.device_ids)) != len(body.device_ids) or len(body.device_ids) > model.config.n_layers:
+        raise InvalidInputError(f"need distinct devices, at most one per layer ({model.config.n_layers})")
+    need = (model.weight_bytes + state.kv_reserve_bytes(model)) // len(body.device_ids)
+    short = [d for d in body.device_ids if state.free_bytes(d) < need]
+    if short:
+        raise InvalidInputError(f"not enough free memory for {need} bytes per device on {short}")
+    if f"{model.uid}@{'+'.join(body.device_ids)}" in state.replicas:
+        raise ConflictError("that replica exists")
+    replica = state.add_replica(model.uid, tuple(body.device_ids), guest=False, pinned=True)
+    await svc.replan()
+    return {"replica_id": replica.replica_id, "device_ids": list(replica.device_ids),
+            "stages": state.stages(replica, state.devices[replica.device_ids[0]].executor_id, model.config.n_layers)}
 
 
 # ---- requests ------------------------------------------------------------------------------------
@@ -310,7 +337,7 @@ async def poll(body: PollIn, svc: Svc, p: Caller) -> JSONResponse:
             leases = []
             for lease, replica, req in grants:
                 model = state.models[req.model_uid]
-                stages = _stages(svc, replica.device_ids, model.config.n_layers)
+                stages = state.stages(replica, body.executor_id, model.config.n_layers)
                 leases.append({"lease_id": lease.lease_id, "request_id": req.request_id, "tenant_id": req.tenant_id,
                                "model_id": req.model_id, "family": model.family, "seed": model.seed,
                                "replica_id": replica.replica_id, "stages": stages, "prompt_tokens": req.prompt,
@@ -321,14 +348,6 @@ async def poll(body: PollIn, svc: Svc, p: Caller) -> JSONResponse:
             return JSONResponse({"leases": []})
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(woken.wait(), remaining)
-
-
-def _stages(svc: LiveService, device_ids: tuple[str, ...], n_layers: int) -> list[dict[str, Any]]:
-    """Layers split evenly over the replica's devices, in order (one stage per device)."""
-    n = len(device_ids)
-    bounds = [round(i * n_layers / n) for i in range(n + 1)]
-    return [{"device_id": svc.state.devices[d].local, "global_device_id": d, "layers": [bounds[i], bounds[i + 1]]}
-            for i, d in enumerate(device_ids)]
 
 
 @router.post("/v1/leases/{lease_id}/renew", tags=["leases"])

@@ -52,6 +52,15 @@ class ExecutorIn(Body):
     executor_id: str = Field(pattern=ID)
     host_id: str = Field(pattern=ID)
     devices: list[DeviceIn] = Field(min_length=1, max_length=64)
+    stage_url: str | None = Field(None, pattern=r"^https?://[A-Za-z0-9.\-\[\]:]+$", max_length=200,
+                                  description="this node's stage server (layers run here for leases held elsewhere)")
+
+
+class ReplicaIn(Body):
+    tenant_id: str = Field(pattern=ID)
+    model_id: str = Field(pattern=ID)
+    device_ids: list[str] = Field(min_length=1, max_length=8,
+                                  description="devices in layer order; they may belong to different executors")
 
 
 class HeartbeatIn(Body):

@@ -162,7 +162,7 @@ class LiveService:
         devices = sorted(state.devices.values(), key=lambda d: d.device_id)
         models = sorted(state.models.values(), key=lambda m: m.uid)
         wanted = self._homes(models, devices) if devices and models else []
-        current = {r.replica_id: r for r in state.replicas.values() if not r.guest}
+        current = {r.replica_id: r for r in state.replicas.values() if not r.guest and not r.pinned}
         keep = set()
         for uid, device_ids in wanted:
             rid = f"{uid}@{'+'.join(device_ids)}"

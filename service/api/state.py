@@ -97,6 +97,7 @@ class LiveExecutor:
     last_seen: float
     leases: set[str] = field(default_factory=set)
     busy_s: float = 0.0  # sum of reported busy seconds (utilisation)
+    stage_url: str | None = None  # its stage server: layers of replicas led from other executors
 
 
 @dataclass
@@ -109,6 +110,7 @@ class LiveReplica:
     leases: set[str] = field(default_factory=set)
     draining: bool = False
     last_active: float = 0.0
+    pinned: bool = False  # placed by an admin: the home planner leaves it alone
 
 
 @dataclass
@@ -332,7 +334,8 @@ class LiveState:
                    if self.requests[rid].status == "queued")
 
     # ---- executors ---------------------------------------------------------------------------
-    def register_executor(self, executor_id: str, host_id: str, devices: list[tuple[str, str, int]]) -> list[Write]:
+    def register_executor(self, executor_id: str, host_id: str, devices: list[tuple[str, str, int]],
+                          stage_url: str | None = None) -> list[Write]:
         """(Re-)register an executor with ``(local name, kind, mem_bytes)`` per device."""
         writes = self.drop_executor(executor_id) if executor_id in self.executors else []
         ids = []
@@ -340,7 +343,7 @@ class LiveState:
             device_id = f"{executor_id}/{local}"
             self.devices[device_id] = LiveDevice(device_id, local, executor_id, host_id, kind, mem)
             ids.append(device_id)
-        self.executors[executor_id] = LiveExecutor(executor_id, host_id, ids, self.clock())
+        self.executors[executor_id] = LiveExecutor(executor_id, host_id, ids, self.clock(), stage_url=stage_url)
         return writes
 
     def executor(self, executor_id: str) -> LiveExecutor:
@@ -378,9 +381,11 @@ class LiveState:
         return writes
 
     # ---- replicas ----------------------------------------------------------------------------
-    def add_replica(self, model_uid: str, device_ids: tuple[str, ...], *, guest: bool) -> LiveReplica:
+    def add_replica(self, model_uid: str, device_ids: tuple[str, ...], *, guest: bool,
+                    pinned: bool = False) -> LiveReplica:
         rid = f"{model_uid}@{'+'.join(device_ids)}"
-        replica = LiveReplica(rid, model_uid, device_ids, guest, self.max_batch, last_active=self.clock())
+        replica = LiveReplica(rid, model_uid, device_ids, guest, self.max_batch, last_active=self.clock(),
+                              pinned=pinned)
         self.replicas[rid] = replica
         return replica
 
@@ -412,7 +417,7 @@ class LiveState:
         e.last_seen = now
         mine = set(e.device_ids)
         replicas = sorted((r for r in self.replicas.values()
-                           if not r.draining and set(r.device_ids) <= mine),
+                           if not r.draining and r.device_ids[0] in mine and self.reachable(r, executor_id)),
                           key=lambda r: (r.guest, r.replica_id))
         out: list[tuple[Lease, LiveReplica, LiveRequest]] = []
         progress = True
@@ -435,6 +440,31 @@ class LiveState:
                 self.counters["leases_granted"] += 1
                 out.append((lease, r, req))
                 progress = True
+        return out
+
+    def reachable(self, replica: LiveReplica, executor_id: str) -> bool:
+        """Whether ``executor_id`` can lead the replica: every device is its own, or belongs to
+        a live executor with a stage server (the layers there run over HTTP)."""
+        for d in replica.device_ids:
+            owner = self.devices.get(d)
+            if owner is None:
+                return False
+            if owner.executor_id != executor_id and not self.executors[owner.executor_id].stage_url:
+                return False
+        return True
+
+    def stages(self, replica: LiveReplica, executor_id: str, n_layers: int) -> list[dict[str, Any]]:
+        """The lease's placement: layers split evenly over the replica's devices in order; a stage
+        on another executor carries that executor's stage server URL."""
+        n = len(replica.device_ids)
+        bounds = [round(i * n_layers / n) for i in range(n + 1)]
+        out = []
+        for i, d in enumerate(replica.device_ids):
+            device = self.devices[d]
+            stage: dict[str, Any] = {"device_id": device.local, "global_device_id": d, "layers": [bounds[i], bounds[i + 1]]}
+            if device.executor_id != executor_id:
+                stage["url"] = self.executors[device.executor_id].stage_url
+            out.append(stage)
         return out
 
     def _pop_queued(self, model_uid: str) -> LiveRequest | None:

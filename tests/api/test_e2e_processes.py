@@ -123,3 +123,32 @@ def test_service_restart_loses_no_accepted_request(stack: LiveStack) -> None:
         got = wait_done(c, ids)
         check_tokens(c, got, ids, 80)
         served_once(stack, c, ids)
+
+
+def test_a_replica_across_two_executors_moves_activations_over_http(stack: LiveStack) -> None:
+    with stack.client() as c:
+        setup(stack, c)
+        r = c.post("/v1/replicas", json={"tenant_id": "acme", "model_id": "m", "device_ids": ["ea/cpu:1", "eb/cpu:1"]})
+        assert r.status_code == 201, r.text
+        stages = r.json()["stages"]
+        assert stages[0]["layers"] == [0, 1] and "url" not in stages[0]
+        assert stages[1]["layers"] == [1, 2] and stages[1]["url"].startswith("http://127.0.0.1:")
+        ids = {}
+        for i in range(10):
+            prompt = f"split {i}"
+            rid = c.post("/v1/requests", json={"model_id": "m", "prompt": prompt, "max_tokens": 12,
+                                               "tenant_id": "acme"}).json()["request_id"]
+            ids[rid] = ("acme", prompt)
+        got = wait_done(c, ids)
+        check_tokens(c, got, ids, 12)
+        query = ("MATCH (s:Slice {state: 'done', model_uid: 'acme/m'})-[:ON]->(d:Device {device_id: 'eb/cpu:1'}) "
+                 "MATCH (s)-[:ON]->(first:Device {device_id: 'ea/cpu:1'}) RETURN count(DISTINCT s)")
+        deadline = time.monotonic() + 10
+        while True:  # the GMG writer batches
+            split = c.post("/v1/inspect", json={"query": query}).json()["rows"][0][0]
+            if split > 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        assert split > 0, "no request ran on the replica split over both executors"
+        bad = c.post("/v1/replicas", json={"tenant_id": "acme", "model_id": "m", "device_ids": ["ea/cpu:1", "nope"]})
+        assert bad.status_code == 400
