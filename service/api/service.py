@@ -98,7 +98,8 @@ class LiveService:
         await asyncio.to_thread(self.writer.warm_up)
         self.writer.start()
         self._tasks = [asyncio.create_task(self._expiry_loop(), name="lease-expiry"),
-                       asyncio.create_task(self._schedule_loop(), name="scheduler")]
+                       asyncio.create_task(self._schedule_loop(), name="scheduler"),
+                       asyncio.create_task(self._retention_loop(), name="retention")]
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -348,6 +349,19 @@ class LiveService:
         return {"placement": "slice", "horizon_s": horizon_s, "whatifs": decision.num_whatifs,
                 "add": [{"model": c.tenant_id, "compute_units": list(c.device_ids)} for c in decision.add],
                 "drain": decision.drain, "notes": decision.notes}
+
+    async def _retention_loop(self) -> None:
+        """Bounded retention: live Slices older than ``slice_retention_s`` go, every 10 minutes."""
+        assert self.repo is not None
+        while True:
+            try:
+                deleted = await asyncio.to_thread(self.repo.delete_old_live_slices,
+                                                  time.time() - self.settings.slice_retention_s)
+                if deleted:
+                    log.info("retention: deleted %d live slices", deleted)
+            except Exception:  # a failed clean-up is retried next time
+                log.exception("retention clean-up failed")
+            await asyncio.sleep(600.0)
 
     # ---- what-if (admin) -------------------------------------------------------------------------
     def what_if(self, model_uid: str, device_ids: tuple[str, ...], horizon_s: float) -> dict[str, Any]:

@@ -28,6 +28,7 @@ class ServiceSettings:
     max_attempts: int = 3  # failed leases before a request fails
     max_batch: int = 8  # leases per replica at once (its KV slots)
     schedule_interval_s: float = 2.0  # the slice policy steps at most this often
+    slice_retention_s: float = 3600.0  # live Slices (leases) are kept this long after they end
     neo4j: Neo4jSettings = field(default_factory=Neo4jSettings.from_env)
 
     def __post_init__(self) -> None:
@@ -53,6 +54,7 @@ class ServiceSettings:
             "lease_ttl_s": float(env.get("SLICESCHED_LEASE_TTL_S", "10")),
             "heartbeat_s": float(env.get("SLICESCHED_HEARTBEAT_S", "2")),
             "max_batch": int(env.get("SLICESCHED_MAX_BATCH", "8")),
+            "slice_retention_s": float(env.get("SLICESCHED_SLICE_RETENTION_S", "3600")),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return ServiceSettings(**values)  # type: ignore[arg-type]

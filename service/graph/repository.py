@@ -87,7 +87,7 @@ class GraphRepository:
         "place_slices", "mark_slices_done", "delete_done_slices", "refresh_device_state", "replace_host_links",
         "find_candidate_slots", "create_experiment",
         "create_request", "update_requests", "create_slices", "end_slices", "set_weight_residence",
-        "live_tenants", "live_models", "live_requests",
+        "live_tenants", "live_models", "live_requests", "delete_old_live_slices",
     )
 
     def __init__(self, driver: Driver, catalog: QueryCatalog | None = None, *, database: str = "neo4j") -> None:
@@ -422,3 +422,13 @@ class GraphRepository:
 
     def live_requests(self, since: float) -> list[dict[str, Any]]:
         return [r["request"] for r in self._read("live_requests", since=float(since))]
+
+    def delete_old_live_slices(self, before_wall: float, *, chunk: int = 10_000) -> int:
+        """Delete live Slices that ended before ``before_wall`` (epoch s), in bounded chunks."""
+        total = 0
+        while True:
+            out = self._write("delete_old_live_slices", before_wall=float(before_wall), limit=chunk)
+            deleted = int(out[0]["deleted"]) if out else 0
+            total += deleted
+            if deleted < chunk:
+                return total

@@ -182,3 +182,24 @@ def test_cancel_and_whatif(client: TestClient, uid: str) -> None:
                        headers=auth(ADMIN)).status_code == 400
     assert client.post("/v1/whatif", json={"tenant_id": f"c{uid}", "model_id": "m", "device_ids": ["x"]},
                        headers=auth(key)).status_code == 403
+
+
+def test_retention_deletes_old_live_slices_and_keeps_requests(client: TestClient, repo: object, uid: str) -> None:
+    key = setup_tenant_model(client, f"ret{uid}")
+    register(client, f"ret{uid}e")
+    rid = client.post("/v1/requests", json={"model_id": "m", "prompt": "x", "max_tokens": 2},
+                      headers=auth(key)).json()["request_id"]
+    [lease] = [x for x in poll(client, f"ret{uid}e") if x["request_id"] == rid]
+    client.post("/v1/leases/complete", json={"executor_id": f"ret{uid}e", "results": [completion(lease)]},
+                headers=auth(EXECUTOR))
+    query = "MATCH (s:Slice {uid: $uid}) RETURN s.state, s.iterations"
+    deadline = time.monotonic() + 10
+    while client.post("/v1/inspect", json={"query": query, "params": {"uid": lease["lease_id"]}},
+                      headers=auth(ADMIN)).json()["rows"] != [["done", 2]]:
+        assert time.monotonic() < deadline, "the completed slice never reached the GMG"
+        time.sleep(0.2)
+    assert repo.delete_old_live_slices(time.time() - 3600) == 0  # type: ignore[attr-defined]
+    assert repo.delete_old_live_slices(time.time() + 1) >= 1  # type: ignore[attr-defined]
+    assert client.post("/v1/inspect", json={"query": query, "params": {"uid": lease["lease_id"]}},
+                       headers=auth(ADMIN)).json()["rows"] == []
+    assert client.get(f"/v1/requests/{rid}", headers=auth(key)).json()["status"] == "done"
