@@ -104,7 +104,9 @@ async def stats(svc: Svc, p: Caller) -> dict[str, Any]:
                           "guest": r.guest, "draining": r.draining, "leases": len(r.leases)}
                          for r in svc.state.replicas.values()],
             "decisions": svc.decisions[-50:], "iteration_s": svc.state.iteration_s,
-            "scheduler_steps": len(svc.step_s), "scheduler_step_s_total": sum(svc.step_s)}
+            "scheduler_steps": len(svc.step_s), "scheduler_step_s_total": sum(svc.step_s),
+            "token_budget_mae": (sum(svc.state.calibrator.abs_errors) / len(svc.state.calibrator.abs_errors)
+                                 if svc.state.calibrator.abs_errors else None)}
 
 
 # ---- tenants ---------------------------------------------------------------------------------------
@@ -120,10 +122,11 @@ async def create_tenant(body: TenantIn, svc: Svc, p: Caller) -> dict[str, Any]:
     if body.tenant_id in svc.state.tenants:
         raise ConflictError(f"tenant {body.tenant_id!r} exists")
     key = new_key(body.tenant_id)
-    svc.state.add_tenant(body.tenant_id, body.sla_class, body.weight, body.priority, hash_key(key))
+    svc.state.check_tenant(body.sla_class, body.weight)
     assert svc.repo is not None
     await asyncio.to_thread(svc.repo.upsert_tenant, body.tenant_id, sla_class=body.sla_class, weight=body.weight,
-                            priority=body.priority, key_hash=hash_key(key))
+                            priority=body.priority, key_hash=hash_key(key))  # persisted first: a key never outlives a crash unrecorded
+    svc.state.add_tenant(body.tenant_id, body.sla_class, body.weight, body.priority, hash_key(key))
     return {**tenant_public(svc, body.tenant_id), "api_key": key}
 
 

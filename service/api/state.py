@@ -19,6 +19,7 @@ import hashlib
 import itertools
 import math
 import secrets
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -201,7 +202,7 @@ class BudgetCalibrator:
     def __init__(self, alpha: float = 0.1) -> None:
         self.alpha = alpha
         self.ratio: dict[str, float] = {}
-        self.abs_errors: list[float] = []
+        self.abs_errors: deque[float] = deque(maxlen=10_000)  # |budget - observed| of recent completions
 
     def budget(self, model_uid: str, max_tokens: int) -> int:
         return max(1, min(max_tokens, round(max_tokens * self.ratio.get(model_uid, 1.0))))
@@ -237,16 +238,19 @@ class LiveState:
         self.iteration_s: dict[str, float] = {}  # family -> measured mean iteration time (EWMA)
         self.counters: dict[str, int] = {"leases_granted": 0, "leases_expired": 0, "leases_completed": 0,
                                          "leases_failed": 0, "completions_rejected": 0}
-        self.finished_log: list[LiveRequest] = []  # completions since the metrics last looked
         self._lease_ids = itertools.count(1)
         self._lease_prefix = secrets.token_hex(3)  # lease ids never repeat across restarts
 
     # ---- tenants and models -------------------------------------------------------------------
-    def add_tenant(self, tenant_id: str, sla_class: str, weight: float, priority: int, key_hash: str) -> LiveTenant:
+    @staticmethod
+    def check_tenant(sla_class: str, weight: float) -> None:
         if sla_class not in SLA_CLASSES:
             raise InvalidInputError(f"unknown SLA class {sla_class!r} (known: {', '.join(SLA_CLASSES)})")
         if not (0.0 < weight < math.inf):
             raise InvalidInputError(f"weight must be finite and > 0, got {weight}")
+
+    def add_tenant(self, tenant_id: str, sla_class: str, weight: float, priority: int, key_hash: str) -> LiveTenant:
+        self.check_tenant(sla_class, weight)
         tenant = LiveTenant(tenant_id, sla_class, weight, priority, key_hash)
         self.tenants[tenant_id] = tenant
         self.by_key_hash[key_hash] = tenant_id
@@ -511,7 +515,6 @@ class LiveState:
             old = self.iteration_s.get(family)
             self.iteration_s[family] = mean if old is None else old + 0.1 * (mean - old)
         self.counters["leases_completed"] += 1
-        self.finished_log.append(req)
         return [*writes, Write("request", req.update_row())]
 
     def fail(self, lease_id: str, executor_id: str | None, reason: str) -> list[Write]:
