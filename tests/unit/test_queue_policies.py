@@ -51,13 +51,26 @@ def test_sjf_orders_by_estimate_within_its_bound_and_oracle_by_true_remaining_le
 
 
 def test_sjf_counts_remaining_output_and_caps_any_estimate_at_max_delay() -> None:
-    policy = make_queue_policy("sjf", aging_tokens_per_s=10.0, max_delay_s=30.0)
+    policy = make_queue_policy("sjf", aging_tokens_per_s=10.0, max_delay_s=30.0, prompt_weight=0.0)
     # 100 tokens left of 400: worth 10 s, so it goes before a 50-token request that arrived 6 s later
     part = QueuedRequest("part", "a", "m", 0.0, 100, 400, 300)
     assert _drain(policy, [part, _q("new", 6.0, est=50)]) == ["part", "new"]
     # an absurd estimate counts like a 300-token one (30 s): a request 31 s later does not pass it
     assert _drain(policy, [_q("huge", 0.0, est=10**9), _q("tiny", 31.0, est=1)]) == ["huge", "tiny"]
     assert _drain(policy, [_q("huge", 0.0, est=10**9), _q("tiny", 29.0, est=1)]) == ["tiny", "huge"]
+
+
+def test_sjf_counts_the_prompt_as_work_by_default() -> None:
+    # a 2,000-token prompt with a 10-token answer is more work than a 100-token prompt with a
+    # 300-token answer: 2,010 against 400 tokens (13.4 s against 2.7 s at 150 tokens/s)
+    reqs = [_q("long-prompt", 0.0, prompt=2000, est=10), _q("long-answer", 1.0, prompt=100, est=300)]
+    assert _drain(make_queue_policy("sjf"), reqs) == ["long-answer", "long-prompt"]
+    # output only: the short answer goes first
+    assert _drain(make_queue_policy("sjf", prompt_weight=0.0), reqs) == ["long-prompt", "long-answer"]
+    # half weight: 1,010 against 350 tokens
+    assert _drain(make_queue_policy("sjf", prompt_weight=0.5), reqs) == ["long-answer", "long-prompt"]
+    with pytest.raises(InvalidInputError, match="prompt_weight"):
+        make_queue_policy("sjf", prompt_weight=-1.0)
 
 
 def test_oracle_without_true_length_is_refused() -> None:
@@ -145,15 +158,16 @@ def test_aging_spf_serves_a_long_prompt_under_a_stream_of_short_ones() -> None:
 
 def test_sjf_serves_a_long_request_under_a_stream_of_short_ones_within_its_bound() -> None:
     victim = _q("victim", 0.0, est=50_000)
-    # stream requests (estimate 10, arriving one per second) are worth 0.5 s: those arriving
+    # stream requests (prompt 10, estimate 10, arriving one per second) are worth 0.13 s: those arriving
     # within 30 s of the victim go first, the one arriving at 30 s does not
     assert _starvation_steps(make_queue_policy("sjf"), victim=victim, stream="short") == 30
     assert _starvation_steps(make_queue_policy("sjf", max_delay_s=5.0), victim=victim, stream="short") == 5
-    # without the cap the same request would wait 50_000 / 20 = 2,500 s: starvation
+    # without the cap the same request would wait 50_100 / 150 = 334 s: starvation
     assert _starvation_steps(make_queue_policy("sjf", max_delay_s=1e6), victim=victim, stream="short") is None
 
 
-_BOUNDED = {"sjf": lambda r: r.estimated_output_tokens - r.generated_tokens, "aging-spf": lambda r: r.prompt_tokens}
+_BOUNDED = {"sjf": lambda r: r.prompt_tokens + r.estimated_output_tokens - r.generated_tokens,
+            "aging-spf": lambda r: r.prompt_tokens}
 
 
 @settings(max_examples=80, deadline=None)
@@ -241,7 +255,7 @@ def test_the_heap_queue_pops_what_the_linear_reference_selects(
 
 
 def test_a_copied_queue_keeps_its_order_and_converts_items() -> None:
-    policy = make_queue_policy("sjf", aging_tokens_per_s=1.0)
+    policy = make_queue_policy("sjf", aging_tokens_per_s=1.0, prompt_weight=0.0)
     q: RequestQueue[str] = RequestQueue(policy)
     for r in (_q("x", 0.0, est=30), _q("y", 1.0, est=10), _q("z", 2.0, est=10)):
         q.push(r, r.request_id)
