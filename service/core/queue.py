@@ -140,36 +140,32 @@ def _check_aging(name: str, aging_tokens_per_s: float, max_delay_s: float) -> No
 
 @dataclass(frozen=True, slots=True)
 class SjfPolicy:
-    """Shortest estimated remaining work first, starvation-safe. A request's work is
-    ``prompt_weight * prompt_tokens + remaining`` tokens, ``remaining`` its estimated output not
-    yet produced; effective size ``work - aging_tokens_per_s * waited_s``, smallest first, where
-    a request's size counts for at most ``max_delay_s`` seconds of waiting. As a static key:
-    ``arrival_s + min(work / aging_tokens_per_s, max_delay_s)``.
+    """Shortest estimated remaining output first (the issue's definition), starvation-safe. A
+    request's size is ``prompt_weight * prompt_tokens + remaining``, ``remaining`` its estimated
+    output not yet produced (``prompt_weight`` is 0 by default: output only); effective size
+    ``size - aging_tokens_per_s * waited_s``, smallest first, where a request's size counts for
+    at most ``max_delay_s`` seconds of waiting. As a static key:
+    ``arrival_s + min(size / aging_tokens_per_s, max_delay_s)``.
 
-    Why the prompt counts: a waiting request is admitted into an iteration's token budget, where
-    each prompt token takes a slot once and each output token one slot per step, and it reserves
-    KV for prompt plus output; so prompt and output tokens are the same currency, and on
-    prefill-bound tenants (code assistants: ~2,000-token prompts, tens of output tokens) the
-    prompt is nearly all of the size. Ordering by the output estimate alone changed nothing on
-    the headline mix (``benchmarks/replay_headline.py``: median and P99 within a few percent of
-    ``fifo`` at every aging rate down to 3 tokens/s), because the queue forms on the prefill-bound
-    tenant; with the prompt counted the median falls by 35-41% at 1.2x load (seeds 0 and 1).
-    ``prompt_weight=0`` gives shortest estimated remaining output first.
+    ``prompt_weight=1`` orders by estimated remaining *work* (prompt and output tokens are the
+    same currency in an iteration's token budget and in the KV reservation). On the headline mix
+    the queue forms on a prefill-bound tenant (~2,000-token prompts, tens of output tokens), so
+    the output estimate alone reorders almost nothing (median and P99 within a few percent of
+    ``fifo``), while counting the prompt cuts the median by 35-41% at 1.2x load (seeds 0 and 1,
+    with ``aging_tokens_per_s=150``), like ``aging-spf``.
 
     Guarantee: a request is served before every request that arrives more than
-    ``min(work / aging_tokens_per_s, max_delay_s)`` seconds after it, so nothing is passed by
+    ``min(size / aging_tokens_per_s, max_delay_s)`` seconds after it, so nothing is passed by
     later arrivals for more than ``max_delay_s`` seconds, whatever its estimate (estimates can
     be wildly wrong). Within the bound the order is shortest first. Defaults: a waited second is
-    worth 150 tokens (as ``aging-spf``: a 2,000-token request yields to arrivals of the next
-    ~13 s, so typical sizes stay below the cap and keep their order; 75 to 300 gave the same
-    median within 2 points), and the bound is 30 s (half the interactive end-to-end target).
+    worth 20 output tokens, and the bound is 30 s (half the interactive end-to-end target).
     Unbounded SJF (the textbook policy) is the limit of a large ``max_delay_s`` and a small
     ``aging_tokens_per_s``; it starves long requests under sustained overload.
     """
 
-    aging_tokens_per_s: float = 150.0  # tokens of work one second of waiting makes up for
+    aging_tokens_per_s: float = 20.0  # tokens of size one second of waiting makes up for
     max_delay_s: float = 30.0  # the most a request can be passed by later arrivals for
-    prompt_weight: float = 1.0  # a prompt token's worth in output tokens (0: output only)
+    prompt_weight: float = 0.0  # a prompt token's worth in output tokens (0: output only)
     name: ClassVar[str] = "sjf"
     fair_share: ClassVar[bool] = False
     needs_estimate: ClassVar[bool] = True

@@ -60,15 +60,17 @@ def test_sjf_counts_remaining_output_and_caps_any_estimate_at_max_delay() -> Non
     assert _drain(policy, [_q("huge", 0.0, est=10**9), _q("tiny", 29.0, est=1)]) == ["tiny", "huge"]
 
 
-def test_sjf_counts_the_prompt_as_work_by_default() -> None:
-    # a 2,000-token prompt with a 10-token answer is more work than a 100-token prompt with a
-    # 300-token answer: 2,010 against 400 tokens (13.4 s against 2.7 s at 150 tokens/s)
+def test_sjf_orders_by_output_by_default_and_counts_the_prompt_when_asked() -> None:
+    # a 2,000-token prompt with a 10-token answer against a 100-token prompt with a 300-token answer
     reqs = [_q("long-prompt", 0.0, prompt=2000, est=10), _q("long-answer", 1.0, prompt=100, est=300)]
-    assert _drain(make_queue_policy("sjf"), reqs) == ["long-answer", "long-prompt"]
-    # output only: the short answer goes first
-    assert _drain(make_queue_policy("sjf", prompt_weight=0.0), reqs) == ["long-prompt", "long-answer"]
+    # output only (the default): the short answer goes first
+    assert _drain(make_queue_policy("sjf"), reqs) == ["long-prompt", "long-answer"]
+    # remaining work: 2,010 against 400 tokens (13.4 s against 2.7 s at 150 tokens/s)
+    work = make_queue_policy("sjf", prompt_weight=1.0, aging_tokens_per_s=150.0)
+    assert _drain(work, reqs) == ["long-answer", "long-prompt"]
     # half weight: 1,010 against 350 tokens
-    assert _drain(make_queue_policy("sjf", prompt_weight=0.5), reqs) == ["long-answer", "long-prompt"]
+    assert _drain(make_queue_policy("sjf", prompt_weight=0.5, aging_tokens_per_s=150.0), reqs) == \
+        ["long-answer", "long-prompt"]
     with pytest.raises(InvalidInputError, match="prompt_weight"):
         make_queue_policy("sjf", prompt_weight=-1.0)
 
