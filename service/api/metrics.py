@@ -36,21 +36,16 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self.state
-        queue = GaugeMetricFamily("slicesched_queue_length", "Requests waiting, per tenant", labels=["tenant"])
-        waiting: dict[str, int] = dict.fromkeys(s.tenants, 0)
-        for req in s.queued():
-            waiting[req.tenant_id] = waiting.get(req.tenant_id, 0) + 1
-        for tenant, n in sorted(waiting.items()):
-            queue.add_metric([tenant], n)
-        yield queue
-        running = GaugeMetricFamily("slicesched_requests_running", "Requests leased to executors, per tenant",
-                                    labels=["tenant"])
-        leased: dict[str, int] = dict.fromkeys(s.tenants, 0)
-        for req in s.in_flight():
-            leased[req.tenant_id] = leased.get(req.tenant_id, 0) + 1
-        for tenant, n in sorted(leased.items()):
-            running.add_metric([tenant], n)
-        yield running
+        for name, doc, requests in (
+                ("slicesched_queue_length", "Requests waiting, per tenant", s.queued()),
+                ("slicesched_requests_running", "Requests leased to executors, per tenant", s.in_flight())):
+            family = GaugeMetricFamily(name, doc, labels=["tenant"])
+            counts: dict[str, int] = dict.fromkeys(s.tenants, 0)
+            for req in requests:
+                counts[req.tenant_id] = counts.get(req.tenant_id, 0) + 1
+            for tenant, n in sorted(counts.items()):
+                family.add_metric([tenant], n)
+            yield family
         util = GaugeMetricFamily("slicesched_device_utilisation",
                                  "Leases running on a device over its KV slots (0-1)", labels=["device"])
         for device_id in sorted(s.devices):

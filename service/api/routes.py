@@ -366,6 +366,7 @@ async def complete(body: CompleteIn, svc: Svc, p: Caller) -> JSONResponse:
     state = svc.state
     accepted, rejected = [], []
     for c in body.results:
+        lease = state.leases.get(c.lease_id)
         try:
             writes = state.complete(body.executor_id, Completion(
                 c.lease_id, list(c.output_tokens), c.queued_s, c.ttft_s, c.e2e_s, c.iterations, c.busy_s, c.peak_bytes))
@@ -374,7 +375,8 @@ async def complete(body: CompleteIn, svc: Svc, p: Caller) -> JSONResponse:
             rejected.append({"lease_id": c.lease_id, "reason": str(exc)})
             continue
         svc.persist(writes)
-        svc.metrics.finished_request(state.requests[writes[-1].row["uid"]])
+        assert lease is not None  # complete() accepted it, so it was live
+        svc.metrics.finished_request(state.requests[lease.request_id])
         accepted.append(c.lease_id)
     if accepted:
         svc.work.notify()

@@ -37,6 +37,7 @@ from service.core.placement import TenantDemand, candidate_groups, container_rep
 from service.core.queue import make_queue_policy
 from service.core.scheduler import Decision, DeviceInfo, ReplicaInfo, Scheduler
 from service.core.slot import InputDep, Slot, SlotQuery
+from service.domain.cluster import ClusterSpec
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec
 from service.graph.catalog import QueryCatalog
@@ -162,7 +163,8 @@ class LiveService:
         state = self.state
         devices = sorted(state.devices.values(), key=lambda d: d.device_id)
         models = sorted(state.models.values(), key=lambda m: m.uid)
-        wanted = self._homes(models, devices) if devices and models else []
+        spec = live_spec([(d.device_id, d.executor_id, d.kind, d.mem_bytes) for d in devices])
+        wanted = self._homes(spec, models, devices) if devices and models else []
         current = {r.replica_id: r for r in state.replicas.values() if not r.guest and not r.pinned}
         keep = set()
         for uid, device_ids in wanted:
@@ -176,14 +178,12 @@ class LiveService:
             if rid not in keep:
                 r.draining = True
         assert self.repo is not None
-        spec = live_spec([(d.device_id, d.executor_id, d.kind, d.mem_bytes) for d in devices])
         if devices:
             await asyncio.to_thread(self.repo.apply_cluster, spec)
         await self._write_residence()
         self.work.notify()
 
-    def _homes(self, models: list[LiveModel], devices: list[Any]) -> list[tuple[str, tuple[str, ...]]]:
-        spec = live_spec([(d.device_id, d.executor_id, d.kind, d.mem_bytes) for d in devices])
+    def _homes(self, spec: ClusterSpec, models: list[LiveModel], devices: list[Any]) -> list[tuple[str, tuple[str, ...]]]:
         demands = [TenantDemand(m.uid, m.family, self.state.tenant(m.tenant_id).weight) for m in models]
         fits = min(len(models), len(devices))
         by_weight = sorted(demands, key=lambda t: (-t.device_s_per_s, t.tenant_id))

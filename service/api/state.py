@@ -334,8 +334,8 @@ class LiveState:
         return [*writes, Write("request", req.update_row())]
 
     def waiting(self, model_uid: str) -> int:
-        return sum(1 for rid in self.queues.get(model_uid, RequestQueue(self.policy))
-                   if self.requests[rid].status == "queued")
+        queue = self.queues.get(model_uid)
+        return sum(1 for rid in queue if self.requests[rid].status == "queued") if queue is not None else 0
 
     # ---- executors ---------------------------------------------------------------------------
     def register_executor(self, executor_id: str, host_id: str, devices: list[tuple[str, str, int]],
