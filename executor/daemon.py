@@ -457,6 +457,9 @@ class ExecutorDaemon:
             self._completions.extend(result.completed)
             self._failures.extend(result.failed)
             self._post_results(client)
+            # Heartbeats renew what this executor holds: running leases and finished ones whose
+            # completion the service has not yet accepted (a Neo4j outage can delay that).
+            self._mailbox.publish_running(self.worker.lease_ids + [lease.lease_id for lease, _ in self._completions])
             if not self.worker.busy and not polled:
                 self._pause(IDLE_PAUSE_S)
 

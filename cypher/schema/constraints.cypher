@@ -10,3 +10,5 @@ CREATE CONSTRAINT request_uid IF NOT EXISTS FOR (n:Request) REQUIRE n.uid IS UNI
 CREATE CONSTRAINT slice_uid IF NOT EXISTS FOR (n:Slice) REQUIRE n.uid IS UNIQUE
 ;
 CREATE CONSTRAINT experiment_uid IF NOT EXISTS FOR (n:Experiment) REQUIRE n.uid IS UNIQUE
+;
+CREATE CONSTRAINT request_idempotency IF NOT EXISTS FOR (n:Request) REQUIRE (n.tenant_id, n.idempotency_key) IS UNIQUE

@@ -1,12 +1,17 @@
 // Granted leases of the live service as Slices: each SERVES its request and runs ON the
-// replica's devices (batched; a row whose request is unknown is skipped).
-// A lease that ended before its first write arrives whole: with its end and observation.
+// replica's devices (batched; a row whose request is unknown is skipped). Idempotent: a Slice
+// already written (by its completion, which creates it when the writer has not yet) keeps its
+// state; a lease that ended before its first write arrives whole, with its end and observation.
 // @param rows: [{uid, tenant_id, model_uid, request_uid, device_ids, executor_id, state, start_wall, end_wall, busy_s?, iterations?, peak_bytes?}]
 UNWIND $rows AS row
 MATCH (r:Request {uid: row.request_uid})
-CREATE (s:Slice {uid: row.uid, tenant_id: row.tenant_id, model_uid: row.model_uid, executor_id: row.executor_id,
-                 state: row.state, start_wall: row.start_wall, end_wall: row.end_wall, live: true,
-                 busy_s: row.busy_s, iterations: row.iterations, peak_bytes: row.peak_bytes})
+MERGE (s:Slice {uid: row.uid})
+ON CREATE SET s.tenant_id = row.tenant_id, s.model_uid = row.model_uid, s.executor_id = row.executor_id,
+              s.state = row.state, s.start_wall = row.start_wall, s.end_wall = row.end_wall, s.live = true,
+              s.busy_s = row.busy_s, s.iterations = row.iterations, s.peak_bytes = row.peak_bytes, s.fresh = true
+WITH s, row, r
+WHERE s.fresh
+REMOVE s.fresh
 CREATE (s)-[:SERVES]->(r)
 WITH s, row
 CALL (s, row) {

@@ -24,6 +24,7 @@ from service.api.settings import ServiceSettings
 from service.api.state import ConflictError, ForbiddenError, hash_key
 from service.domain.error import (
     CatalogError,
+    DatabaseUnavailableError,
     InvalidInputError,
     NotFoundError,
     ReadOnlyViolationError,
@@ -106,8 +107,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def neo4j_down(_: Request, exc: Exception) -> JSONResponse:
         log.warning("Neo4j unavailable: %s", exc)
-        return _error(503, "unavailable", "Neo4j is unavailable; retry shortly")
+        retry = getattr(exc, "retry_after_s", 2.0)
+        message = str(exc) if isinstance(exc, SliceschedError) else "Neo4j is unavailable; retry shortly"
+        response = _error(503, "unavailable", message)
+        response.headers["Retry-After"] = str(max(1, round(retry)))
+        return response
 
+    app.add_exception_handler(DatabaseUnavailableError, neo4j_down)
     app.add_exception_handler(ServiceUnavailable, neo4j_down)
     app.add_exception_handler(SessionExpired, neo4j_down)
     app.add_exception_handler(SliceschedError, domain)

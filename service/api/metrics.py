@@ -7,7 +7,7 @@ Every app has its own registry (tests run several apps in one process).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -62,6 +62,14 @@ class _StateCollector(Collector):
         yield rejected
 
 
+class _FunctionCollector(Collector):
+    def __init__(self, fn: Callable[[], Iterable[Metric]]) -> None:
+        self.fn = fn
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.fn()
+
+
 class LiveMetrics:
     def __init__(self, state: LiveState) -> None:
         self.registry = CollectorRegistry()
@@ -80,6 +88,10 @@ class LiveMetrics:
                                    "From a live-state change to its commit in Neo4j",
                                    buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5),
                                    registry=self.registry)
+
+    def watch(self, fn: Callable[[], Iterable[Metric]]) -> None:
+        """Metrics read at scrape time from ``fn`` (the service's loops, Neo4j, the writer)."""
+        self.registry.register(_FunctionCollector(fn))
 
     def arrived(self, req: LiveRequest) -> None:
         self.arrivals.labels(req.tenant_id).inc()

@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from service.api.app import Principal, authenticate
@@ -75,8 +75,22 @@ def scoped_tenant(p: Principal, given: str | None) -> str:
 # ---- health and metrics --------------------------------------------------------------------------
 @router.get("/healthz", tags=["ops"])
 async def healthz(svc: Svc) -> dict[str, Any]:
-    """Liveness, with nothing about tenants (no key needed)."""
-    return {"status": "ok", "placement": svc.settings.placement, "queue": svc.settings.queue}
+    """Liveness (the process answers; 200 while it runs), with readiness in one word and
+    nothing about tenants (no key needed). ``/readyz`` has the details."""
+    ready = svc.readiness()["ready"]
+    return {"status": "ok" if ready else "degraded", "ready": ready, "neo4j": "up" if svc.db_up else "down",
+            "placement": svc.settings.placement, "queue": svc.settings.queue}
+
+
+@router.get("/readyz", tags=["ops"])
+async def readyz(svc: Svc) -> JSONResponse:
+    """Readiness: 200 when Neo4j answers and no background loop is stuck, else 503; each
+    loop's last successful tick and failures, the GMG writer's backlog (no key needed; nothing
+    about tenants)."""
+    report = svc.readiness()
+    report["unplaced_models"] = len(report["unplaced_models"])  # model names stay admin-only (/v1/stats)
+    return JSONResponse(report, status_code=200 if report["ready"] else 503,
+                        headers=None if report["ready"] else {"Retry-After": "2"})
 
 
 @router.get("/metrics", tags=["ops"])
@@ -104,6 +118,7 @@ async def stats(svc: Svc, p: Caller) -> dict[str, Any]:
                           "guest": r.guest, "draining": r.draining, "leases": len(r.leases)}
                          for r in svc.state.replicas.values()],
             "decisions": svc.decisions[-50:], "iteration_s": svc.state.iteration_s,
+            "unplaced_models": dict(svc.unplaced), "loops": svc.supervisor.report(),
             "scheduler_steps": len(svc.step_s), "scheduler_step_s_total": sum(svc.step_s),
             "token_budget_mae": (sum(svc.state.calibrator.abs_errors) / len(svc.state.calibrator.abs_errors)
                                  if svc.state.calibrator.abs_errors else None)}
@@ -124,7 +139,7 @@ async def create_tenant(body: TenantIn, svc: Svc, p: Caller) -> dict[str, Any]:
     key = new_key(body.tenant_id)
     svc.state.check_tenant(body.sla_class, body.weight)
     assert svc.repo is not None
-    await asyncio.to_thread(svc.repo.upsert_tenant, body.tenant_id, sla_class=body.sla_class, weight=body.weight,
+    await svc.db(svc.repo.upsert_tenant, body.tenant_id, sla_class=body.sla_class, weight=body.weight,
                             priority=body.priority, key_hash=hash_key(key))  # persisted first: a key never outlives a crash unrecorded
     svc.state.add_tenant(body.tenant_id, body.sla_class, body.weight, body.priority, hash_key(key))
     return {**tenant_public(svc, body.tenant_id), "api_key": key}
@@ -170,7 +185,7 @@ async def create_model(body: ModelIn, svc: Svc, p: Caller) -> dict[str, Any]:
             repo.import_model(tenant_id, body.model_id, graph, create_tenant=False)
         repo.upsert_model(tenant_id, body.model_id, family=body.family, seed=seed, replicas=body.replicas)
 
-    await asyncio.to_thread(trace_and_write)
+    await svc.db(trace_and_write, bound_s=None)
     svc.state.add_model(model)
     await svc.replan()
     return model_public(model)
@@ -208,6 +223,7 @@ async def register_executor(body: ExecutorIn, svc: Svc, p: Caller) -> dict[str, 
     names = [d.device_id for d in body.devices]
     if len(set(names)) != len(names):
         raise InvalidInputError(f"duplicate device names in {names}")
+    svc.check_devices([(d.device_id, d.kind, d.mem_bytes) for d in body.devices])
     svc.persist(svc.state.register_executor(body.executor_id, body.host_id,
                                             [(d.device_id, d.kind, d.mem_bytes) for d in body.devices],
                                             body.stage_url))
@@ -220,7 +236,7 @@ async def register_executor(body: ExecutorIn, svc: Svc, p: Caller) -> dict[str, 
 @router.post("/v1/executors/{executor_id}/heartbeat", tags=["executors"])
 async def heartbeat(executor_id: str, body: HeartbeatIn, svc: Svc, p: Caller) -> dict[str, Any]:
     require(p, "admin", "executor")
-    renewed, cancel = svc.state.heartbeat(executor_id, body.busy_s)
+    renewed, cancel = svc.state.heartbeat(executor_id, body.busy_s, body.running)
     return {"renewed": renewed, "cancel": cancel, "drain": False}
 
 
@@ -263,12 +279,21 @@ def request_public(req: LiveRequest) -> dict[str, Any]:
     return {**req.public(), "text": tokenizer.decode(req.output_tokens)}
 
 
-def _new_request(svc: LiveService, p: Principal, body: RequestIn) -> LiveRequest:
+def _new_request(svc: LiveService, p: Principal, body: RequestIn, idempotency_key: str | None) -> LiveRequest:
     tenant_id = scoped_tenant(p, body.tenant_id)
     if (body.prompt is None) == (body.prompt_tokens is None):
         raise InvalidInputError("give exactly one of prompt (text) and prompt_tokens (ids)")
     prompt = tokenizer.encode(body.prompt) if body.prompt is not None else list(body.prompt_tokens or [])
-    return svc.state.new_request(tenant_id, body.model_id, prompt, body.max_tokens, body.sla_class)
+    req = svc.state.new_request(tenant_id, body.model_id, prompt, body.max_tokens, body.sla_class)
+    if idempotency_key is not None:
+        req.idempotency_key = idempotency_key
+        req.body_sha = hashlib.sha256(body.model_dump_json().encode()).hexdigest()
+    return req
+
+
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=200, pattern=r"^[\x21-\x7e]+$",
+                                              description="a retry with the same key (same tenant) returns the "
+                                                          "first answer and creates nothing")]
 
 
 def _accepted(req: LiveRequest) -> dict[str, Any]:
@@ -277,24 +302,28 @@ def _accepted(req: LiveRequest) -> dict[str, Any]:
 
 
 @router.post("/v1/requests", status_code=202, tags=["requests"])
-async def submit(body: RequestIn, svc: Svc, p: Caller) -> dict[str, Any]:
-    """Submit a request; it is in Neo4j when this answers."""
-    req = _new_request(svc, p, body)
-    await svc.accept_requests([req])
-    return _accepted(req)
+async def submit(body: RequestIn, svc: Svc, p: Caller, idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
+    """Submit a request; it is in Neo4j when this answers. With an ``Idempotency-Key``, a retry
+    returns the first request (409 if the body differs) and never creates a second."""
+    req = _new_request(svc, p, body, idempotency_key)
+    (answer,) = await svc.accept_requests([req])
+    return _accepted(answer)
 
 
 @router.post("/v1/requests/batch", status_code=202, tags=["requests"])
-async def submit_batch(body: RequestBatchIn, svc: Svc, p: Caller) -> dict[str, Any]:
-    """Submit up to 1,000 requests at once: all are accepted, or none (the error names the first bad one)."""
+async def submit_batch(body: RequestBatchIn, svc: Svc, p: Caller,
+                       idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
+    """Submit up to 1,000 requests at once: all are accepted, or none (the error names the first
+    bad one). With an ``Idempotency-Key``, item ``i`` carries the key ``<key>#<i>``: a retry of
+    the batch returns the first requests and creates none."""
     reqs = []
     for i, item in enumerate(body.requests):
         try:
-            reqs.append(_new_request(svc, p, item))
+            reqs.append(_new_request(svc, p, item, None if idempotency_key is None else f"{idempotency_key}#{i}"))
         except InvalidInputError as exc:
             raise InvalidInputError(f"requests[{i}]: {exc}") from None
-    await svc.accept_requests(reqs)
-    return {"accepted": [_accepted(r) for r in reqs]}
+    answers = await svc.accept_requests(reqs)
+    return {"accepted": [_accepted(r) for r in answers]}
 
 
 @router.get("/v1/requests/{request_id}", tags=["requests"])
@@ -313,8 +342,11 @@ async def list_requests(svc: Svc, p: Caller, status: str | None = None,
 
 @router.post("/v1/requests/{request_id}/cancel", tags=["requests"])
 async def cancel(request_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
-    req = svc.state.request(request_id, None if p.is_admin else _tenant_only(p))
-    svc.persist(svc.state.cancel(req))
+    """Cancel a request; the cancel is in Neo4j when this answers (409 if it already finished)."""
+    state = svc.state
+    req = state.request(request_id, None if p.is_admin else _tenant_only(p))
+    state.begin_finish(req)
+    await svc.finish(req, state.cancel_row(req), lambda: state.cancel(req))
     return request_public(req)
 
 
@@ -363,32 +395,23 @@ async def renew(lease_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
 async def complete(body: CompleteIn, svc: Svc, p: Caller) -> JSONResponse:
     """Completions of leases; each is accepted only if its lease is live (exactly once)."""
     require(p, "admin", "executor")
-    state = svc.state
-    accepted, rejected = [], []
-    for c in body.results:
-        lease = state.leases.get(c.lease_id)
-        try:
-            writes = state.complete(body.executor_id, Completion(
-                c.lease_id, list(c.output_tokens), c.queued_s, c.ttft_s, c.e2e_s, c.iterations, c.busy_s, c.peak_bytes))
-        except (ConflictError, InvalidInputError) as exc:
-            state.counters["completions_rejected"] += 1
-            rejected.append({"lease_id": c.lease_id, "reason": str(exc)})
-            continue
-        svc.persist(writes)
-        assert lease is not None  # complete() accepted it, so it was live
-        svc.metrics.finished_request(state.requests[lease.request_id])
-        accepted.append(c.lease_id)
-    if accepted:
-        svc.work.notify()
-        svc.changed.set()
+    accepted, rejected = await svc.complete(body.executor_id, [
+        Completion(c.lease_id, list(c.output_tokens), c.queued_s, c.ttft_s, c.e2e_s, c.iterations, c.busy_s,
+                   c.peak_bytes) for c in body.results])
     return JSONResponse({"accepted": accepted, "rejected": rejected})
 
 
 @router.post("/v1/leases/{lease_id}/fail", tags=["leases"])
 async def fail(lease_id: str, body: FailIn, svc: Svc, p: Caller) -> dict[str, Any]:
     require(p, "admin", "executor")
-    svc.persist(svc.state.fail(lease_id, body.executor_id, body.reason))
-    svc.work.notify()
+    state = svc.state
+    final = state.fail_row(lease_id, body.executor_id, body.reason)
+    if final is None:  # the request goes back to its queue: soft state
+        svc.persist(state.fail(lease_id, body.executor_id, body.reason))
+        svc.work.notify()
+    else:  # out of attempts: the request's failure is written before the answer
+        req = state.requests[state.leases[lease_id].request_id]
+        await svc.finish(req, final, lambda: state.fail(lease_id, body.executor_id, body.reason))
     return {"lease_id": lease_id, "failed": True}
 
 
@@ -428,10 +451,10 @@ async def inspect(body: InspectIn, svc: Svc, p: Caller) -> dict[str, Any]:
     else:
         require(p, "admin")
     if body.query is not None:
-        table = await asyncio.to_thread(repo.run_read, body.query, params)
+        table = await svc.db(repo.run_read, body.query, params, bound_s=30.0)
     else:
         assert body.name is not None
-        table = await asyncio.to_thread(repo.run_named, body.name, params)
+        table = await svc.db(repo.run_named, body.name, params, bound_s=30.0)
     return {"columns": table.columns, "rows": table.rows}
 
 

@@ -16,32 +16,39 @@ where the what-if simulator says it pays, found by the Cypher candidate-slot sea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from service.api.live_view import LIVE_CLUSTER, LiveClusterView, LiveSnapshot, live_spec
 from service.api.metrics import LiveMetrics
 from service.api.settings import ServiceSettings
 from service.api.state import (
+    LIVE_FAMILIES,
     TERMINAL,
+    Completion,
+    ConflictError,
     LiveModel,
     LiveRequest,
     LiveState,
     Write,
 )
+from service.api.supervisor import Supervisor
 from service.api.writer import GmgWriter
 from service.core.placement import TenantDemand, candidate_groups, container_replicas, make_placement_policy
 from service.core.queue import make_queue_policy
 from service.core.scheduler import Decision, DeviceInfo, ReplicaInfo, Scheduler
 from service.core.slot import InputDep, Slot, SlotQuery
 from service.domain.cluster import ClusterSpec
-from service.domain.error import InvalidInputError
+from service.domain.error import DatabaseUnavailableError, InvalidInputError
 from service.domain.request import RequestSpec
 from service.graph.catalog import QueryCatalog
-from service.graph.connection import open_driver
+from service.graph.connection import open_driver, resolve_uri
 from service.graph.repository import GraphRepository
 from service.models.family import MODEL_CONFIGS
 from service.sim.iteration import weight_bytes
@@ -49,6 +56,12 @@ from service.sim.iteration import weight_bytes
 log = logging.getLogger("slicesched.service")
 
 RECOVER_FINISHED_S = 24 * 3600.0  # finished requests loaded at start (for status queries)
+
+
+def _neo4j_down(exc: BaseException) -> bool:
+    from neo4j.exceptions import ServiceUnavailable, SessionExpired
+
+    return isinstance(exc, ServiceUnavailable | SessionExpired | ConnectionError | TimeoutError)
 
 
 class Signal:
@@ -75,45 +88,70 @@ class LiveService:
                                max_batch=settings.max_batch)
         self.metrics = LiveMetrics(self.state)
         self.driver: Any = None
+        self.neo4j_uri: str | None = None
         self.repo: GraphRepository | None = None
         self.writer: GmgWriter | None = None
         placement = make_placement_policy(settings.placement)
         if settings.placement == "slice":
             placement.find_devices = self._cypher_candidates  # type: ignore[union-attr]
         self.scheduler = Scheduler(self.state.policy, placement)
+        self.supervisor = Supervisor()
+        self.metrics.watch(self._health_metrics)
         self.work = Signal()  # notified when leases may be granted
         self.changed = asyncio.Event()  # set on arrivals and completions (the scheduler's trigger)
         self.decisions: list[str] = []
         self.step_s: list[float] = []  # wall time of each scheduler step (what-ifs included)
-        self._tasks: list[asyncio.Task[None]] = []
+        self.unplaced: dict[str, str] = {}  # model uid -> why the last re-plan found it no home
+        self.db_up = False
+        self.db_error: str | None = None
+        self._gmg_dirty = False  # the cluster's devices and weights in the GMG await a re-write
         self._busy_mark: dict[str, tuple[float, float]] = {}
         self._replan_lock = asyncio.Lock()  # one re-plan at a time: they rewrite the same devices
+        self._submitting: dict[tuple[str, str], asyncio.Future[None]] = {}  # idempotency keys in flight
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        self.driver = await asyncio.to_thread(open_driver, self.settings.neo4j)
+        self.driver = await asyncio.to_thread(self._open_driver, True)
         self.repo = GraphRepository(self.driver, QueryCatalog.load(), database=self.settings.neo4j.database)
+        self.db_up = True
         await asyncio.to_thread(self.repo.apply_schema)
         await self._recover()
-        self.writer = GmgWriter(self.repo, on_lag=self.metrics.write_lag.observe)
+        self.writer = GmgWriter(self.repo, on_lag=self.metrics.write_lag.observe,
+                                max_pending=self.settings.max_pending_writes)
         await asyncio.to_thread(self.writer.warm_up)
-        self.writer.start()
-        self._tasks = [asyncio.create_task(self._expiry_loop(), name="lease-expiry"),
-                       asyncio.create_task(self._schedule_loop(), name="scheduler"),
-                       asyncio.create_task(self._retention_loop(), name="retention")]
+        sup = self.supervisor
+        sup.spawn("lease-expiry", self._expiry_tick, interval_s=min(0.5, self.settings.lease_ttl_s / 4),
+                  stuck_after_s=30.0)
+        sup.spawn("scheduler", self._schedule_tick, interval_s=self.settings.schedule_interval_s,
+                  stuck_after_s=300.0)
+        sup.spawn("gmg-writer", self.writer.tick, interval_s=0.0, stuck_after_s=60.0)
+        sup.spawn("retention", self._retention_tick, interval_s=600.0, stuck_after_s=1800.0)
+        sup.spawn("neo4j-watch", self._neo4j_tick, interval_s=1.0, stuck_after_s=60.0)
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.supervisor.stop()
         if self.writer is not None:
             await self.writer.close()
         if self.driver is not None:
             await asyncio.to_thread(self.driver.close)
 
+    def _open_driver(self, start: bool) -> Any:
+        """A driver to the configured server (the managed one: wherever its state says it runs
+        now), with timeouts that fail a call within about ``db_timeout_s`` when it is down."""
+        t = self.settings.db_timeout_s
+        self.neo4j_uri = resolve_uri(self.settings.neo4j, start=start)
+        return open_driver(self.settings.neo4j, start=False, uri=self.neo4j_uri, connection_timeout=t,
+                           connection_acquisition_timeout=t, max_transaction_retry_time=t)
+
     async def _recover(self) -> None:
+        """Rebuild the live state from the GMG and reconcile what a previous process left: its
+        open Slices are closed (their leases died with it), every unfinished request is queued
+        again with the leases it was granted counted as attempts."""
         repo = self.repo
         assert repo is not None
+        closed = await asyncio.to_thread(repo.close_open_slices, time.time())
+        if closed:
+            log.info("closed %d slices left open by a previous process", closed)
         for t in await asyncio.to_thread(repo.live_tenants):
             self.state.add_tenant(t["tenant_id"], t["sla_class"] or "standard", float(t["weight"] or 1.0),
                                   int(t["priority"] or 0), t["key_hash"])
@@ -125,10 +163,12 @@ class LiveService:
         for row in rows:
             req = LiveRequest(row["uid"], row["tenant_id"], row["model_id"], list(row["prompt"]),
                               int(row["max_tokens"]), row["sla_class"], int(row["token_budget"]),
-                              float(row["arrival"]), status=row["status"], attempts=int(row.get("attempts") or 0),
+                              float(row["arrival"]), status=row["status"],
+                              attempts=max(int(row.get("attempts") or 0), int(row.get("slices") or 0)),
                               output_tokens=list(row.get("output_tokens") or []), queued_s=row.get("queued_s"),
                               ttft_s=row.get("ttft_s"), e2e_s=row.get("e2e_s"), finished_at=row.get("finished_at"),
-                              error=row.get("error"))
+                              error=row.get("error"), idempotency_key=row.get("idempotency_key"),
+                              body_sha=row.get("body_sha"))
             if req.model_uid not in self.state.models:
                 continue
             requeued += req.status not in TERMINAL
@@ -137,34 +177,293 @@ class LiveService:
             log.info("recovered %d requests from Neo4j (%d queued again)", len(rows), requeued)
         self.work.notify()
 
+    # ---- Neo4j: fail fast, follow it, keep the mirror in step --------------------------------
+    async def db(self, fn: Any, *args: Any, bound_s: float | None = -1.0, **kwargs: Any) -> Any:
+        """Run a repository call in a worker thread, failing fast when Neo4j is down: a
+        :class:`DatabaseUnavailableError` (503 with ``Retry-After``) at once when the watcher
+        knows it is down, or when the call does not end within ``bound_s`` (default: twice
+        ``db_timeout_s``; None: no bound, for long work such as tracing a model)."""
+        self._check_db()
+        task = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+        return await self._bounded(task, 2 * self.settings.db_timeout_s if bound_s == -1.0 else bound_s)
+
+    def _check_db(self) -> None:
+        if not self.db_up:
+            raise DatabaseUnavailableError(f"Neo4j is unreachable ({self.db_error or 'reconnecting'})",
+                                           retry_after_s=self.settings.db_timeout_s)
+
+    async def _bounded(self, task: asyncio.Future[Any], bound_s: float | None) -> Any:
+        """Await ``task`` for at most ``bound_s``; past that the caller gets a 503 while the
+        task runs on (its outcome is unknown to the caller)."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), bound_s)
+        except TimeoutError:
+            log.warning("a Neo4j call took longer than %.1f s; answered 503", bound_s)
+            raise DatabaseUnavailableError("Neo4j did not answer in time; the outcome is unknown (retry with the "
+                                           "same Idempotency-Key)", retry_after_s=self.settings.db_timeout_s) from None
+        except Exception as exc:
+            if _neo4j_down(exc):
+                self._db_failed(f"{type(exc).__name__}: {exc}")
+                raise DatabaseUnavailableError(f"Neo4j is unreachable: {type(exc).__name__}",
+                                               retry_after_s=self.settings.db_timeout_s) from None
+            raise
+
+    def _db_failed(self, why: str) -> None:
+        if self.db_up:
+            log.warning("Neo4j unreachable (%s): failing fast until it answers again", why)
+        self.db_up, self.db_error = False, why[:300]
+
+    async def _neo4j_tick(self) -> None:
+        """Check that Neo4j answers; when it does not, find where the managed server runs now
+        (a restart may have moved it to another port) and reconnect. Then bring the GMG's view
+        of the cluster up to date if a re-plan could not write it."""
+        ok = await asyncio.to_thread(self._ping)
+        if not ok and self.settings.neo4j.managed:
+            await asyncio.to_thread(self._follow_managed)
+            ok = await asyncio.to_thread(self._ping)
+        if ok and not self.db_up:
+            log.info("Neo4j answers again at %s", self.neo4j_uri)
+        self.db_up = ok
+        if ok:
+            self.db_error = None
+            if self._gmg_dirty:
+                await self._write_cluster()
+
+    def _ping(self) -> bool:
+        try:
+            self.driver.verify_connectivity()
+            return True
+        except Exception as exc:
+            self.db_error = f"{type(exc).__name__}: {exc}"[:300]
+            return False
+
+    def _follow_managed(self) -> None:
+        uri = resolve_uri(self.settings.neo4j, start=False, missing_ok=True)
+        if uri is None or uri == self.neo4j_uri:
+            return
+        log.warning("the managed Neo4j now runs at %s (was %s): reconnecting", uri, self.neo4j_uri)
+        old = self.driver
+        self.driver = self._open_driver(False)
+        assert self.repo is not None
+        self.repo.driver = self.driver
+        try:
+            old.close()
+        except Exception:  # the old server is gone; its sockets may already be closed
+            log.debug("closing the old driver failed", exc_info=True)
+
+    def readiness(self) -> dict[str, Any]:
+        stuck = self.supervisor.stuck()
+        writer = self.writer
+        ready = self.db_up and not stuck and writer is not None
+        return {"ready": ready, "neo4j": {"reachable": self.db_up, "uri": self.neo4j_uri, "error": self.db_error},
+                "loops": self.supervisor.report(), "stuck_loops": stuck,
+                "gmg_pending_writes": writer.pending if writer else 0,
+                "gmg_dropped_writes": writer.rows_dropped if writer else 0,
+                "unplaced_models": dict(self.unplaced)}
+
+    def _health_metrics(self) -> Iterator[Metric]:
+        failures = CounterMetricFamily("slicesched_loop_failures", "Failed ticks of a background loop", labels=["loop"])
+        since = GaugeMetricFamily("slicesched_loop_last_ok_age_seconds",
+                                  "Seconds since a background loop last ticked successfully", labels=["loop"])
+        now = time.monotonic()
+        for name, h in sorted(self.supervisor.loops.items()):
+            failures.add_metric([name], h.failures)
+            since.add_metric([name], now - (h.last_ok_at if h.last_ok_at is not None else h.started_at))
+        yield failures
+        yield since
+        yield GaugeMetricFamily("slicesched_neo4j_up", "1 when Neo4j answers", value=1.0 if self.db_up else 0.0)
+        writer = self.writer
+        yield GaugeMetricFamily("slicesched_gmg_pending_writes", "GMG mirror rows waiting to be written",
+                                value=writer.pending if writer else 0)
+        yield CounterMetricFamily("slicesched_gmg_dropped_writes", "GMG mirror rows dropped past max_pending_writes",
+                                  value=writer.rows_dropped if writer else 0)
+
     # ---- persistence -------------------------------------------------------------------------
     def persist(self, writes: Iterable[Write]) -> None:
+        """Soft state for the GMG mirror, batched (see :mod:`service.api.writer`)."""
         assert self.writer is not None
         self.writer.submit(writes)
 
-    async def accept_requests(self, reqs: list[LiveRequest]) -> None:
+    async def accept_requests(self, reqs: list[LiveRequest]) -> list[LiveRequest]:
         """Write the requests to Neo4j (one transaction), then queue them: an answered request
-        is never lost, and a failed write accepts none."""
+        is never lost, and a failed write accepts none. Requests carrying an idempotency key
+        their tenant used before are not created again: the earlier request is answered in
+        their place (409 if it was submitted with a different body). A write that outlives
+        its bound (503 to the client) still takes its requests in when it commits."""
         assert self.repo is not None
-        await asyncio.to_thread(self.repo.create_requests, [r.row() for r in reqs])
+        keyed = [(r.tenant_id, r.idempotency_key) for r in reqs if r.idempotency_key]
+        for k in keyed:  # a submission with the same key in flight: wait for it, then look again
+            pending = self._submitting.get(k)  # type: ignore[arg-type]
+            if pending is not None:
+                await asyncio.shield(pending)
+        known = {k: self.state.by_idempotency.get(k) for k in keyed}  # type: ignore[arg-type]
+        answer: dict[str, LiveRequest] = {}
+        fresh = []
         for req in reqs:
+            old_id = known.get((req.tenant_id, req.idempotency_key)) if req.idempotency_key else None  # type: ignore[arg-type]
+            if old_id is not None:
+                answer[req.request_id] = self._same_request(self.state.requests[old_id], req)
+            else:
+                fresh.append(req)
+        if fresh:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            mine = [(r.tenant_id, r.idempotency_key) for r in fresh if r.idempotency_key]
+            for k in mine:
+                self._submitting[k] = done  # type: ignore[index]
+            try:
+                self._check_db()
+                task = asyncio.ensure_future(asyncio.to_thread(self.repo.create_requests, [r.row() for r in fresh]))
+                task.add_done_callback(lambda t: self._take_in(t, fresh))
+                existing = await self._bounded(task, 2 * self.settings.db_timeout_s + 0.01 * len(fresh))
+            finally:
+                for k in mine:
+                    self._submitting.pop(k, None)  # type: ignore[arg-type]
+                done.set_result(None)
+            for req in fresh:
+                if req.idempotency_key and req.idempotency_key in existing:  # known only to Neo4j (older)
+                    answer[req.request_id] = self._same_request(self._stored(existing[req.idempotency_key]), req)
+                else:
+                    answer[req.request_id] = req
+        return [answer[r.request_id] for r in reqs]
+
+    def _take_in(self, task: asyncio.Future[Any], fresh: list[LiveRequest]) -> None:
+        """Queue requests once their write committed (runs when the write ends, even after the
+        client was answered 503: a committed request always runs, and once)."""
+        if task.cancelled() or task.exception() is not None:
+            return
+        existing = task.result()
+        taken = [r for r in fresh if not (r.idempotency_key and r.idempotency_key in existing)]
+        for req in taken:
             self.state.accept(req)
             self.metrics.arrived(req)
-        self.work.notify()
-        self.changed.set()
+        if taken:
+            self.work.notify()
+            self.changed.set()
+
+    @staticmethod
+    def _same_request(old: LiveRequest, new: LiveRequest) -> LiveRequest:
+        if old.body_sha != new.body_sha:
+            raise ConflictError(f"Idempotency-Key {new.idempotency_key!r} was used for a different request "
+                                f"({old.request_id})")
+        return old
+
+    def _stored(self, row: dict[str, Any]) -> LiveRequest:
+        """An earlier request known only to Neo4j (finished before the restart window), for the answer."""
+        known = self.state.requests.get(str(row["uid"]))
+        if known is not None:
+            return known
+        return LiveRequest(str(row["uid"]), "", "", [0] * int(row.get("prompt_tokens") or 0), 0, "",
+                           int(row.get("token_budget") or 0), 0.0, status=str(row.get("status")),
+                           idempotency_key=row.get("idempotency_key"), body_sha=row.get("body_sha"))
+
+    async def complete(self, executor_id: str, completions: list[Completion]) -> tuple[list[str], list[dict[str, str]]]:
+        """Completions of leases, durable before they are acknowledged: each accepted one's
+        result, request state and done Slice are written in one transaction, then applied. A
+        completion of a lease that is not live is rejected and changes nothing. When the write
+        outlives its bound the executor gets a 503, and the outcome is applied when it lands."""
+        assert self.repo is not None
+        state = self.state
+        rows: dict[str, dict[str, Any]] = {}
+        rejected: list[dict[str, str]] = []
+        for c in completions:
+            try:
+                rows[c.lease_id] = state.completion_row(executor_id, c)
+            except (ConflictError, InvalidInputError) as exc:
+                state.counters["completions_rejected"] += 1
+                rejected.append({"lease_id": c.lease_id, "reason": str(exc)})
+        if not rows:
+            return [], rejected
+        by_lease = {c.lease_id: c for c in completions}
+        accepted: list[str] = []
+
+        def settle(committed: set[str] | None) -> None:  # None: the write failed, nothing changed
+            for lease_id, row in rows.items():
+                req = state.requests[row["request"]["uid"]]
+                if committed is not None and req.request_id in committed:
+                    state.complete(by_lease[lease_id], row)
+                    self.metrics.finished_request(req)
+                    accepted.append(lease_id)
+                else:
+                    state.abandon_finish(req)
+                    if committed is not None:  # Neo4j holds it finished already: nothing changes
+                        state.counters["completions_rejected"] += 1
+                        rejected.append({"lease_id": lease_id, "reason": f"request {req.request_id} is already finished"})
+            if accepted:
+                self.work.notify()
+                self.changed.set()
+
+        await self._write_then(self.repo.complete_leases, list(rows.values()), settle)
+        return accepted, rejected
+
+    async def finish(self, req: LiveRequest, row: dict[str, Any], apply: Any) -> None:
+        """Write a request's end without a result (``row`` for ``finish_requests``), then apply
+        it in memory (``apply()`` returns the soft writes that follow)."""
+        assert self.repo is not None
+        outcome: list[bool] = []
+
+        def settle(finished: set[str] | None) -> None:
+            if finished is not None and req.request_id in finished:
+                self.persist(apply())
+                self.work.notify()
+                self.changed.set()
+                outcome.append(True)
+            else:
+                self.state.abandon_finish(req)
+                outcome.append(False)
+
+        await self._write_then(self.repo.finish_requests, [row], settle)
+        if not outcome[0]:
+            raise ConflictError(f"request {req.request_id} is already finished")
+
+    async def _write_then(self, fn: Any, rows: list[dict[str, Any]], settle: Any) -> None:
+        """Run the write ``fn(rows)`` and ``settle`` its outcome exactly once: ``settle(result)``
+        when it commits, ``settle(None)`` when it fails. Past the bound the caller gets a 503
+        while the write runs on; its outcome is still settled when it ends."""
+        try:
+            self._check_db()
+        except DatabaseUnavailableError:
+            settle(None)
+            raise
+        settled: list[bool] = []
+
+        def once(t: asyncio.Future[Any]) -> None:
+            if settled:
+                return
+            settled.append(True)
+            settle(t.result() if not t.cancelled() and t.exception() is None else None)
+
+        task = asyncio.ensure_future(asyncio.to_thread(fn, rows))
+        task.add_done_callback(once)
+        try:
+            await self._bounded(task, 2 * self.settings.db_timeout_s + 0.002 * len(rows))
+        finally:
+            if task.done():
+                once(task)
 
     # ---- placement: homes --------------------------------------------------------------------
-    async def replan(self) -> None:
-        """(Re)compute home replicas after models or devices changed, and put the weights in the GMG."""
-        async with self._replan_lock:
-            await self._replan()
+    @staticmethod
+    def check_devices(devices: list[tuple[str, str, int]]) -> None:
+        """Refuse, before anything is registered, devices that could never host a model:
+        ``(name, kind, mem_bytes)`` each."""
+        smallest = min(weight_bytes(MODEL_CONFIGS[f]) for f in LIVE_FAMILIES)
+        small = [name for name, _, mem in devices if mem < smallest]
+        if small:
+            raise InvalidInputError(f"device(s) {', '.join(small)} have less memory than the smallest runnable "
+                                    f"model's weights ({smallest} bytes): nothing was registered")
 
-    async def _replan(self) -> None:
+    async def replan(self) -> None:
+        """(Re)compute home replicas after models or devices changed, and put the weights in the
+        GMG. A model that fits nowhere is reported in :attr:`unplaced`, never fails the re-plan;
+        when Neo4j cannot take the cluster's new shape now, the watcher writes it later."""
+        async with self._replan_lock:
+            self._replan()
+            await self._write_cluster()
+
+    def _replan(self) -> None:
         state = self.state
         devices = sorted(state.devices.values(), key=lambda d: d.device_id)
         models = sorted(state.models.values(), key=lambda m: m.uid)
-        spec = live_spec([(d.device_id, d.executor_id, d.kind, d.mem_bytes) for d in devices])
-        wanted = self._homes(spec, models, devices) if devices and models else []
+        wanted = self._homes(models, devices) if devices and models else []
         current = {r.replica_id: r for r in state.replicas.values() if not r.guest and not r.pinned}
         keep = set()
         for uid, device_ids in wanted:
@@ -177,13 +476,61 @@ class LiveService:
         for rid, r in current.items():
             if rid not in keep:
                 r.draining = True
-        assert self.repo is not None
-        if devices:
-            await asyncio.to_thread(self.repo.apply_cluster, spec)
-        await self._write_residence()
+        self._gmg_dirty = True
         self.work.notify()
 
-    def _homes(self, spec: ClusterSpec, models: list[LiveModel], devices: list[Any]) -> list[tuple[str, tuple[str, ...]]]:
+    async def _write_cluster(self) -> None:
+        """The live devices and where each model's weights reside, into the GMG."""
+        assert self.repo is not None
+        self._gmg_dirty = False
+        devices = sorted(self.state.devices.values(), key=lambda d: d.device_id)
+        spec = live_spec([(d.device_id, d.executor_id, d.kind, d.mem_bytes) for d in devices])
+        on: dict[str, list[str]] = {uid: [] for uid in self.state.models}
+        for r in self.state.replicas.values():
+            on.setdefault(r.model_uid, []).extend(r.device_ids)
+        try:
+            if devices:
+                await self.db(self.repo.apply_cluster, spec)
+            for uid, device_ids in on.items():
+                await self.db(self.repo.set_weight_residence, uid, sorted(set(device_ids)), cluster=LIVE_CLUSTER)
+        except DatabaseUnavailableError:
+            self._gmg_dirty = True  # the watcher writes it when Neo4j is back
+            log.warning("the cluster's shape could not be written to the GMG now; it will be when Neo4j answers")
+
+    def _homes(self, models: list[LiveModel], devices: list[Any]) -> list[tuple[str, tuple[str, ...]]]:
+        """Home devices per model. A device too small for every model hosts none; a model whose
+        weights fit no executor's devices is left out and reported; when whole-device homes are
+        impossible, each model gets the device with the most room that holds it."""
+        unplaced: dict[str, str] = {}
+        smallest = min(m.weight_bytes for m in models)
+        usable = [d for d in devices if d.mem_bytes >= smallest]
+        per_executor: dict[str, int] = {}
+        for d in usable:
+            per_executor[d.executor_id] = per_executor.get(d.executor_id, 0) + d.mem_bytes
+        room = max(per_executor.values(), default=0)
+        fitting = []
+        for m in models:
+            if m.weight_bytes > room:
+                unplaced[m.uid] = (f"its weights ({m.weight_bytes / 2**20:.1f} MiB) fit on no executor's devices "
+                                   f"(largest: {room / 2**20:.1f} MiB)")
+            else:
+                fitting.append(m)
+        out: list[tuple[str, tuple[str, ...]]] = []
+        if fitting:
+            try:
+                out = self._container_homes(live_spec([(d.device_id, d.executor_id, d.kind, d.mem_bytes)
+                                                       for d in usable]), fitting, usable)
+            except InvalidInputError as exc:
+                log.warning("whole-device homes impossible (%s): each model on the roomiest device that holds it", exc)
+                out = self._greedy_homes(fitting, usable, unplaced)
+        for uid, why in unplaced.items():
+            if self.unplaced.get(uid) != why:
+                log.warning("model %s has no home: %s", uid, why)
+        self.unplaced = unplaced
+        return out
+
+    def _container_homes(self, spec: ClusterSpec, models: list[LiveModel],
+                         devices: list[Any]) -> list[tuple[str, tuple[str, ...]]]:
         demands = [TenantDemand(m.uid, m.family, self.state.tenant(m.tenant_id).weight) for m in models]
         fits = min(len(models), len(devices))
         by_weight = sorted(demands, key=lambda t: (-t.device_s_per_s, t.tenant_id))
@@ -201,13 +548,19 @@ class LiveService:
             log.warning("%s shares device %s: more models than devices", extra.tenant_id, d)
         return out
 
-    async def _write_residence(self) -> None:
-        assert self.repo is not None
-        on: dict[str, list[str]] = {uid: [] for uid in self.state.models}
-        for r in self.state.replicas.values():
-            on.setdefault(r.model_uid, []).extend(r.device_ids)
-        for uid, device_ids in on.items():
-            await asyncio.to_thread(self.repo.set_weight_residence, uid, sorted(set(device_ids)), cluster=LIVE_CLUSTER)
+    @staticmethod
+    def _greedy_homes(models: list[LiveModel], devices: list[Any],
+                      unplaced: dict[str, str]) -> list[tuple[str, tuple[str, ...]]]:
+        free = {d.device_id: d.mem_bytes for d in devices}
+        out = []
+        for m in sorted(models, key=lambda m: (-m.weight_bytes, m.uid)):
+            best = max(free, key=lambda d: (free[d], d), default=None)
+            if best is None or free[best] < m.weight_bytes:
+                unplaced[m.uid] = f"no single device has room for its weights ({m.weight_bytes / 2**20:.1f} MiB)"
+                continue
+            free[best] -= m.weight_bytes
+            out.append((m.uid, (best,)))
+        return out
 
     # ---- placement: the scheduler loop ---------------------------------------------------------
     def snapshot(self, window_s: float = 20.0) -> LiveSnapshot:
@@ -280,16 +633,15 @@ class LiveService:
 
         return candidate_groups(view, tenant, k, search=search)
 
-    async def _schedule_loop(self) -> None:
-        while True:
-            await self.changed.wait()
-            self.changed.clear()
-            if self.settings.placement == "slice" and self.state.replicas:
-                try:
-                    await self.step()
-                except Exception: # a failed step must not stop the service
-                    log.exception("scheduler step failed")
-            await asyncio.sleep(self.settings.schedule_interval_s)
+    async def _schedule_tick(self) -> None:
+        """Wait (up to a few seconds) for arrivals or completions, then step the slice policy."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), 5.0)
+        if not self.changed.is_set():
+            return
+        self.changed.clear()
+        if self.settings.placement == "slice" and self.state.replicas:
+            await self.step()
 
     async def step(self) -> Decision:
         """One ``Scheduler.step`` on a snapshot (in a worker thread), then apply its decision."""
@@ -318,26 +670,24 @@ class LiveService:
             log.info("scheduler: %s", note)
             self.decisions.append(note)
         if decision.add or decision.drain:
-            await self._write_residence()
             self.work.notify()
+            await self._write_cluster()
         return decision
 
-    async def _expiry_loop(self) -> None:
-        while True:
-            await asyncio.sleep(min(0.5, self.settings.lease_ttl_s / 4))
-            executors = len(self.state.executors)
-            writes = self.state.expire()
-            removed = self.state.remove_drained()
-            if writes:
-                self.persist(writes)
-                self.work.notify()
-            if len(self.state.executors) != executors:  # a silent executor was dropped: new homes
-                log.warning("executor(s) silent for %.0fs dropped; re-planning homes", 3 * self.settings.lease_ttl_s)
-                await self.replan()
-            elif removed:
-                await self._write_residence()
-            if writes or removed:
-                self.changed.set()
+    async def _expiry_tick(self) -> None:
+        executors = len(self.state.executors)
+        writes = self.state.expire()
+        removed = self.state.remove_drained()
+        if writes:
+            self.persist(writes)
+            self.work.notify()
+        if len(self.state.executors) != executors:  # a silent executor was dropped: new homes
+            log.warning("executor(s) silent for %.0fs dropped; re-planning homes", 3 * self.settings.lease_ttl_s)
+            await self.replan()
+        elif removed:
+            await self._write_cluster()
+        if writes or removed:
+            self.changed.set()
 
     def policy_what_if(self, horizon_s: float) -> dict[str, Any]:
         """What one step of the slice policy would decide on the current state (nothing applied)."""
@@ -350,18 +700,12 @@ class LiveService:
                 "add": [{"model": c.tenant_id, "compute_units": list(c.device_ids)} for c in decision.add],
                 "drain": decision.drain, "notes": decision.notes}
 
-    async def _retention_loop(self) -> None:
-        """Bounded retention: live Slices older than ``slice_retention_s`` go, every 10 minutes."""
+    async def _retention_tick(self) -> None:
+        """Bounded retention: live Slices older than ``slice_retention_s`` go (every 10 minutes)."""
         assert self.repo is not None
-        while True:
-            try:
-                deleted = await asyncio.to_thread(self.repo.delete_old_live_slices,
-                                                  time.time() - self.settings.slice_retention_s)
-                if deleted:
-                    log.info("retention: deleted %d live slices", deleted)
-            except Exception:  # a failed clean-up is retried next time
-                log.exception("retention clean-up failed")
-            await asyncio.sleep(600.0)
+        deleted = await self.db(self.repo.delete_old_live_slices, time.time() - self.settings.slice_retention_s)
+        if deleted:
+            log.info("retention: deleted %d live slices", deleted)
 
     # ---- what-if (admin) -------------------------------------------------------------------------
     def what_if(self, model_uid: str, device_ids: tuple[str, ...], horizon_s: float) -> dict[str, Any]:

@@ -133,6 +133,9 @@ class LiveRequest:
     e2e_s: float | None = None
     finished_at: float | None = None
     error: str | None = None
+    idempotency_key: str | None = None  # the client's key: a retry with it returns this request
+    body_sha: str | None = None  # digest of what was submitted under that key
+    finishing: bool = False  # its end (completion or cancel) is being written: nothing else may end it
 
     @property
     def model_uid(self) -> str:
@@ -158,7 +161,8 @@ class LiveRequest:
                 "sla_class": self.sla_class, "token_budget": self.token_budget, "arrival": self.arrival,
                 "status": self.status, "attempts": self.attempts, "output_tokens": self.output_tokens,
                 "queued_s": self.queued_s, "ttft_s": self.ttft_s, "e2e_s": self.e2e_s,
-                "finished_at": self.finished_at, "error": self.error}
+                "finished_at": self.finished_at, "error": self.error,
+                "idempotency_key": self.idempotency_key, "body_sha": self.body_sha}
 
 
 @dataclass
@@ -231,6 +235,7 @@ class LiveState:
         self.executors: dict[str, LiveExecutor] = {}
         self.replicas: dict[str, LiveReplica] = {}
         self.requests: dict[str, LiveRequest] = {}
+        self.by_idempotency: dict[tuple[str, str], str] = {}  # (tenant, Idempotency-Key) -> request id
         self.leases: dict[str, Lease] = {}
         self.queues: dict[str, RequestQueue[str]] = {}  # model uid -> queued request ids
         self.served: dict[str, float] = {}  # output tokens per tenant (fair share)
@@ -305,6 +310,8 @@ class LiveState:
     def accept(self, req: LiveRequest) -> None:
         """Take a persisted request into memory and queue it (also used by restart recovery)."""
         self.requests[req.request_id] = req
+        if req.idempotency_key:
+            self.by_idempotency[(req.tenant_id, req.idempotency_key)] = req.request_id
         if req.status not in TERMINAL:
             req.status, req.lease_id = "queued", None
             self._enqueue(req)
@@ -324,9 +331,31 @@ class LiveState:
             raise NotFoundError(f"no request {request_id!r}")
         return req
 
+    def begin_finish(self, req: LiveRequest) -> None:
+        """Claim the request's end (a completion or a cancel about to be written): until
+        :meth:`abandon_finish` or the end itself, nothing else may end it or expire its lease."""
+        if req.status in TERMINAL:
+            raise ConflictError(f"request {req.request_id} is already {req.status}")
+        if req.finishing:
+            raise ConflictError(f"request {req.request_id} is finishing (a completion or cancel is being written)")
+        req.finishing = True
+
+    def abandon_finish(self, req: LiveRequest) -> None:
+        req.finishing = False
+
+    def cancel_row(self, req: LiveRequest) -> dict[str, Any]:
+        """The durable form of a cancel (for ``finish_requests``), before :meth:`cancel` applies it."""
+        row = {**req.update_row(), "status": "cancelled", "finished_at": self.wall()}
+        end = None
+        if req.lease_id is not None:
+            end = {"uid": req.lease_id, "state": "cancelled", "end_wall": row["finished_at"], "busy_s": None,
+                   "iterations": None, "peak_bytes": None}
+        return {"request": row, "slice_end": end}
+
     def cancel(self, req: LiveRequest) -> list[Write]:
         if req.status in TERMINAL:
             raise ConflictError(f"request {req.request_id} is already {req.status}")
+        req.finishing = False
         writes = []
         if req.lease_id is not None:
             writes += self._end_lease(req.lease_id, "cancelled")
@@ -356,16 +385,17 @@ class LiveState:
             raise NotFoundError(f"no executor {executor_id!r}: register first")
         return e
 
-    def heartbeat(self, executor_id: str, busy_s: float) -> tuple[list[str], list[str]]:
-        """Renew all the executor's leases; returns ``(renewed, cancel)`` lease ids."""
+    def heartbeat(self, executor_id: str, busy_s: float, running: Iterable[str]) -> tuple[list[str], list[str]]:
+        """Renew the executor's leases that it reports holding (running, or finished with the
+        completion not yet accepted); returns ``(renewed, cancel)`` lease ids. A lease it no
+        longer reports is left to expire: its result was dropped or will never come."""
         e = self.executor(executor_id)
         now = self.clock()
         e.last_seen = now
         e.busy_s = max(e.busy_s, busy_s)
         renewed = []
-        for lid in e.leases:
-            lease = self.leases[lid]
-            lease.expires_at = now + self.lease_ttl_s
+        for lid in set(running) & e.leases:
+            self.leases[lid].expires_at = now + self.lease_ttl_s
             renewed.append(lid)
         cancel = [lid for lid in e.leases if self.requests[self.leases[lid].request_id].status != "leased"]
         return sorted(renewed), sorted(cancel)
@@ -377,6 +407,8 @@ class LiveState:
             return []
         writes: list[Write] = []
         for lid in sorted(e.leases):
+            if self.requests[self.leases[lid].request_id].finishing:
+                continue  # its completion is being written: that decides
             writes += self._end_lease(lid, "expired", requeue=True)
         for rid in [r.replica_id for r in self.replicas.values() if set(r.device_ids) & set(e.device_ids)]:
             self.replicas.pop(rid)
@@ -491,8 +523,10 @@ class LiveState:
         lease.expires_at = self.clock() + self.lease_ttl_s
         return self.lease_ttl_s
 
-    def complete(self, executor_id: str, c: Completion) -> list[Write]:
-        """Accept a completion of a live lease; the request's result is recorded once."""
+    def completion_row(self, executor_id: str, c: Completion) -> dict[str, Any]:
+        """Check a completion against its live lease and claim the request's end; returns the
+        row that makes it durable (``complete_leases``: the result and the done Slice in one
+        transaction). Apply it with :meth:`complete` once written, or :meth:`abandon_finish`."""
         lease = self.lease(c.lease_id, executor_id)
         req = self.requests[lease.request_id]
         if req.status != "leased" or req.lease_id != c.lease_id:
@@ -500,13 +534,29 @@ class LiveState:
         if len(c.output_tokens) != req.max_tokens:
             raise InvalidInputError(f"lease {c.lease_id}: {len(c.output_tokens)} output tokens, "
                                     f"the request asked for {req.max_tokens}")
-        writes = self._end_lease(c.lease_id, "done", observed=c)
+        self.begin_finish(req)
         wall = self.wall()
         waited = lease.granted_wall - req.arrival
-        req.status, req.output_tokens, req.finished_at = "done", list(c.output_tokens), wall
-        req.queued_s = waited + c.queued_s
-        req.ttft_s = waited + c.ttft_s
-        req.e2e_s = waited + c.e2e_s
+        result = {**req.update_row(), "status": "done", "output_tokens": list(c.output_tokens), "finished_at": wall,
+                  "queued_s": waited + c.queued_s, "ttft_s": waited + c.ttft_s, "e2e_s": waited + c.e2e_s}
+        replica = self.replicas.get(lease.replica_id)
+        devices = list(replica.device_ids) if replica is not None else []
+        return {"request": result,
+                "slice": {"uid": lease.lease_id, "tenant_id": req.tenant_id, "model_uid": req.model_uid,
+                          "device_ids": devices, "executor_id": lease.executor_id, "start_wall": lease.granted_wall,
+                          "end_wall": wall, "busy_s": c.busy_s, "iterations": c.iterations,
+                          "peak_bytes": c.peak_bytes}}
+
+    def complete(self, c: Completion, row: dict[str, Any]) -> None:
+        """Apply a completion already written (``row`` from :meth:`completion_row`): the request
+        is done with the result that Neo4j holds."""
+        lease = self.leases[c.lease_id]
+        req = self.requests[lease.request_id]
+        self._end_lease(c.lease_id, "done", observed=c)
+        result = row["request"]
+        req.finishing = False
+        req.status, req.output_tokens, req.finished_at = "done", list(c.output_tokens), result["finished_at"]
+        req.queued_s, req.ttft_s, req.e2e_s = result["queued_s"], result["ttft_s"], result["e2e_s"]
         self.served[req.tenant_id] = self.served.get(req.tenant_id, 0.0) + len(c.output_tokens)
         self.calibrator.observe(req.model_uid, req.max_tokens, req.token_budget, len(c.output_tokens))
         if c.iterations > 0 and c.busy_s > 0:
@@ -515,11 +565,27 @@ class LiveState:
             old = self.iteration_s.get(family)
             self.iteration_s[family] = mean if old is None else old + 0.1 * (mean - old)
         self.counters["leases_completed"] += 1
-        return [*writes, Write("request", req.update_row())]
+
+    def fail_row(self, lease_id: str, executor_id: str | None, reason: str) -> dict[str, Any] | None:
+        """The durable form of a failed lease when it ends its request (out of attempts: the
+        row for ``finish_requests``, and the request's end is claimed); None when the request
+        goes back to its queue (soft state, batched)."""
+        lease = self.lease(lease_id, executor_id)
+        req = self.requests[lease.request_id]
+        if req.finishing:
+            raise ConflictError(f"request {req.request_id} is finishing")
+        if req.attempts < self.max_attempts:
+            return None
+        self.begin_finish(req)
+        wall = self.wall()
+        return {"request": {**req.update_row(), "status": "failed", "error": reason[:500], "finished_at": wall},
+                "slice_end": {"uid": lease_id, "state": "failed", "end_wall": wall, "busy_s": None,
+                              "iterations": None, "peak_bytes": None}}
 
     def fail(self, lease_id: str, executor_id: str | None, reason: str) -> list[Write]:
         lease = self.lease(lease_id, executor_id)
         req = self.requests[lease.request_id]
+        req.finishing = False
         self.counters["leases_failed"] += 1
         writes = self._end_lease(lease_id, "failed", requeue=req.attempts < self.max_attempts)
         if req.status == "leased":  # not requeued: out of attempts
@@ -530,7 +596,8 @@ class LiveState:
         """Expire leases past their time and executors silent for three lease lifetimes."""
         now = self.clock()
         writes: list[Write] = []
-        for lid in [lid for lid, lease in self.leases.items() if lease.expires_at <= now]:
+        for lid in [lid for lid, lease in self.leases.items()
+                    if lease.expires_at <= now and not self.requests[lease.request_id].finishing]:
             self.counters["leases_expired"] += 1
             writes += self._end_lease(lid, "expired", requeue=True)
         for eid in [eid for eid, e in self.executors.items() if now - e.last_seen > 3 * self.lease_ttl_s]:

@@ -5,11 +5,19 @@ collects them for up to ``max_delay_s`` (or ``max_rows``), keeps the newest row 
 (rows are whole snapshots), and writes each kind with one ``UNWIND $rows`` statement in a worker
 thread. The lag of a row is the time from its mutation to the commit that carries it; the
 writer keeps the recent lags for the metrics and the benchmarks.
+
+What goes through here is the GMG's *mirror* of soft state (a lease granted, a request queued
+again, a lease that expired). Everything a client or an executor is told is final (an accepted
+request, a completion, a cancel) is written synchronously before the answer, so a row lost
+here loses nothing anyone was promised. During a Neo4j outage rows wait, coalesced per object
+(so the backlog is bounded by the number of live objects, not by the number of changes), and
+at most ``max_pending`` of them; past that the oldest are dropped and counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -20,35 +28,62 @@ from service.graph.repository import GraphRepository
 
 log = logging.getLogger("slicesched.writer")
 
+_Key = tuple[str, str]  # (kind, uid)
+
 
 class GmgWriter:
     def __init__(self, repo: GraphRepository, *, max_delay_s: float = 0.2, max_rows: int = 5000,
-                 on_lag: Callable[[float], None] | None = None) -> None:
+                 max_pending: int = 500_000, on_lag: Callable[[float], None] | None = None) -> None:
         self.repo = repo
         self.max_delay_s = max_delay_s
         self.max_rows = max_rows
+        self.max_pending = max_pending
         self.on_lag = on_lag
         self.lags_s: deque[float] = deque(maxlen=10_000)
         self.rows_written = 0
+        self.rows_dropped = 0
         self.batches = 0
-        self._pending: list[tuple[Write, float]] = []
+        self.failed_batches = 0
+        # Insertion-ordered; a newer row of the same object replaces the older one but keeps
+        # the older one's time (the lag counts from the first change not yet written).
+        self._pending: dict[_Key, tuple[Write, float]] = {}
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._closing = False
 
     @property
     def pending(self) -> int:
         return len(self._pending)
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="gmg-writer")
-
     def submit(self, writes: Iterable[Write]) -> None:
         now = time.perf_counter()
         for w in writes:
-            self._pending.append((w, now))
+            key = (w.kind, str(w.row["uid"]))
+            old = self._pending.get(key)
+            if old is not None and w.kind == "slice_new":
+                continue  # a slice is created once; its end travels as slice_end
+            self._pending[key] = (w, old[1] if old is not None else now)
+        while len(self._pending) > self.max_pending:
+            del self._pending[next(iter(self._pending))]
+            self.rows_dropped += 1
         if self._pending:
             self._wake.set()
+
+    async def tick(self) -> None:
+        """One round of the writer loop (run under the service's supervisor): wait up to a
+        second for rows, gather more for ``max_delay_s``, write them. A failed write raises (the
+        supervisor logs and counts it, and backs off); its rows stay pending."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), 1.0)
+        self._wake.clear()
+        if not self._pending:
+            return
+        deadline = time.perf_counter() + self.max_delay_s
+        while len(self._pending) < self.max_rows and time.perf_counter() < deadline:
+            await asyncio.sleep(min(0.01, self.max_delay_s))
+        try:
+            await self._write_batch()
+        finally:
+            if self._pending:
+                self._wake.set()
 
     async def flush(self) -> None:
         """Write everything pending now (shutdown, tests)."""
@@ -56,52 +91,41 @@ class GmgWriter:
             await self._write_batch()
 
     async def close(self) -> None:
-        self._closing = True
-        self._wake.set()
-        if self._task is not None:
-            await self._task
-        await self.flush()
-
-    async def _run(self) -> None:
-        while not self._closing:
-            await self._wake.wait()
-            self._wake.clear()
-            if self._closing:
-                break
-            deadline = time.perf_counter() + self.max_delay_s
-            while len(self._pending) < self.max_rows and time.perf_counter() < deadline and not self._closing:
-                await asyncio.sleep(min(0.01, self.max_delay_s))
-            try:
-                await self._write_batch()
-            except Exception: # the writer must outlive a failed batch; it retries
-                log.exception("GMG write failed; retrying in 1 s")
-                await asyncio.sleep(1.0)
-                self._wake.set()
+        try:
+            await self.flush()
+        except Exception:  # Neo4j is gone at shutdown: the rows are soft state, restart rebuilds it
+            log.warning("GMG writer closed with %d rows unwritten (Neo4j unreachable)", len(self._pending))
 
     async def _write_batch(self) -> None:
-        batch, self._pending = self._pending[: self.max_rows], self._pending[self.max_rows:]
+        keys = list(self._pending)[: self.max_rows]
+        batch = [self._pending[k] for k in keys]
         if not batch:
             return
         requests: dict[str, dict[str, object]] = {}
         new: dict[str, dict[str, object]] = {}
         ends: dict[str, dict[str, object]] = {}
-        for w, _ in batch:  # the newest row per object; a slice created and ended here is created ended
+        for w, _ in batch:  # a slice created and ended in this batch is created ended
             uid = str(w.row["uid"])
             if w.kind == "request":
                 requests[uid] = w.row
             elif w.kind == "slice_new":
                 new[uid] = dict(w.row)
-            elif uid in new:
-                new[uid].update(w.row)
-            else:
-                ends[uid] = w.row
+        for w, _ in batch:
+            uid = str(w.row["uid"])
+            if w.kind == "slice_end":
+                if uid in new:
+                    new[uid].update(w.row)
+                else:
+                    ends[uid] = w.row
         try:
             await asyncio.to_thread(self._commit, list(requests.values()), list(new.values()), list(ends.values()))
         except Exception:
-            self._pending = batch + self._pending  # nothing is lost: the rows go again
+            self.failed_batches += 1
             raise
         done = time.perf_counter()
-        for _, t in batch:
+        for k, (w, t) in zip(keys, batch, strict=True):
+            if self._pending.get(k, (None,))[0] is w:  # not replaced by a newer row meanwhile
+                del self._pending[k]
             lag = done - t
             self.lags_s.append(lag)
             if self.on_lag is not None:

@@ -33,3 +33,11 @@ class CatalogError(SliceschedError):
 
 class ReadOnlyViolationError(SliceschedError):
     """A write was attempted through a read-only inspection path."""
+
+
+class DatabaseUnavailableError(SliceschedError):
+    """Neo4j cannot be reached now; nothing was changed. Retry after ``retry_after_s``."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 2.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

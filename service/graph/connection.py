@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal, overload
 
 from neo4j import Driver, GraphDatabase
 
-from service.graph.local_server import LocalNeo4j
+from service.graph.local_server import LocalNeo4j, Neo4jServerError
 
 
 @dataclass(frozen=True)
@@ -40,21 +41,30 @@ class Neo4jSettings:
         return self.uri is None
 
 
-def resolve_uri(settings: Neo4jSettings, *, start: bool = True) -> str:
-    """The Bolt URI to use; starts the managed server if needed and ``start`` is true."""
+@overload
+def resolve_uri(settings: Neo4jSettings, *, start: bool = True, missing_ok: Literal[False] = False) -> str: ...
+@overload
+def resolve_uri(settings: Neo4jSettings, *, start: bool = True, missing_ok: bool) -> str | None: ...
+def resolve_uri(settings: Neo4jSettings, *, start: bool = True, missing_ok: bool = False) -> str | None:
+    """The Bolt URI to use; starts the managed server if needed and ``start`` is true. The
+    managed server's URI is read from its state dir each time (a restart may change its port);
+    with ``missing_ok`` a managed server that is not running gives None."""
     if settings.uri:
         return settings.uri
     server = LocalNeo4j(settings.state_dir)
     info = server.status() if not start else server.start()
     if info is None:
-        raise RuntimeError("the managed Neo4j is not running: run 'slicesched neo4j start'")
+        if missing_ok:
+            return None
+        raise Neo4jServerError("the managed Neo4j is not running: run 'slicesched neo4j start'")
     return info.uri
 
 
-def open_driver(settings: Neo4jSettings, *, start: bool = True) -> Driver:
-    uri = resolve_uri(settings, start=start)
+def open_driver(settings: Neo4jSettings, *, start: bool = True, uri: str | None = None, **config: Any) -> Driver:
+    """A verified driver; ``config`` goes to the driver (timeouts)."""
+    uri = uri or resolve_uri(settings, start=start)
     auth = (settings.user, settings.password or "") if settings.user else None
     # Notifications ("property key does not exist" on a young graph) are noise for a service.
-    driver = GraphDatabase.driver(uri, auth=auth, notifications_min_severity="OFF")
+    driver = GraphDatabase.driver(uri, auth=auth, notifications_min_severity="OFF", **config)
     driver.verify_connectivity()
     return driver

@@ -88,6 +88,7 @@ class GraphRepository:
         "find_candidate_slots", "create_experiment",
         "create_request", "update_requests", "create_slices", "end_slices", "set_weight_residence",
         "live_tenants", "live_models", "live_requests", "delete_old_live_slices",
+        "complete_leases", "finish_requests", "close_open_slices", "reconciliation_violations",
     )
 
     def __init__(self, driver: Driver, catalog: QueryCatalog | None = None, *, database: str = "neo4j") -> None:
@@ -381,16 +382,40 @@ class GraphRepository:
         return str(rows[0]["uid"])
 
     # ---- the live service -------------------------------------------------------------------------
-    def create_requests(self, rows: list[dict[str, Any]]) -> None:
-        """Persist accepted requests (with their prompts) in one transaction; all or nothing."""
-        def work(tx: ManagedTransaction) -> None:
+    def create_requests(self, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Persist accepted requests (with their prompts) in one transaction; all or nothing.
+        A row with an idempotency key its tenant used before creates nothing; the answer maps
+        each such key to the earlier request (uid, body_sha, status, token_budget, prompt_tokens)."""
+        def work(tx: ManagedTransaction) -> dict[str, dict[str, Any]]:
             out = self._tx_run(tx, "create_request", rows=rows)
-            created = int(out[0]["created"]) if out else 0
-            if created != len(rows):
-                raise InvalidInputError(f"{len(rows) - created} of {len(rows)} requests name an unknown model")
+            matched = int(out[0]["matched"]) if out else 0
+            if matched != len(rows):
+                raise InvalidInputError(f"{len(rows) - matched} of {len(rows)} requests name an unknown model")
+            return {str(e["idempotency_key"]): e for e in out[0]["existing"]} if out else {}
 
         with self.driver.session(database=self.database) as s:
-            s.execute_write(work)
+            return s.execute_write(work)
+
+    def complete_leases(self, rows: list[dict[str, Any]]) -> set[str]:
+        """Results of completed leases, each with its request's final state and its done Slice, in
+        one transaction; returns the uids of the requests completed (a finished one is left out)."""
+        if not rows:
+            return set()
+        out = self._write("complete_leases", rows=rows)
+        return set(out[0]["completed"]) if out else set()
+
+    def finish_requests(self, rows: list[dict[str, Any]]) -> set[str]:
+        """Requests ending without a result (cancelled, failed), with their lease's end, in one
+        transaction; returns the uids finished now (one finished before is left out)."""
+        if not rows:
+            return set()
+        out = self._write("finish_requests", rows=rows)
+        return set(out[0]["finished"]) if out else set()
+
+    def close_open_slices(self, end_wall: float) -> int:
+        """Restart reconciliation: close the live Slices a previous process left open."""
+        out = self._write("close_open_slices", end_wall=float(end_wall))
+        return int(out[0]["closed"]) if out else 0
 
     def update_requests(self, rows: list[dict[str, Any]]) -> int:
         """Batched request updates; rows of requests already finished change nothing."""

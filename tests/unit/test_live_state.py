@@ -17,6 +17,11 @@ class Clock:
         return self.t
 
 
+def complete(state: LiveState, executor_id: str, c: Completion) -> None:
+    """A completion as the service applies it: checked and claimed, (written), then applied."""
+    state.complete(c, state.completion_row(executor_id, c))
+
+
 def make_state(queue: str = "fifo", **kw: object) -> tuple[LiveState, Clock]:
     clock = Clock()
     state = LiveState(make_queue_policy(queue), clock=clock, wall=clock, lease_ttl_s=5.0, **kw)  # type: ignore[arg-type]
@@ -67,25 +72,26 @@ def test_expired_lease_requeues_and_its_late_completion_changes_nothing() -> Non
     state.expire()
     assert state.requests[rid].status == "queued" and state.counters["leases_expired"] == 1
     with pytest.raises(ConflictError):
-        state.complete("e1", done(lease.lease_id))
+        complete(state, "e1", done(lease.lease_id))
     [(again, _, _)] = state.grant("e1", 1)
-    state.complete("e1", done(again.lease_id))
+    complete(state, "e1", done(again.lease_id))
     req = state.requests[rid]
     assert req.status == "done" and req.attempts == 2 and req.output_tokens == [7, 7, 7]
     with pytest.raises(ConflictError):  # a second completion of the same lease
-        state.complete("e1", done(again.lease_id))
+        complete(state, "e1", done(again.lease_id))
 
 
-def test_heartbeat_renews_every_lease_of_the_executor() -> None:
+def test_heartbeat_renews_the_leases_the_executor_reports() -> None:
     state, clock = make_state()
-    submit(state, "a", 2)
+    submit(state, "a", 3)
     leases = [lease.lease_id for lease, _, _ in state.grant("e1", 8)]
     clock.t += 4.0
-    renewed, cancel = state.heartbeat("e1", 0.0)
-    assert renewed == sorted(leases) and cancel == []
+    renewed, cancel = state.heartbeat("e1", 0.0, [*leases[:2], "L-unknown"])
+    assert renewed == sorted(leases[:2]) and cancel == []
     clock.t += 4.0  # 8 s after the grant, 4 s after the renewal
     state.expire()
-    assert state.counters["leases_expired"] == 0
+    # The lease it no longer reports (its result dropped) expires and its request runs again.
+    assert state.counters["leases_expired"] == 1 and set(state.leases) == set(leases[:2])
 
 
 def test_cancel_of_a_running_request_is_announced_at_the_next_heartbeat() -> None:
@@ -95,7 +101,7 @@ def test_cancel_of_a_running_request_is_announced_at_the_next_heartbeat() -> Non
     state.cancel(state.requests[rid])
     assert state.requests[rid].status == "cancelled"
     with pytest.raises(ConflictError):
-        state.complete("e1", done(lease.lease_id))
+        complete(state, "e1", done(lease.lease_id))
     with pytest.raises(ConflictError):
         state.cancel(state.requests[rid])
 
@@ -115,7 +121,7 @@ def test_a_silent_executor_is_dropped_with_its_replicas_and_leases() -> None:
     [rid] = submit(state, "a")
     state.grant("e1", 1)
     clock.t += 16.0  # three TTLs without a word
-    state.heartbeat("e2", 0.0)
+    state.heartbeat("e2", 0.0, [])
     state.expire()
     assert "e1" not in state.executors and not any("e1/" in d for d in state.devices)
     assert state.requests[rid].status == "queued"
@@ -139,9 +145,9 @@ def test_completion_must_carry_the_asked_number_of_tokens() -> None:
     submit(state, "a", max_tokens=3)
     [(lease, _, _)] = state.grant("e1", 1)
     with pytest.raises(InvalidInputError):
-        state.complete("e1", done(lease.lease_id, n=2))
+        complete(state, "e1", done(lease.lease_id, n=2))
     assert state.leases  # still live: a corrected completion is accepted
-    state.complete("e1", done(lease.lease_id))
+    complete(state, "e1", done(lease.lease_id))
 
 
 def test_budget_calibration_follows_observed_outputs() -> None:
