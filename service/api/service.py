@@ -135,13 +135,16 @@ class LiveService:
         if self.driver is not None:
             await asyncio.to_thread(self.driver.close)
 
-    def _open_driver(self, start: bool) -> Any:
-        """A driver to the configured server (the managed one: wherever its state says it runs
-        now), with timeouts that fail a call within about ``db_timeout_s`` when it is down."""
+    def _open_driver(self, start: bool, uri: str | None = None) -> Any:
+        """A verified driver to the configured server (the managed one: wherever its state says
+        it runs now), with timeouts that fail a call within about ``db_timeout_s`` when it is
+        down. :attr:`neo4j_uri` changes only once the new driver answers."""
         t = self.settings.db_timeout_s
-        self.neo4j_uri = resolve_uri(self.settings.neo4j, start=start)
-        return open_driver(self.settings.neo4j, start=False, uri=self.neo4j_uri, connection_timeout=t,
-                           connection_acquisition_timeout=t, max_transaction_retry_time=t)
+        uri = uri or resolve_uri(self.settings.neo4j, start=start)
+        driver = open_driver(self.settings.neo4j, start=False, uri=uri, connection_timeout=t,
+                             connection_acquisition_timeout=t, max_transaction_retry_time=t)
+        self.neo4j_uri = uri
+        return driver
 
     async def _recover(self) -> None:
         """Rebuild the live state from the GMG and reconcile what a previous process left: its
@@ -181,11 +184,12 @@ class LiveService:
     async def db(self, fn: Any, *args: Any, bound_s: float | None = -1.0, **kwargs: Any) -> Any:
         """Run a repository call in a worker thread, failing fast when Neo4j is down: a
         :class:`DatabaseUnavailableError` (503 with ``Retry-After``) at once when the watcher
-        knows it is down, or when the call does not end within ``bound_s`` (default: twice
-        ``db_timeout_s``; None: no bound, for long work such as tracing a model)."""
+        knows it is down, within ``db_timeout_s`` when it cannot be reached, or when the call
+        does not end within ``bound_s`` (default ``call_timeout_s``; None: no bound, for long
+        work such as tracing a model)."""
         self._check_db()
         task = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
-        return await self._bounded(task, 2 * self.settings.db_timeout_s if bound_s == -1.0 else bound_s)
+        return await self._bounded(task, self.settings.call_timeout_s if bound_s == -1.0 else bound_s)
 
     def _check_db(self) -> None:
         if not self.db_up:
@@ -222,6 +226,8 @@ class LiveService:
             await asyncio.to_thread(self._follow_managed)
             ok = await asyncio.to_thread(self._ping)
         if ok and not self.db_up:
+            assert self.writer is not None
+            await asyncio.to_thread(self.writer.warm_up)  # plan the hot queries before taking traffic
             log.info("Neo4j answers again at %s", self.neo4j_uri)
         self.db_up = ok
         if ok:
@@ -243,7 +249,7 @@ class LiveService:
             return
         log.warning("the managed Neo4j now runs at %s (was %s): reconnecting", uri, self.neo4j_uri)
         old = self.driver
-        self.driver = self._open_driver(False)
+        self.driver = self._open_driver(False, uri)  # raises while the new server is still starting
         assert self.repo is not None
         self.repo.driver = self.driver
         try:
@@ -314,7 +320,7 @@ class LiveService:
                 self._check_db()
                 task = asyncio.ensure_future(asyncio.to_thread(self.repo.create_requests, [r.row() for r in fresh]))
                 task.add_done_callback(lambda t: self._take_in(t, fresh))
-                existing = await self._bounded(task, 2 * self.settings.db_timeout_s + 0.01 * len(fresh))
+                existing = await self._bounded(task, self.settings.call_timeout_s + 0.01 * len(fresh))
             finally:
                 for k in mine:
                     self._submitting.pop(k, None)  # type: ignore[arg-type]
@@ -435,7 +441,7 @@ class LiveService:
         task = asyncio.ensure_future(asyncio.to_thread(fn, rows))
         task.add_done_callback(once)
         try:
-            await self._bounded(task, 2 * self.settings.db_timeout_s + 0.002 * len(rows))
+            await self._bounded(task, self.settings.call_timeout_s + 0.002 * len(rows))
         finally:
             if task.done():
                 once(task)

@@ -29,7 +29,8 @@ class ServiceSettings:
     max_batch: int = 8  # leases per replica at once (its KV slots)
     schedule_interval_s: float = 2.0  # the slice policy steps at most this often
     slice_retention_s: float = 3600.0  # live Slices (leases) are kept this long after they end
-    db_timeout_s: float = 2.0  # a call that needs Neo4j fails (503, Retry-After) after about this long
+    db_timeout_s: float = 2.0  # a call that cannot reach Neo4j fails (503, Retry-After) within about this
+    call_timeout_s: float = 10.0  # a call that reached Neo4j but has no answer by then: 503, outcome unknown
     max_pending_writes: int = 500_000  # GMG mirror rows kept during an outage (coalesced per object)
     neo4j: Neo4jSettings = field(default_factory=Neo4jSettings.from_env)
 
@@ -41,8 +42,9 @@ class ServiceSettings:
                                     f"(known: {', '.join(PLACEMENT_POLICIES)})")
         if not (self.lease_ttl_s > 0 and self.heartbeat_s > 0 and self.max_attempts >= 1 and self.max_batch >= 1):
             raise InvalidInputError("lease_ttl_s, heartbeat_s must be > 0; max_attempts, max_batch >= 1")
-        if not (0 < self.db_timeout_s <= 60 and self.max_pending_writes >= 1000):
-            raise InvalidInputError("db_timeout_s must be in (0, 60]; max_pending_writes >= 1000")
+        if not (0 < self.db_timeout_s <= 60 and 0 < self.call_timeout_s <= 600 and self.max_pending_writes >= 1000):
+            raise InvalidInputError("db_timeout_s must be in (0, 60], call_timeout_s in (0, 600]; "
+                                    "max_pending_writes >= 1000")
 
     @staticmethod
     def from_env(**overrides: object) -> ServiceSettings:
@@ -60,6 +62,7 @@ class ServiceSettings:
             "max_batch": int(env.get("SLICESCHED_MAX_BATCH", "8")),
             "slice_retention_s": float(env.get("SLICESCHED_SLICE_RETENTION_S", "3600")),
             "db_timeout_s": float(env.get("SLICESCHED_DB_TIMEOUT_S", "2")),
+            "call_timeout_s": float(env.get("SLICESCHED_CALL_TIMEOUT_S", "10")),
             "max_pending_writes": int(env.get("SLICESCHED_MAX_PENDING_WRITES", "500000")),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,57 @@
+"""Supervised background loops: a failing tick is logged and counted, never the end of a loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from service.api.supervisor import Supervisor
+
+
+def test_a_failing_tick_is_counted_and_the_loop_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[int] = []
+
+    async def tick() -> None:
+        calls.append(1)
+        if len(calls) <= 2:
+            raise RuntimeError(f"boom {len(calls)}")
+
+    async def run() -> dict[str, object]:
+        sup = Supervisor(backoff_s=0.01)
+        sup.spawn("flaky", tick, interval_s=0.01, stuck_after_s=10.0)
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if sup.loops["flaky"].ticks >= 3:
+                break
+        report = sup.report()["flaky"]
+        await sup.stop()
+        return report
+
+    report = asyncio.run(run())
+    assert report["failures"] == 2 and report["ticks"] >= 3 and report["last_error"] is None
+    assert report["stuck"] is False
+    assert sum("boom" in r.getMessage() or (r.exc_info and "boom" in str(r.exc_info[1])) for r in caplog.records) == 2
+    assert all(r.exc_info for r in caplog.records if "flaky" in r.getMessage())  # logged with the traceback
+
+
+def test_a_loop_that_never_succeeds_is_reported_stuck() -> None:
+    async def tick() -> None:
+        raise ValueError("always")
+
+    async def fine() -> None:
+        pass
+
+    async def run() -> tuple[list[str], dict[str, object]]:
+        sup = Supervisor(backoff_s=0.01)
+        sup.spawn("dead", tick, interval_s=0.01, stuck_after_s=0.05)
+        sup.spawn("fine", fine, interval_s=0.01, stuck_after_s=0.05)
+        await asyncio.sleep(0.2)
+        assert sup.report()["fine"]["failures"] == 0
+        out = sup.stuck(), sup.report()["dead"]
+        await sup.stop()
+        return out
+
+    stuck, dead = asyncio.run(run())
+    assert stuck == ["dead"]
+    assert dead["failures"] >= 2 and dead["last_error"] == "ValueError: always" and dead["last_ok_s_ago"] is None
