@@ -203,3 +203,45 @@ def test_retention_deletes_old_live_slices_and_keeps_requests(client: TestClient
     assert client.post("/v1/inspect", json={"query": query, "params": {"uid": lease["lease_id"]}},
                        headers=auth(ADMIN)).json()["rows"] == []
     assert client.get(f"/v1/requests/{rid}", headers=auth(key)).json()["status"] == "done"
+
+
+def test_lease_counters_equal_the_slices_in_the_gmg(client: TestClient, uid: str) -> None:
+    """Every way a lease ends (completion, failure, cancellation, an executor re-registering or
+    leaving with leases) is counted once, under the state its Slice has in the GMG."""
+    key = setup_tenant_model(client, f"cnt{uid}")
+    executor = f"cnt{uid}e"
+    register(client, executor)
+    rids = [client.post("/v1/requests", json={"model_id": "m", "prompt": f"p{i}", "max_tokens": 2},
+                        headers=auth(key)).json()["request_id"] for i in range(5)]
+    leases = {x["request_id"]: x for x in poll(client, executor)}
+    assert sorted(leases) == sorted(rids)
+    done, failed, cancelled = rids[:3]
+    assert client.post("/v1/leases/complete", json={"executor_id": executor, "results": [completion(leases[done])]},
+                       headers=auth(EXECUTOR)).json()["accepted"] == [leases[done]["lease_id"]]
+    assert client.post(f"/v1/leases/{leases[failed]['lease_id']}/fail", json={"reason": "oom"},
+                       headers=auth(EXECUTOR)).status_code == 200
+    assert client.post(f"/v1/requests/{cancelled}/cancel", headers=auth(key)).status_code == 200
+    register(client, executor)  # re-registration with two live leases: both are void
+    again = poll(client, executor)
+    assert len(again) == 3  # the failed request and the two voided ones
+    assert client.delete(f"/v1/executors/{executor}", headers=auth(EXECUTOR)).status_code == 200  # leaves with 3
+
+    expected = {"done": 1, "failed": 1, "cancelled": 1, "expired": 5}
+    query = "MATCH (s:Slice {tenant_id: $t}) WHERE s.live RETURN s.state AS state, count(*) AS n"
+    deadline = time.monotonic() + 10
+    while True:
+        rows = client.post("/v1/inspect", json={"query": query, "params": {"t": f"cnt{uid}"}},
+                           headers=auth(ADMIN)).json()["rows"]
+        in_gmg = {state: n for state, n in rows}
+        if in_gmg == expected:
+            break
+        assert time.monotonic() < deadline, f"the GMG has {in_gmg}, expected {expected}"
+        time.sleep(0.2)  # the GMG writer's batch
+    counters = client.get("/v1/stats", headers=auth(ADMIN)).json()["counters"]
+    assert counters["leases_granted"] == sum(in_gmg.values()) == 8
+    assert {state: counters.get(name) for state, name in
+            (("done", "leases_completed"), ("failed", "leases_failed"), ("cancelled", "leases_cancelled"),
+             ("expired", "leases_expired"))} == in_gmg
+    metrics = client.get("/metrics", headers=auth(ADMIN)).text
+    assert 'slicesched_leases_total{event="expired"} 5.0' in metrics
+    assert 'slicesched_leases_total{event="cancelled"} 1.0' in metrics
