@@ -31,6 +31,7 @@ from service.api.schemas import (
 )
 from service.api.service import LiveService
 from service.api.state import (
+    STATUSES,
     Completion,
     ConflictError,
     ForbiddenError,
@@ -303,8 +304,11 @@ async def get_request(request_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
 
 
 @router.get("/v1/requests", tags=["requests"])
-async def list_requests(svc: Svc, p: Caller, status: str | None = None,
+async def list_requests(svc: Svc, p: Caller,
+                        status: Annotated[str | None, Query(description=f"one of {', '.join(STATUSES)}")] = None,
                         limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> list[dict[str, Any]]:
+    if status is not None and status not in STATUSES:
+        raise InvalidInputError(f"unknown status {status!r} (valid: {', '.join(STATUSES)})")
     tenant = None if p.is_admin else _tenant_only(p)
     out = [request_public(r) for r in svc.state.requests.values()
            if (tenant is None or r.tenant_id == tenant) and (status is None or r.status == status)]

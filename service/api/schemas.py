@@ -1,4 +1,8 @@
-"""Request bodies of the HTTP API (pydantic): bounds here are the first line of bad-input defence."""
+"""Request bodies of the HTTP API (pydantic): bounds here are the first line of bad-input defence.
+
+Bodies are strict: a JSON ``true`` is not the integer 1, ``"3"`` is not 3 and ``2.0`` is not an
+integer; a float field takes an integer (``"weight": 2``).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ DEVICE = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,31}$"
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class TenantIn(Body):

@@ -245,3 +245,46 @@ def test_lease_counters_equal_the_slices_in_the_gmg(client: TestClient, uid: str
     metrics = client.get("/metrics", headers=auth(ADMIN)).text
     assert 'slicesched_leases_total{event="expired"} 5.0' in metrics
     assert 'slicesched_leases_total{event="cancelled"} 1.0' in metrics
+
+
+def test_booleans_and_strings_are_not_numbers(client: TestClient, uid: str) -> None:
+    key = setup_tenant_model(client, f"st{uid}")
+    h = auth(key)
+    executor = {"executor_id": f"st{uid}e", "host_id": "h"}
+    cases = [
+        ("/v1/requests", {"model_id": "m", "prompt": "x", "max_tokens": True}, h),
+        ("/v1/requests", {"model_id": "m", "prompt": "x", "max_tokens": "2"}, h),
+        ("/v1/requests", {"model_id": "m", "prompt": "x", "max_tokens": 2.0}, h),
+        ("/v1/requests", {"model_id": "m", "prompt_tokens": [True, 1], "max_tokens": 1}, h),
+        ("/v1/requests/batch", {"requests": [{"model_id": "m", "prompt": "x", "max_tokens": True}]}, h),
+        ("/v1/tenants", {"tenant_id": f"st{uid}b", "weight": True}, auth(ADMIN)),
+        ("/v1/tenants", {"tenant_id": f"st{uid}b", "priority": False}, auth(ADMIN)),
+        ("/v1/models", {"model_id": "m2", "family": "tiny", "replicas": True}, h),
+        ("/v1/models", {"model_id": "m2", "family": "tiny", "seed": True}, h),
+        ("/v1/executors", {**executor, "devices": [{"device_id": "cpu:0", "mem_bytes": True}]}, auth(EXECUTOR)),
+        ("/v1/leases/poll", {"executor_id": f"st{uid}e", "max_leases": True}, auth(EXECUTOR)),
+        ("/v1/leases/poll", {"executor_id": f"st{uid}e", "wait_s": True}, auth(EXECUTOR)),
+        ("/v1/whatif", {"placement": "slice", "horizon_s": True}, auth(ADMIN)),
+    ]
+    for path, body, headers in cases:
+        r = client.post(path, json=body, headers=headers)
+        assert r.status_code == 422, (path, body, r.status_code, r.text)
+        assert r.json()["error"]["kind"] == "invalid_input"
+    assert client.get("/v1/requests", headers=h).json() == []  # nothing was accepted
+    assert client.get("/v1/requests", params={"limit": "true"}, headers=h).status_code == 422
+    # a float field still takes an integer
+    r = client.post("/v1/tenants", json={"tenant_id": f"st{uid}c", "weight": 2}, headers=auth(ADMIN))
+    assert r.status_code == 201 and r.json()["weight"] == 2.0
+
+
+def test_an_unknown_status_filter_is_a_400_naming_the_valid_ones(client: TestClient, uid: str) -> None:
+    key = setup_tenant_model(client, f"sf{uid}")
+    rid = client.post("/v1/requests", json={"model_id": "m", "prompt": "x", "max_tokens": 1},
+                      headers=auth(key)).json()["request_id"]
+    r = client.get("/v1/requests", params={"status": "bogus"}, headers=auth(key))
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "bogus" in message and all(s in message for s in ("queued", "leased", "done", "cancelled", "failed"))
+    assert [x["request_id"] for x in client.get("/v1/requests", params={"status": "queued"},
+                                                 headers=auth(key)).json()] == [rid]
+    assert client.get("/v1/requests", params={"status": "done"}, headers=auth(key)).json() == []
