@@ -12,7 +12,7 @@ import hashlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from service.api.app import Principal, authenticate
 from service.api.schemas import (
@@ -80,7 +80,7 @@ async def healthz(svc: Svc) -> dict[str, Any]:
     return {"status": "ok", "placement": svc.settings.placement, "queue": svc.settings.queue}
 
 
-@router.get("/metrics", tags=["ops"])
+@router.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
 async def metrics(svc: Svc, p: Caller) -> Response:
     """Prometheus text format; admin key (the labels name tenants). Configure the scrape job
     with ``authorization: {credentials: <admin key>}``."""
@@ -305,7 +305,7 @@ async def get_request(request_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
 
 @router.get("/v1/requests", tags=["requests"])
 async def list_requests(svc: Svc, p: Caller,
-                        status: Annotated[str | None, Query(description=f"one of {', '.join(STATUSES)}")] = None,
+                        status: Annotated[str | None, Query(json_schema_extra={"enum": list(STATUSES)})] = None,
                         limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> list[dict[str, Any]]:
     if status is not None and status not in STATUSES:
         raise InvalidInputError(f"unknown status {status!r} (valid: {', '.join(STATUSES)})")

@@ -254,7 +254,7 @@ def test_booleans_and_strings_are_not_numbers(client: TestClient, uid: str) -> N
     cases = [
         ("/v1/requests", {"model_id": "m", "prompt": "x", "max_tokens": True}, h),
         ("/v1/requests", {"model_id": "m", "prompt": "x", "max_tokens": "2"}, h),
-        ("/v1/requests", {"model_id": "m", "prompt": "x", "max_tokens": 2.0}, h),
+        ("/v1/requests", {"model_id": "m", "prompt": "x", "max_tokens": 2.5}, h),
         ("/v1/requests", {"model_id": "m", "prompt_tokens": [True, 1], "max_tokens": 1}, h),
         ("/v1/requests/batch", {"requests": [{"model_id": "m", "prompt": "x", "max_tokens": True}]}, h),
         ("/v1/tenants", {"tenant_id": f"st{uid}b", "weight": True}, auth(ADMIN)),
@@ -288,3 +288,21 @@ def test_an_unknown_status_filter_is_a_400_naming_the_valid_ones(client: TestCli
     assert [x["request_id"] for x in client.get("/v1/requests", params={"status": "queued"},
                                                  headers=auth(key)).json()] == [rid]
     assert client.get("/v1/requests", params={"status": "done"}, headers=auth(key)).json() == []
+
+
+def test_openapi_documents_every_error_and_405_names_the_allowed_methods(client: TestClient) -> None:
+    doc = client.get("/openapi.json").json()
+    error = {"$ref": "#/components/schemas/ErrorOut"}
+    assert set(doc["components"]["schemas"]["ErrorOut"]["properties"]) == {"error"}
+    assert set(doc["components"]["schemas"]["ErrorDetail"]["required"]) == {"kind", "message"}
+    for path, operations in doc["paths"].items():
+        for method, op in operations.items():
+            for status in ("400", "401", "403", "404", "409", "422", "503"):
+                assert op["responses"][status]["content"] == {"application/json": {"schema": error}}, (path, method)
+    assert doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"] == {"text/plain": {"schema": {"type": "string"}}}
+    r = client.delete("/v1/requests", headers=auth(ADMIN))  # two routes on the path: GET (list) and POST (submit)
+    assert r.status_code == 405 and r.json()["error"]["kind"] == "http"
+    assert r.headers["allow"] == "GET, POST"
+    r = client.put("/v1/tenants/x", headers=auth(ADMIN))
+    assert r.status_code == 405 and r.headers["allow"] == "GET"
+    assert client.delete("/v1/requests/batch", headers=auth(ADMIN)).headers["allow"] == "POST"  # not /{request_id}
