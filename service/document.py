@@ -35,5 +35,26 @@ def load_document(name_or_path: str, *, package: str, folder: str, what: str,
         text, source = path.read_text(), str(path)
     try:
         return (json.loads(text) if source.endswith(".json") else yaml.safe_load(text)), source
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise error(f"{source}: not valid YAML/JSON: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{source}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}", culprit=source) from None
+    except yaml.YAMLError as exc:
+        raise error(f"{source}:{_yaml_problem(exc)}", culprit=source) from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's multi-line message as ``line:column: not valid YAML: problem (context)`` on one line."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        where = f"{mark.line + 1}:{mark.column + 1}:"
+        problem = exc.problem or "invalid"
+        if exc.context:
+            context = exc.context
+            if exc.context_mark is not None:
+                context += f" started at line {exc.context_mark.line + 1}, column {exc.context_mark.column + 1}"
+            problem += f" ({context})"
+    elif isinstance(exc, yaml.reader.ReaderError):
+        char = f"#x{exc.character:04x}" if isinstance(exc.character, int) else repr(exc.character)
+        where, problem = f" character {exc.position}:", f"{exc.reason} ({char})"
+    else:
+        where, problem = "", str(exc)
+    return f"{where} not valid YAML: {' '.join(problem.split())}"

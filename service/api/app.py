@@ -3,16 +3,20 @@
 ``create_app(settings)`` builds an app whose lifespan starts a :class:`LiveService` (Neo4j
 driver, state recovered from the GMG, writer, scheduler) and stops it. Every error leaves as
 ``{"error": {"kind", "message"}}`` with a 4xx status; an unexpected one is logged and is a 500
-with no internals in it.
+with no internals in it. The OpenAPI document lists these answers on every operation
+(:data:`ERROR_RESPONSES`), and a 405 names the path's methods in ``Allow``.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -20,6 +24,7 @@ from fastapi.responses import JSONResponse
 from neo4j.exceptions import ServiceUnavailable, SessionExpired
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.api.schemas import ErrorOut
 from service.api.settings import ServiceSettings
 from service.api.state import ConflictError, ForbiddenError, hash_key
 from service.domain.error import (
@@ -77,8 +82,48 @@ _STATUS: list[tuple[type[Exception], int, str]] = [
 ]
 
 
-def _error(status: int, kind: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"kind": kind, "message": message}}, status_code=status)
+#: The error answers every operation documents (one schema, ErrorOut); 405 is the router's, per path.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorOut, "description": "Invalid input the schema cannot express (e.g. a prompt longer than "
+                                            "the model's context, an unknown SLA class or status)"},
+    401: {"model": ErrorOut, "description": "No key, or a key nobody holds"},
+    403: {"model": ErrorOut, "description": "The key's role may not do this, or a write in read-only Cypher"},
+    404: {"model": ErrorOut, "description": "No such object, or one the key may not see"},
+    409: {"model": ErrorOut, "description": "Contradicts the current state (exists already, finished, not live)"},
+    422: {"model": ErrorOut, "description": "The body, path or query does not match the schema"},
+    503: {"model": ErrorOut, "description": "Neo4j is unavailable; retry shortly"},
+    500: {"model": ErrorOut, "description": "An unexpected error (logged on the server, nothing internal in it)"},
+}
+
+
+def errors_as_json(doc: dict[str, Any]) -> dict[str, Any]:
+    """Error answers are JSON on every operation, also where success is not (``/metrics``): FastAPI
+    documents a route's extra responses in the route's own media type."""
+    for operations in doc.get("paths", {}).values():
+        for operation in operations.values():
+            for status, response in operation.get("responses", {}).items():
+                content = response.get("content")
+                if not status.startswith("2") and content and "application/json" not in content:
+                    response["content"] = {"application/json": next(iter(content.values()))}
+    return doc
+
+
+def _error(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"kind": kind, "message": message}}, status_code=status, headers=headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """The documented methods of the request's path (Starlette's 405 names only the first route's):
+    those of the most literal template it matches (``/v1/requests/batch``, not ``/v1/requests/{id}``)."""
+    matches = [(template.count("{"), operations) for template, operations in request.app.openapi()["paths"].items()
+               if _template_regex(template).fullmatch(request.url.path)]
+    fewest = min((n for n, _ in matches), default=0)
+    return sorted({m.upper() for n, operations in matches if n == fewest for m in operations})
+
+
+@lru_cache(maxsize=256)
+def _template_regex(template: str) -> re.Pattern[str]:
+    return re.compile("[^/]+".join(re.escape(part) for part in re.split(r"\{[^/}]+\}", template)))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -97,9 +142,12 @@ def install_error_handlers(app: FastAPI) -> None:
             parts.append(f"{where}: {e.get('msg', 'invalid')}")
         return _error(422, "invalid_input", "; ".join(parts) or "invalid request")
 
-    async def http(_: Request, exc: Exception) -> JSONResponse:
+    async def http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        return _error(exc.status_code, "http", str(exc.detail))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405 and (methods := allowed_methods(request)):
+            headers["Allow"] = ", ".join(methods)
+        return _error(exc.status_code, "http", str(exc.detail), headers)
 
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error", exc_info=exc)
@@ -142,5 +190,11 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                   description="Operator-level scheduling for multi-tenant model serving: tenants, models, "
                               "requests, executor leases, what-if and Cypher inspection. See docs/API.md.")
     install_error_handlers(app)
-    app.include_router(router)
+    app.include_router(router, responses=ERROR_RESPONSES)
+    documented = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        return app.openapi_schema or errors_as_json(documented())
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app

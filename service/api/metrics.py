@@ -54,7 +54,7 @@ class _StateCollector(Collector):
             util.add_metric([device_id], held / slots if slots else 0.0)
         yield util
         leases = CounterMetricFamily("slicesched_leases", "Leases by outcome", labels=["event"])
-        for event in ("granted", "expired", "completed", "failed"):
+        for event in ("granted", "expired", "completed", "failed", "cancelled"):
             leases.add_metric([event], s.counters[f"leases_{event}"])
         yield leases
         rejected = CounterMetricFamily("slicesched_completions_rejected", "Completions of leases that were not live")

@@ -12,7 +12,7 @@ import hashlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from service.api.app import Principal, authenticate
 from service.api.schemas import (
@@ -31,6 +31,7 @@ from service.api.schemas import (
 )
 from service.api.service import LiveService
 from service.api.state import (
+    STATUSES,
     Completion,
     ConflictError,
     ForbiddenError,
@@ -93,7 +94,7 @@ async def readyz(svc: Svc) -> JSONResponse:
                         headers=None if report["ready"] else {"Retry-After": "2"})
 
 
-@router.get("/metrics", tags=["ops"])
+@router.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
 async def metrics(svc: Svc, p: Caller) -> Response:
     """Prometheus text format; admin key (the labels name tenants). Configure the scrape job
     with ``authorization: {credentials: <admin key>}``."""
@@ -332,8 +333,11 @@ async def get_request(request_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
 
 
 @router.get("/v1/requests", tags=["requests"])
-async def list_requests(svc: Svc, p: Caller, status: str | None = None,
+async def list_requests(svc: Svc, p: Caller,
+                        status: Annotated[str | None, Query(json_schema_extra={"enum": list(STATUSES)})] = None,
                         limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> list[dict[str, Any]]:
+    if status is not None and status not in STATUSES:
+        raise InvalidInputError(f"unknown status {status!r} (valid: {', '.join(STATUSES)})")
     tenant = None if p.is_admin else _tenant_only(p)
     out = [request_public(r) for r in svc.state.requests.values()
            if (tenant is None or r.tenant_id == tenant) and (status is None or r.status == status)]

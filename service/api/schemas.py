@@ -1,40 +1,66 @@
-"""Request bodies of the HTTP API (pydantic): bounds here are the first line of bad-input defence."""
+"""Request bodies and the error answer of the HTTP API (pydantic): bounds here are the first line of
+bad-input defence. Values the service checks itself (a family, an SLA class) are documented as enums.
+
+Bodies are strict: a JSON ``true`` is not the integer 1 and ``"3"`` is not 3; as in JSON Schema,
+``2.0`` is the integer 2 and a float field takes an integer (``"weight": 2``).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from service.api.state import LIVE_FAMILIES
+from service.sim.sla import SLA_CLASSES
 
 ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
 DEVICE = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,31}$"
 
 
+def _whole(value: Any) -> Any:
+    """JSON Schema's integer: a float with no fraction is one (the strict check then refuses bools and text)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _whole_items(value: Any) -> Any:
+    # one pass over the list in the common case (token ids arrive as ints), not a call per item
+    if isinstance(value, list) and any(type(x) is float for x in value):
+        return [_whole(x) for x in value]
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_whole)]
+IntList = Annotated[list[int], BeforeValidator(_whole_items)]
+
+
 class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class TenantIn(Body):
     tenant_id: str = Field(pattern=ID)
-    sla_class: str = "standard"
+    sla_class: str = Field("standard", json_schema_extra={"enum": list(SLA_CLASSES)})
     weight: float = Field(1.0, gt=0, le=1000)
-    priority: int = Field(0, ge=-100, le=100)
+    priority: Int = Field(0, ge=-100, le=100)
 
 
 class ModelIn(Body):
     model_id: str = Field(pattern=ID)
-    family: str = Field(max_length=64, description="a runnable built-in model: tiny, tiny-llama, small-llama, gpt2-small")
-    seed: int | None = Field(None, ge=0, lt=2**31, description="weight seed (default: derived from tenant and model)")
-    replicas: int = Field(1, ge=1, le=8)
+    family: str = Field(max_length=64, json_schema_extra={"enum": list(LIVE_FAMILIES)},
+                        description=f"a runnable built-in model: {', '.join(LIVE_FAMILIES)}")
+    seed: Int | None = Field(None, ge=0, lt=2**31, description="weight seed (default: derived from tenant and model)")
+    replicas: Int = Field(1, ge=1, le=8)
     tenant_id: str | None = Field(None, pattern=ID, description="admin keys only: the owning tenant")
 
 
 class RequestIn(Body):
     model_id: str = Field(pattern=ID)
     prompt: str | None = Field(None, min_length=1, max_length=100_000, description="text (byte-level tokens)")
-    prompt_tokens: list[int] | None = Field(None, min_length=1, max_length=100_000)
-    max_tokens: int = Field(ge=1, le=1_000_000)
-    sla_class: str | None = Field(None, max_length=32)
+    prompt_tokens: IntList | None = Field(None, min_length=1, max_length=100_000)
+    max_tokens: Int = Field(ge=1, le=1_000_000)
+    sla_class: str | None = Field(None, max_length=32, json_schema_extra={"enum": [*SLA_CLASSES, None]},
+                                  description="default: the tenant's")
     tenant_id: str | None = Field(None, pattern=ID, description="admin keys only")
 
 
@@ -45,7 +71,7 @@ class RequestBatchIn(Body):
 class DeviceIn(Body):
     device_id: str = Field(pattern=DEVICE, description="the executor's name for it, e.g. cpu:0")
     kind: str = Field("cpu", max_length=64)
-    mem_bytes: int = Field(gt=0, le=2**50)
+    mem_bytes: Int = Field(gt=0, le=2**50)
 
 
 class ExecutorIn(Body):
@@ -70,19 +96,19 @@ class HeartbeatIn(Body):
 
 class PollIn(Body):
     executor_id: str = Field(pattern=ID)
-    max_leases: int = Field(1, ge=0, le=256)
+    max_leases: Int = Field(1, ge=0, le=256)
     wait_s: float = Field(0.0, ge=0, le=30)
 
 
 class CompletionIn(Body):
     lease_id: str = Field(max_length=64)
-    output_tokens: list[int] = Field(max_length=1_000_000)
+    output_tokens: IntList = Field(max_length=1_000_000)
     queued_s: float = Field(0.0, ge=0, le=1e6)
     ttft_s: float = Field(ge=0, le=1e6)
     e2e_s: float = Field(ge=0, le=1e6)
-    iterations: int = Field(0, ge=0, le=10**9)
+    iterations: Int = Field(0, ge=0, le=10**9)
     busy_s: float = Field(0.0, ge=0, le=1e9)
-    peak_bytes: int = Field(0, ge=0, le=2**60)
+    peak_bytes: Int = Field(0, ge=0, le=2**50)  # bounds below 2**53: a JSON number is a double
 
 
 class CompleteIn(Body):
@@ -108,3 +134,16 @@ class InspectIn(Body):
     query: str | None = Field(None, min_length=1, max_length=20_000, description="read-only Cypher (admin keys)")
     name: str | None = Field(None, max_length=64, description="a named inspection query")
     params: dict[str, Any] = Field(default_factory=dict)
+
+
+# ---- responses -------------------------------------------------------------------------------------
+class ErrorDetail(BaseModel):
+    kind: str = Field(description="unauthorized, forbidden, read_only, not_found, conflict, invalid_input, http, "
+                                  "unavailable or internal")
+    message: str = Field(description="what was wrong, in one line")
+
+
+class ErrorOut(BaseModel):
+    """Every error the API answers: ``{"error": {"kind", "message"}}``."""
+
+    error: ErrorDetail

@@ -32,6 +32,10 @@ from service.sim.sla import SLA_CLASSES
 
 LIVE_FAMILIES = tuple(name for name, c in MODEL_CONFIGS.items() if not c.shape_only)
 TERMINAL = frozenset({"done", "cancelled", "failed"})
+STATUSES = ("queued", "leased", *sorted(TERMINAL))  # a request's status, in lifecycle order
+#: The counter each end of a lease adds to: one per Slice end state in the GMG.
+LEASE_END_COUNTERS = {"done": "leases_completed", "expired": "leases_expired", "failed": "leases_failed",
+                      "cancelled": "leases_cancelled"}
 
 
 class ConflictError(SliceschedError):
@@ -241,8 +245,9 @@ class LiveState:
         self.served: dict[str, float] = {}  # output tokens per tenant (fair share)
         self.calibrator = BudgetCalibrator()
         self.iteration_s: dict[str, float] = {}  # family -> measured mean iteration time (EWMA)
-        self.counters: dict[str, int] = {"leases_granted": 0, "leases_expired": 0, "leases_completed": 0,
-                                         "leases_failed": 0, "completions_rejected": 0}
+        # leases_granted counts Slices created; each end counts once, under LEASE_END_COUNTERS[state]
+        self.counters: dict[str, int] = {"leases_granted": 0, **dict.fromkeys(LEASE_END_COUNTERS.values(), 0),
+                                         "completions_rejected": 0}
         self._lease_ids = itertools.count(1)
         self._lease_prefix = secrets.token_hex(3)  # lease ids never repeat across restarts
 
@@ -564,7 +569,6 @@ class LiveState:
             mean = c.busy_s / c.iterations
             old = self.iteration_s.get(family)
             self.iteration_s[family] = mean if old is None else old + 0.1 * (mean - old)
-        self.counters["leases_completed"] += 1
 
     def fail_row(self, lease_id: str, executor_id: str | None, reason: str) -> dict[str, Any] | None:
         """The durable form of a failed lease when it ends its request (out of attempts: the
@@ -586,7 +590,6 @@ class LiveState:
         lease = self.lease(lease_id, executor_id)
         req = self.requests[lease.request_id]
         req.finishing = False
-        self.counters["leases_failed"] += 1
         writes = self._end_lease(lease_id, "failed", requeue=req.attempts < self.max_attempts)
         if req.status == "leased":  # not requeued: out of attempts
             req.status, req.error, req.finished_at = "failed", reason[:500], self.wall()
@@ -598,7 +601,6 @@ class LiveState:
         writes: list[Write] = []
         for lid in [lid for lid, lease in self.leases.items()
                     if lease.expires_at <= now and not self.requests[lease.request_id].finishing]:
-            self.counters["leases_expired"] += 1
             writes += self._end_lease(lid, "expired", requeue=True)
         for eid in [eid for eid, e in self.executors.items() if now - e.last_seen > 3 * self.lease_ttl_s]:
             writes += self.drop_executor(eid)
@@ -607,6 +609,7 @@ class LiveState:
     def _end_lease(self, lease_id: str, state: str, *, requeue: bool = False,
                    observed: Completion | None = None) -> list[Write]:
         lease = self.leases.pop(lease_id)
+        self.counters[LEASE_END_COUNTERS[state]] += 1  # here, the one place a lease ends: counters equal the GMG
         replica = self.replicas.get(lease.replica_id)
         if replica is not None:
             replica.leases.discard(lease_id)

@@ -3,9 +3,9 @@
 Request-trace readers return a ``ReadResult``. A malformed row (missing column, non-number,
 length < 1, arrival earlier than the previous row's) raises ``InvalidInputError`` naming the
 file and the 1-based line number, unless ``skip_bad=True``: then it is skipped, counted and the
-first few are reported. Both formats are documented as sorted by time, so a backwards timestamp
-marks a corrupt row rather than an unsorted file. A bad header or an unreadable file always
-raises.
+first few are reported. A row that is not UTF-8 is one malformed row (the file is decoded line
+by line). Both formats are documented as sorted by time, so a backwards timestamp marks a corrupt
+row rather than an unsorted file. A bad header or an unreadable file always raises.
 """
 
 from __future__ import annotations
@@ -119,6 +119,29 @@ def _open_text(path: Path) -> str:
         raise InvalidInputError(f"{path}: not UTF-8 text: {exc}", culprit=str(path)) from exc
 
 
+def _read_lines(path: Path) -> list[bytes]:
+    """The file's lines, undecoded (split on ``\\n``, ``\\r\\n`` or ``\\r``)."""
+    try:
+        return path.read_bytes().splitlines()
+    except OSError as exc:
+        raise InvalidInputError(f"{path}: cannot read: {exc}", culprit=str(path)) from exc
+
+
+def _decode(raw: bytes) -> str:
+    """One line as text: a line that is not UTF-8 is one bad row, the rest of the file stays readable."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _BadRow(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at column {exc.start + 1}") from None
+
+
+def _csv_row(raw: bytes) -> list[str]:
+    try:
+        return next(csv.reader((_decode(raw),)), [])
+    except csv.Error as exc:
+        raise _BadRow(f"not CSV: {exc}") from None
+
+
 def read_azure(path: str | Path, *, tenant_id: str, model: str, sla_class: str = "standard",
                skip_bad: bool = False, limit: int | None = None) -> ReadResult:
     """Read an Azure LLM inference trace CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``).
@@ -129,9 +152,11 @@ def read_azure(path: str | Path, *, tenant_id: str, model: str, sla_class: str =
     """
     path = Path(path)
     _check_limit(limit)
-    text = _open_text(path)
-    rows = csv.reader(text.splitlines())
-    header = next(rows, None)
+    lines = _read_lines(path)
+    try:
+        header = _csv_row(lines[0]) if lines else None
+    except _BadRow as exc:
+        raise InvalidInputError(f"{path}:1: {exc}", culprit=f"{path}:1") from None
     if header is None or [h.strip() for h in header] != list(_AZURE_COLUMNS):
         raise InvalidInputError(f"{path}:1: expected header {','.join(_AZURE_COLUMNS)}, got {header}",
                                 culprit=f"{path}:1")
@@ -139,12 +164,13 @@ def read_azure(path: str | Path, *, tenant_id: str, model: str, sla_class: str =
     requests: list[RequestSpec] = []
     first: tuple[int, float] | None = None
     last_s = 0.0
-    for line_no, row in enumerate(rows, start=2):
-        if not row:
+    for line_no, raw in enumerate(lines[1:], start=2):
+        if not raw:
             continue
         if limit is not None and len(requests) >= limit:
             break
         try:
+            row = _csv_row(raw)
             if len(row) != 3:
                 raise _BadRow(f"expected 3 columns, got {len(row)}")
             day, sec = _azure_time(row[0])
@@ -186,16 +212,17 @@ def read_mooncake(path: str | Path, *, tenant_id: str, model: str, sla_class: st
     """
     path = Path(path)
     _check_limit(limit)
-    text = _open_text(path)
+    lines = _read_lines(path)
     sink = _BadLineSink(path, skip_bad)
     requests: list[RequestSpec] = []
     last_s = 0.0
-    for line_no, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
+    for line_no, raw in enumerate(lines, start=1):
+        if not raw.strip():
             continue
         if limit is not None and len(requests) >= limit:
             break
         try:
+            line = _decode(raw)
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:

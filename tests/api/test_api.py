@@ -203,3 +203,106 @@ def test_retention_deletes_old_live_slices_and_keeps_requests(client: TestClient
     assert client.post("/v1/inspect", json={"query": query, "params": {"uid": lease["lease_id"]}},
                        headers=auth(ADMIN)).json()["rows"] == []
     assert client.get(f"/v1/requests/{rid}", headers=auth(key)).json()["status"] == "done"
+
+
+def test_lease_counters_equal_the_slices_in_the_gmg(client: TestClient, uid: str) -> None:
+    """Every way a lease ends (completion, failure, cancellation, an executor re-registering or
+    leaving with leases) is counted once, under the state its Slice has in the GMG."""
+    key = setup_tenant_model(client, f"cnt{uid}")
+    executor = f"cnt{uid}e"
+    register(client, executor)
+    rids = [client.post("/v1/requests", json={"model_id": "m", "prompt": f"p{i}", "max_tokens": 2},
+                        headers=auth(key)).json()["request_id"] for i in range(5)]
+    leases = {x["request_id"]: x for x in poll(client, executor)}
+    assert sorted(leases) == sorted(rids)
+    done, failed, cancelled = rids[:3]
+    assert client.post("/v1/leases/complete", json={"executor_id": executor, "results": [completion(leases[done])]},
+                       headers=auth(EXECUTOR)).json()["accepted"] == [leases[done]["lease_id"]]
+    assert client.post(f"/v1/leases/{leases[failed]['lease_id']}/fail", json={"reason": "oom"},
+                       headers=auth(EXECUTOR)).status_code == 200
+    assert client.post(f"/v1/requests/{cancelled}/cancel", headers=auth(key)).status_code == 200
+    register(client, executor)  # re-registration with two live leases: both are void
+    again = poll(client, executor)
+    assert len(again) == 3  # the failed request and the two voided ones
+    assert client.delete(f"/v1/executors/{executor}", headers=auth(EXECUTOR)).status_code == 200  # leaves with 3
+
+    expected = {"done": 1, "failed": 1, "cancelled": 1, "expired": 5}
+    query = "MATCH (s:Slice {tenant_id: $t}) WHERE s.live RETURN s.state AS state, count(*) AS n"
+    deadline = time.monotonic() + 10
+    while True:
+        rows = client.post("/v1/inspect", json={"query": query, "params": {"t": f"cnt{uid}"}},
+                           headers=auth(ADMIN)).json()["rows"]
+        in_gmg = {state: n for state, n in rows}
+        if in_gmg == expected:
+            break
+        assert time.monotonic() < deadline, f"the GMG has {in_gmg}, expected {expected}"
+        time.sleep(0.2)  # the GMG writer's batch
+    counters = client.get("/v1/stats", headers=auth(ADMIN)).json()["counters"]
+    assert counters["leases_granted"] == sum(in_gmg.values()) == 8
+    assert {state: counters.get(name) for state, name in
+            (("done", "leases_completed"), ("failed", "leases_failed"), ("cancelled", "leases_cancelled"),
+             ("expired", "leases_expired"))} == in_gmg
+    metrics = client.get("/metrics", headers=auth(ADMIN)).text
+    assert 'slicesched_leases_total{event="expired"} 5.0' in metrics
+    assert 'slicesched_leases_total{event="cancelled"} 1.0' in metrics
+
+
+def test_booleans_and_strings_are_not_numbers(client: TestClient, uid: str) -> None:
+    key = setup_tenant_model(client, f"st{uid}")
+    h = auth(key)
+    executor = {"executor_id": f"st{uid}e", "host_id": "h"}
+    cases = [
+        ("/v1/requests", {"model_id": "m", "prompt": "x", "max_tokens": True}, h),
+        ("/v1/requests", {"model_id": "m", "prompt": "x", "max_tokens": "2"}, h),
+        ("/v1/requests", {"model_id": "m", "prompt": "x", "max_tokens": 2.5}, h),
+        ("/v1/requests", {"model_id": "m", "prompt_tokens": [True, 1], "max_tokens": 1}, h),
+        ("/v1/requests/batch", {"requests": [{"model_id": "m", "prompt": "x", "max_tokens": True}]}, h),
+        ("/v1/tenants", {"tenant_id": f"st{uid}b", "weight": True}, auth(ADMIN)),
+        ("/v1/tenants", {"tenant_id": f"st{uid}b", "priority": False}, auth(ADMIN)),
+        ("/v1/models", {"model_id": "m2", "family": "tiny", "replicas": True}, h),
+        ("/v1/models", {"model_id": "m2", "family": "tiny", "seed": True}, h),
+        ("/v1/executors", {**executor, "devices": [{"device_id": "cpu:0", "mem_bytes": True}]}, auth(EXECUTOR)),
+        ("/v1/leases/poll", {"executor_id": f"st{uid}e", "max_leases": True}, auth(EXECUTOR)),
+        ("/v1/leases/poll", {"executor_id": f"st{uid}e", "wait_s": True}, auth(EXECUTOR)),
+        ("/v1/whatif", {"placement": "slice", "horizon_s": True}, auth(ADMIN)),
+    ]
+    for path, body, headers in cases:
+        r = client.post(path, json=body, headers=headers)
+        assert r.status_code == 422, (path, body, r.status_code, r.text)
+        assert r.json()["error"]["kind"] == "invalid_input"
+    assert client.get("/v1/requests", headers=h).json() == []  # nothing was accepted
+    assert client.get("/v1/requests", params={"limit": "true"}, headers=h).status_code == 422
+    # a float field still takes an integer
+    r = client.post("/v1/tenants", json={"tenant_id": f"st{uid}c", "weight": 2}, headers=auth(ADMIN))
+    assert r.status_code == 201 and r.json()["weight"] == 2.0
+
+
+def test_an_unknown_status_filter_is_a_400_naming_the_valid_ones(client: TestClient, uid: str) -> None:
+    key = setup_tenant_model(client, f"sf{uid}")
+    rid = client.post("/v1/requests", json={"model_id": "m", "prompt": "x", "max_tokens": 1},
+                      headers=auth(key)).json()["request_id"]
+    r = client.get("/v1/requests", params={"status": "bogus"}, headers=auth(key))
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "bogus" in message and all(s in message for s in ("queued", "leased", "done", "cancelled", "failed"))
+    assert [x["request_id"] for x in client.get("/v1/requests", params={"status": "queued"},
+                                                 headers=auth(key)).json()] == [rid]
+    assert client.get("/v1/requests", params={"status": "done"}, headers=auth(key)).json() == []
+
+
+def test_openapi_documents_every_error_and_405_names_the_allowed_methods(client: TestClient) -> None:
+    doc = client.get("/openapi.json").json()
+    error = {"$ref": "#/components/schemas/ErrorOut"}
+    assert set(doc["components"]["schemas"]["ErrorOut"]["properties"]) == {"error"}
+    assert set(doc["components"]["schemas"]["ErrorDetail"]["required"]) == {"kind", "message"}
+    for path, operations in doc["paths"].items():
+        for method, op in operations.items():
+            for status in ("400", "401", "403", "404", "409", "422", "503"):
+                assert op["responses"][status]["content"] == {"application/json": {"schema": error}}, (path, method)
+    assert doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"] == {"text/plain": {"schema": {"type": "string"}}}
+    r = client.delete("/v1/requests", headers=auth(ADMIN))  # two routes on the path: GET (list) and POST (submit)
+    assert r.status_code == 405 and r.json()["error"]["kind"] == "http"
+    assert r.headers["allow"] == "GET, POST"
+    r = client.put("/v1/tenants/x", headers=auth(ADMIN))
+    assert r.status_code == 405 and r.headers["allow"] == "GET"
+    assert client.delete("/v1/requests/batch", headers=auth(ADMIN)).headers["allow"] == "POST"  # not /{request_id}

@@ -37,6 +37,27 @@ def test_trace_stats_reports_bad_lines_or_fails_on_them(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
 
 
+def test_trace_stats_skips_a_line_that_is_not_utf8(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
+                    b'{"timestamp": 5, "input_length": 10, "output_length": 5, "hash_ids": [1], "p": "\xff"}\n'
+                    b'{"timestamp": 9, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n')
+    strict = cli("trace", "stats", str(bad))
+    assert strict.returncode == 2 and f"{bad}:2: not UTF-8" in strict.stderr and "Traceback" not in strict.stderr
+    assert len(strict.stderr.strip().splitlines()) == 1
+    lenient = cli("trace", "stats", str(bad), "--skip-bad")
+    assert lenient.returncode == 0 and "line 2: not UTF-8" in lenient.stdout, lenient.stdout + lenient.stderr
+
+
+def test_malformed_cluster_yaml_is_one_line_with_line_and_column(tmp_path: Path) -> None:
+    spec = tmp_path / "broken.yaml"
+    spec.write_text("name: c\nhosts:\n  - host_id: h0\n    devices: [a, b\n  - host_id: h1\n")
+    r = cli("cluster", "apply", str(spec))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"{spec}:5:" in r.stderr and "not valid YAML" in r.stderr
+
+
 def test_model_export_writes_a_graph_document(tmp_path: Path) -> None:
     out = tmp_path / "g.json"
     res = cli("model", "export", "tiny", "--phase", "decode", "--context", "16", "-o", str(out))

@@ -176,6 +176,34 @@ def test_read_mooncake_names_file_and_line_of_a_bad_row(tmp_path: Path, bad_row:
     assert result.requests[0].prefix_hashes == (1, 2) and result.requests[-1].arrival_s == 6.0
 
 
+@pytest.mark.parametrize("fmt", ["azure", "mooncake"])
+def test_a_row_that_is_not_utf8_is_one_bad_line(tmp_path: Path, fmt: str) -> None:
+    if fmt == "azure":
+        path, reader, bad_line = tmp_path / "trace.csv", read_azure, 3
+        good = [AZURE_HEADER.encode(), AZURE_GOOD[0].encode(), b"2023-11-16 18:15:47.0000000,3\xff4,44\n",
+                AZURE_GOOD[1].encode(), AZURE_GOOD[2].encode()]
+    else:
+        path, reader, bad_line = tmp_path / "trace.jsonl", read_mooncake, 2
+        good = [MOON_GOOD.encode(), b'{"timestamp": 10, "input_length": 100, "output_length": 5, "x": "\xc3("}\n',
+                MOON_LATER.encode()]
+    path.write_bytes(b"".join(good))
+    with pytest.raises(InvalidInputError) as info:
+        reader(path, tenant_id="t", model="tiny")
+    assert f"{path}:{bad_line}: not UTF-8" in str(info.value) and "\n" not in str(info.value)
+
+    result = reader(path, tenant_id="t", model="tiny", skip_bad=True)
+    assert result.num_bad == 1 and result.bad_lines[0][0] == bad_line and "not UTF-8" in result.bad_lines[0][1]
+    assert len(result.requests) == len(good) - 1 - (fmt == "azure")
+    assert f"t:{bad_line}" not in [r.request_id for r in result.requests]
+
+
+def test_read_azure_header_that_is_not_utf8_fails_even_when_skipping(tmp_path: Path) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_bytes(b"TIME\xffSTAMP,ContextTokens,GeneratedTokens\n" + AZURE_GOOD[0].encode())
+    with pytest.raises(InvalidInputError, match=r":1: not UTF-8"):
+        read_azure(path, tenant_id="t", model="tiny", skip_bad=True)
+
+
 # --- ServeGen client statistics ------------------------------------------------------------
 
 
