@@ -17,8 +17,8 @@ ADMIN = "admin-test-key"
 EXECUTOR = "executor-test-key"
 
 
-def settings(neo4j_uri: str, **overrides: Any) -> ServiceSettings:
-    values: dict[str, Any] = {"admin_key": ADMIN, "executor_key": EXECUTOR, "neo4j": Neo4jSettings(uri=neo4j_uri),
+def settings(neo4j: Neo4jSettings, **overrides: Any) -> ServiceSettings:
+    values: dict[str, Any] = {"admin_key": ADMIN, "executor_key": EXECUTOR, "neo4j": neo4j,
                               "lease_ttl_s": 2.0, "heartbeat_s": 0.5}
     values.update(overrides)
     return ServiceSettings(**values)
@@ -38,11 +38,11 @@ def fresh_live_state(repo: Any) -> None:
 
 
 @pytest.fixture
-def make_client(neo4j_uri: str) -> Iterator[Callable[..., TestClient]]:
+def make_client(neo4j: Neo4jSettings) -> Iterator[Callable[..., TestClient]]:
     opened: list[TestClient] = []
 
     def make(**overrides: Any) -> TestClient:
-        client = TestClient(create_app(settings(neo4j_uri, **overrides)))
+        client = TestClient(create_app(settings(neo4j, **overrides)))
         client.__enter__()
         opened.append(client)
         return client

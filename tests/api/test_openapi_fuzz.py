@@ -12,13 +12,14 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 
 from service.api.app import create_app
+from service.graph.connection import Neo4jSettings
 from tests.api.conftest import ADMIN, auth, new_tenant
 from tests.api.conftest import settings as service_settings
 
 
 @pytest.fixture(scope="module")
-def live_app(neo4j_uri: str) -> Iterator[tuple[Any, str]]:
-    app = create_app(service_settings(neo4j_uri))
+def live_app(neo4j: Neo4jSettings) -> Iterator[tuple[Any, str]]:
+    app = create_app(service_settings(neo4j))
     with TestClient(app) as client:  # runs the lifespan: the service and its Neo4j driver
         key = new_tenant(client, "fuzz")
         client.post("/v1/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key))
