@@ -3,7 +3,9 @@
 Each public method runs catalog queries of the same name (``import_model`` is a composition of
 several, in one transaction). Values reach Cypher only as parameters; writes go in batches of
 ``UNWIND $rows``. Inspection runs in read transactions on a read-mode session, so the server
-itself refuses a write.
+itself refuses a write, and only after :mod:`service.graph.guard` passed both the query's text
+and the server's ``EXPLAIN`` plan of it (no ``LOAD CSV``, procedures outside an allow-list or
+administration commands).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from service.core.slot import PlacedSlice, Slot, SlotQuery
 from service.domain.cluster import ClusterSpec, Link
 from service.domain.error import InvalidInputError, ReadOnlyViolationError
 from service.domain.opgraph import OperatorGraph
+from service.graph import guard
 from service.graph.catalog import Query, QueryCatalog
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
@@ -336,8 +339,15 @@ class GraphRepository:
 
     # ---- inspection ---------------------------------------------------------------------------
     def run_read(self, text: str, params: Mapping[str, Any] | None = None) -> Table:
-        """Run arbitrary Cypher in a read transaction; a write is refused by the server."""
+        """Run arbitrary Cypher in a read transaction; a write is refused by the server, and
+        ``LOAD CSV``, procedures and administration commands outside the allow-list of
+        :mod:`service.graph.guard` by its two checks (the text, then the server's plan of it, in
+        the same transaction) with :class:`ReadOnlyViolationError`."""
+        statement = guard.check_text(text)
+
         def work(tx: ManagedTransaction) -> Table:
+            plan = tx.run("EXPLAIN " + text[statement:], dict(params or {})).consume().plan
+            guard.check_plan(plan, self.database)
             result = tx.run(text, dict(params or {}))
             rows = [[_plain(v) for v in r.values()] for r in result]
             return Table(list(result.keys()), rows)
