@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+from service.api.keys import ExecutorPools
 from service.api.live_view import LIVE_CLUSTER, LiveClusterView, LiveSnapshot, live_spec
 from service.api.metrics import LiveMetrics
 from service.api.settings import ServiceSettings
@@ -74,6 +75,7 @@ class LiveService:
                                lease_ttl_s=settings.lease_ttl_s, max_attempts=settings.max_attempts,
                                max_batch=settings.max_batch)
         self.metrics = LiveMetrics(self.state)
+        self.pools = ExecutorPools(settings.executor_key, settings.executor_kinds)  # executor keys
         self.driver: Any = None
         self.repo: GraphRepository | None = None
         self.writer: GmgWriter | None = None
@@ -95,6 +97,7 @@ class LiveService:
         self.repo = GraphRepository(self.driver, QueryCatalog.load(), database=self.settings.neo4j.database)
         await asyncio.to_thread(self.repo.apply_schema)
         await self._recover()
+        self.pools.recover(await asyncio.to_thread(self.repo.live_executor_pools))
         self.writer = GmgWriter(self.repo, on_lag=self.metrics.write_lag.observe)
         await asyncio.to_thread(self.writer.warm_up)
         self.writer.start()

@@ -23,7 +23,7 @@ from neo4j.exceptions import ClientError, CypherSyntaxError, DatabaseError
 
 from service.core.slot import PlacedSlice, Slot, SlotQuery
 from service.domain.cluster import ClusterSpec, Link
-from service.domain.error import InvalidInputError, ReadOnlyViolationError
+from service.domain.error import InvalidInputError, NotFoundError, ReadOnlyViolationError
 from service.domain.opgraph import OperatorGraph
 from service.graph import guard
 from service.graph.catalog import Query, QueryCatalog
@@ -91,6 +91,7 @@ class GraphRepository:
         "find_candidate_slots", "create_experiment",
         "create_request", "update_requests", "create_slices", "end_slices", "set_weight_residence",
         "live_tenants", "live_models", "live_requests", "delete_old_live_slices",
+        "upsert_executor_pool", "set_executor_pool_key", "set_tenant_key", "live_executor_pools",
     )
 
     def __init__(self, driver: Driver, catalog: QueryCatalog | None = None, *, database: str = "neo4j") -> None:
@@ -426,6 +427,22 @@ class GraphRepository:
 
     def live_tenants(self) -> list[dict[str, Any]]:
         return self._read("live_tenants")
+
+    def live_executor_pools(self) -> list[dict[str, Any]]:
+        return self._read("live_executor_pools")
+
+    # ---- keys (hashes only) ---------------------------------------------------------------------
+    def upsert_executor_pool(self, pool_id: str, **props: Any) -> None:
+        self._write("upsert_executor_pool", pool_id=check_id("pool", pool_id), props=props)
+
+    def set_tenant_key(self, tenant_id: str, key_hash: str | None) -> None:
+        """A tenant's new key hash, or ``None``: revoked. :class:`NotFoundError` for no tenant."""
+        if not self._write("set_tenant_key", tenant_id=tenant_id, key_hash=key_hash):
+            raise NotFoundError(f"no tenant {tenant_id!r}")
+
+    def set_executor_pool_key(self, pool_id: str, key_hash: str | None) -> None:
+        if not self._write("set_executor_pool_key", pool_id=pool_id, key_hash=key_hash):
+            raise NotFoundError(f"no executor pool {pool_id!r}")
 
     def live_models(self) -> list[dict[str, Any]]:
         return self._read("live_models")

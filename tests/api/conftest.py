@@ -30,11 +30,12 @@ def auth(key: str) -> dict[str, str]:
 
 @pytest.fixture(autouse=True)
 def fresh_live_state(repo: Any) -> None:
-    """Each test starts from a GMG without live tenants, requests or leases (one service's world)."""
+    """Each test starts from a GMG without live tenants, executor pools, requests or leases (one
+    service's world)."""
     for row in repo.live_tenants():
         repo.delete_tenant(row["tenant_id"])
     with repo.driver.session() as s:
-        s.run("MATCH (n) WHERE n:Request OR (n:Slice AND n.live) DETACH DELETE n").consume()
+        s.run("MATCH (n) WHERE n:Request OR (n:Slice AND n.live) OR n:ExecutorPool DETACH DELETE n").consume()
 
 
 @pytest.fixture
