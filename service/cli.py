@@ -278,18 +278,20 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
     from service.domain.error import InvalidInputError
 
+    body: dict[str, Any] | None = None
     if args.action == "create-pool":
         path = "/v1/executor-pools"
-        body: dict[str, Any] | None = {"pool_id": args.pool_id, "max_devices": args.max_devices}
+        pool: dict[str, Any] = {"pool_id": args.pool_id, "max_devices": args.max_devices}
         if args.kinds:
-            body["allowed_kinds"] = [k.strip() for k in args.kinds.split(",") if k.strip()]
+            pool["allowed_kinds"] = [k.strip() for k in args.kinds.split(",") if k.strip()]
         if args.max_mem_gib is not None:
-            body["max_mem_bytes"] = int(args.max_mem_gib * 2**30)
+            pool["max_mem_bytes"] = int(args.max_mem_gib * 2**30)
+        body = pool
     else:
         if (args.tenant is None) == (args.pool is None):
             raise InvalidInputError("give exactly one of --tenant TENANT and --pool POOL")
         owner = f"tenants/{args.tenant}" if args.tenant is not None else f"executor-pools/{args.pool}"
-        path, body = f"/v1/{owner}/keys/{args.action}", None
+        path = f"/v1/{owner}/keys/{args.action}"
     try:
         with httpx.Client(base_url=args.server, headers={"Authorization": f"Bearer {_admin_key()}"},
                           timeout=30.0) as client:
