@@ -42,7 +42,8 @@ def main() -> int:
     p.add_argument("--queries", type=int, default=500, help="timed slot queries")
     p.add_argument("--k", type=int, default=8, help="slots per query")
     p.add_argument("--cluster", default="bench", help="cluster name (and prefix of host ids)")
-    p.add_argument("--uri", default=None, help="use this running Neo4j instead of a fresh managed one (development)")
+    p.add_argument("--uri", default=None, help="use this running Neo4j instead of a fresh managed one (development; "
+                                               "credentials from SLICESCHED_NEO4J_USER/PASSWORD)")
     args = p.parse_args()
     if args.quick:
         args.hosts, args.operators, args.queries = min(args.hosts, 16), min(args.operators, 10_000), min(args.queries, 100)
@@ -60,6 +61,7 @@ def main() -> int:
         find_slots_in_memory,
     )
     from service.domain.cluster import ClusterSpec, Link
+    from service.graph.connection import Neo4jSettings
     from service.graph.local_server import LocalNeo4j
     from service.graph.repository import GraphRepository
     from service.models.family import model_config
@@ -83,7 +85,8 @@ def main() -> int:
         server = LocalNeo4j(Path(state_dir), heap="1g", pagecache="512m")
         info = server.start(log=False) if args.uri is None else None
         try:
-            driver = GraphDatabase.driver(args.uri or info.uri, auth=None)
+            auth = Neo4jSettings.from_env().auth if args.uri else server.auth()
+            driver = GraphDatabase.driver(args.uri or info.uri, auth=auth)
             repo = GraphRepository(driver)
             repo.apply_schema()
             t = time.perf_counter()

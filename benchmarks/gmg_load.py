@@ -46,7 +46,7 @@ def main() -> int:
         server = LocalNeo4j(Path(state), heap="1g", pagecache="512m")
         info = server.start(log=False)
         try:
-            driver = GraphDatabase.driver(info.uri, auth=None)
+            driver = GraphDatabase.driver(info.uri, auth=server.auth())
             repo = GraphRepository(driver)
             repo.apply_schema()
             # Warm the JVM on one import that is not measured.

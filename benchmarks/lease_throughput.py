@@ -58,7 +58,8 @@ async def executor(url: str, key: str, name: str, batch: int, work_s: float, unt
                 out["rejected"] += len(leases) - accepted
 
 
-async def run(url: str, key: str, args: Any) -> dict[str, Any]:
+async def run(url: str, key: str, executor_key: str, args: Any) -> dict[str, Any]:
+    """``key`` is the admin key; the simulated executors use ``executor_key`` (their pool's)."""
     import httpx
 
     async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120.0) as c:
@@ -75,15 +76,15 @@ async def run(url: str, key: str, args: Any) -> dict[str, Any]:
         print(f"\n  {args.requests} requests accepted in {submit_s:.1f}s ({args.requests / submit_s:.0f}/s)", flush=True)
         for i in range(args.executors):
             (await c.post("/v1/executors", json={"executor_id": f"sim{i:02d}", "host_id": f"sim{i:02d}",
-                                                 "devices": [{"device_id": "cpu:0", "mem_bytes": 4 << 30}]})
-             ).raise_for_status()
+                                                 "devices": [{"device_id": "cpu:0", "mem_bytes": 4 << 30}]},
+                          headers={"Authorization": f"Bearer {executor_key}"})).raise_for_status()
         phases = {}
         for phase, work_ms in (("paced", args.work_ms), ("saturated", 0.0)):
             out: dict[str, Any] = {"lease_latency_s": [], "complete_latency_s": [], "completed": 0, "rejected": 0}
             start = time.perf_counter()
             measure_from = start + args.warmup_s
             until = measure_from + args.duration_s
-            await asyncio.gather(*(executor(url, key, f"sim{i:02d}", args.batch, work_ms / 1e3, until, measure_from, out)
+            await asyncio.gather(*(executor(url, executor_key, f"sim{i:02d}", args.batch, work_ms / 1e3, until, measure_from, out)
                                    for i in range(args.executors)))
             window = time.perf_counter() - measure_from
             lat, comp = out["lease_latency_s"], out["complete_latency_s"]
@@ -128,7 +129,7 @@ def main() -> int:
     # One replica per executor device: the model's weight decides nothing here; max_batch caps leases per replica.
     with LiveStack(lease_ttl_s=30.0, max_batch=args.batch, log_dir=args.log_dir) as stack:
         print(f"service at {stack.url}; {args.executors} simulated executors", flush=True)
-        results = asyncio.run(run(stack.url, stack.admin_key, args))
+        results = asyncio.run(run(stack.url, stack.admin_key, stack.executor_key, args))
     paced = results["paced"]
     results["targets"] = {"leases_per_s": 1000, "lease_p99_ms": 50,
                           "met": paced["leases_per_s"] >= 1000 and paced["lease_latency_ms"]["p99"] <= 50}

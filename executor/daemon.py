@@ -638,7 +638,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", required=True, help="comma-separated device ids, e.g. cpu:0,cpu:1 or cuda:0")
     p.add_argument("--mem-gib", type=float, default=None, help="memory per device to register (default: detected)")
     p.add_argument("--key", default=None,
-                   help="executor key (default: $SLICESCHED_EXECUTOR_KEY, else $SLICESCHED_ADMIN_KEY)")
+                   help="executor key: an executor pool's (POST /v1/executor-pools, 'slicesched keys create-pool') "
+                        "or the service's $SLICESCHED_EXECUTOR_KEY (default: $SLICESCHED_EXECUTOR_KEY)")
     p.add_argument("--executor-id", default=None, help="default: <hostname>-<pid>")
     p.add_argument("--host-id", default=None, help="default: the hostname")
     p.add_argument("--max-batch", type=int, default=8, help="leases held at once (and KV slots per replica)")
@@ -657,9 +658,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per heartbeat and poll
-    key = args.key or os.environ.get("SLICESCHED_EXECUTOR_KEY") or os.environ.get("SLICESCHED_ADMIN_KEY")
+    key = args.key or os.environ.get("SLICESCHED_EXECUTOR_KEY")
     if not key:
-        print("error: no key: pass --key or set SLICESCHED_EXECUTOR_KEY (or SLICESCHED_ADMIN_KEY)", file=sys.stderr)
+        print("error: no key: pass --key or set SLICESCHED_EXECUTOR_KEY (an executor pool's key; "
+              "'slicesched keys create-pool POOL' makes one)", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.max_batch < 1 or args.poll_wait_s < 0 or args.threads < 1:
         print("error: --max-batch and --threads must be >= 1 and --poll-wait-s >= 0", file=sys.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -255,6 +256,70 @@ def cmd_cypher(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- keys (over HTTP, with the admin key) ----------------------------------------------------------
+def _admin_key() -> str:
+    from service.api.settings import state_dir
+    from service.domain.error import InvalidInputError
+
+    key = os.environ.get("SLICESCHED_ADMIN_KEY")
+    if key:
+        return key
+    path = state_dir() / "admin.key"
+    try:
+        return path.read_text().strip()
+    except OSError:
+        raise InvalidInputError(f"no admin key: set SLICESCHED_ADMIN_KEY or start 'slicesched serve' once "
+                                f"(it writes {path})") from None
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    """Create executor pools and rotate or revoke tenant and pool keys through the service."""
+    import httpx
+
+    from service.domain.error import InvalidInputError
+
+    body: dict[str, Any] | None = None
+    if args.action == "create-pool":
+        path = "/v1/executor-pools"
+        pool: dict[str, Any] = {"pool_id": args.pool_id, "max_devices": args.max_devices}
+        if args.kinds:
+            pool["allowed_kinds"] = [k.strip() for k in args.kinds.split(",") if k.strip()]
+        if args.max_mem_gib is not None:
+            pool["max_mem_bytes"] = int(args.max_mem_gib * 2**30)
+        body = pool
+    else:
+        if (args.tenant is None) == (args.pool is None):
+            raise InvalidInputError("give exactly one of --tenant TENANT and --pool POOL")
+        owner = f"tenants/{args.tenant}" if args.tenant is not None else f"executor-pools/{args.pool}"
+        path = f"/v1/{owner}/keys/{args.action}"
+    try:
+        with httpx.Client(base_url=args.server, headers={"Authorization": f"Bearer {_admin_key()}"},
+                          timeout=30.0) as client:
+            response = client.post(path, json=body)
+    except httpx.HTTPError as exc:
+        print(f"error: the service at {args.server} is unavailable: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    if response.status_code >= 400:
+        try:
+            error = response.json()["error"]
+            message = f"{error['kind']}: {error['message']}"
+        except (ValueError, KeyError, TypeError):
+            message = response.text[:200] or response.reason_phrase
+        print(f"error: {response.status_code} {message}", file=sys.stderr)
+        return EXIT_BAD_INPUT if response.status_code < 500 else EXIT_UNAVAILABLE
+    data = response.json()
+    if args.json:
+        print(json.dumps(data))
+    elif "api_key" in data:
+        who = f"tenant {data['tenant_id']}" if "tenant_id" in data else f"executor pool {data['pool_id']}"
+        print(f"{who}: new key {data['api_key']} (shown once; any previous key is refused from now on)")
+    else:
+        who = f"tenant {data['tenant_id']}" if "tenant_id" in data else f"executor pool {data['pool_id']}"
+        dropped = data.get("executors_dropped") or []
+        print(f"{who}: key revoked" + (f"; executors dropped: {', '.join(dropped)}" if dropped else ""))
+    return 0
+
+
 # ---- subsystems with their own argument parsers --------------------------------------------------
 # (command words, "module:function" taking argv, help). The words select the entry before
 # argparse sees the rest, so each subsystem parses (and documents) its own options.
@@ -337,6 +402,26 @@ def build_parser() -> argparse.ArgumentParser:
     cy.add_argument("--list", action="store_true", help="list the named inspection queries")
     cy.add_argument("--json", action="store_true", help="print rows as JSON")
     cy.set_defaults(func=cmd_cypher)
+
+    ke = sub.add_parser("keys", help="executor pools; rotate or revoke tenant and pool keys (admin key, over HTTP)")
+    kactions = ke.add_subparsers(dest="action", required=True)
+    for action, helptext in (("rotate", "a new key (shown once); the old one is refused at once"),
+                             ("revoke", "the key is refused at once; a later rotate issues a new one"),
+                             ("create-pool", "an executor pool with its own key (shown once) and device limits")):
+        k = kactions.add_parser(action, help=helptext)
+        if action == "create-pool":
+            k.add_argument("pool_id", help="the pool's id")
+            k.add_argument("--kinds", help="device kinds its executors may register, comma-separated "
+                                           "(default: the catalogue's: cpu, A100-80GB, ...)")
+            k.add_argument("--max-devices", type=int, default=64, help="devices its executors may register together")
+            k.add_argument("--max-mem-gib", type=float, default=None, help="memory one device may declare (default 1024)")
+        else:
+            k.add_argument("--tenant", help="the tenant whose key to change")
+            k.add_argument("--pool", help="the executor pool whose key to change")
+        k.add_argument("--server", default=os.environ.get("SLICESCHED_SERVER", "http://127.0.0.1:8000"),
+                       help="the service's URL (default: $SLICESCHED_SERVER or http://127.0.0.1:8000)")
+        k.add_argument("--json", action="store_true", help="print the answer as JSON")
+        k.set_defaults(func=cmd_keys)
 
     de = sub.add_parser("demo", help="the end-to-end demo on the managed Neo4j and a synthetic workload")
     de.add_argument("--stop", action="store_true", help="stop the managed Neo4j when the demo ends")

@@ -108,13 +108,12 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
     from pathlib import Path
 
     from service.api.live_run import compare_placements, demo_workload
-    from service.graph.connection import resolve_uri
 
     out = Path(getattr(args, "out", None) or "demo-output")
     duration = float(getattr(args, "live_duration", 30.0))
     _step(f"live: slicesched serve + 2 executor daemons (cpu:0,cpu:1 each), three tenants, {duration:.0f}s per placement")
     workload = demo_workload(getattr(args, "seed", 0), duration)
-    record = compare_placements(workload, out, neo4j_uri=resolve_uri(settings), progress=_progress)
+    record = compare_placements(workload, out, neo4j=settings.resolved(), progress=_progress)
     print()
     runs = record["runs"]
     rows = []

@@ -1,8 +1,11 @@
 """Shared fixtures. Integration tests run against the real Neo4j server, never a mock.
 
-One managed server per test session (own free port, own data dir under pytest's tmp dir);
-each test isolates itself by a fresh tenant id, so tests never share graph state. With
-``SLICESCHED_NEO4J_URI`` set, tests use that server instead.
+One managed server per test session (own free port, own data dir under pytest's tmp dir, its
+own generated password: auth is on); each test isolates itself by a fresh tenant id, so tests
+never share graph state. With ``SLICESCHED_NEO4J_URI`` set (and ``SLICESCHED_NEO4J_USER`` /
+``SLICESCHED_NEO4J_PASSWORD``), tests use that server instead. ``neo4j`` is the server's
+resolved settings (URI and credentials; ``neo4j.env()`` for a child process), ``neo4j_uri``
+its URI alone.
 """
 
 from __future__ import annotations
@@ -11,8 +14,12 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from service.graph.connection import Neo4jSettings
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -24,27 +31,35 @@ def data_absent(path: Path = SHARED_DATA) -> bool:
 
 
 @pytest.fixture(scope="session")
-def neo4j_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if os.environ.get("SLICESCHED_NEO4J_URI"):
-        yield os.environ["SLICESCHED_NEO4J_URI"]
-        return
+def neo4j(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Neo4jSettings]:
+    from service.graph.connection import Neo4jSettings
     from service.graph.local_server import LocalNeo4j
 
+    external = Neo4jSettings.from_env()
+    if not external.managed:
+        yield external
+        return
     server = LocalNeo4j(tmp_path_factory.mktemp("neo4j-state"), heap="512m", pagecache="128m")
     info = server.start(log=False)
+    user, password = server.auth()
     try:
-        yield info.uri
+        yield Neo4jSettings(uri=info.uri, user=user, password=password, database=external.database,
+                            state_dir=server.state_dir)
     finally:
         server.stop()
 
 
 @pytest.fixture(scope="session")
-def driver(neo4j_uri: str) -> Iterator[object]:
+def neo4j_uri(neo4j: Neo4jSettings) -> str:
+    assert neo4j.uri is not None
+    return neo4j.uri
+
+
+@pytest.fixture(scope="session")
+def driver(neo4j: Neo4jSettings) -> Iterator[object]:
     from neo4j import GraphDatabase
 
-    user = os.environ.get("SLICESCHED_NEO4J_USER")
-    auth = (user, os.environ.get("SLICESCHED_NEO4J_PASSWORD", "")) if user else None
-    drv = GraphDatabase.driver(neo4j_uri, auth=auth)
+    drv = GraphDatabase.driver(neo4j.uri, auth=neo4j.auth)
     drv.verify_connectivity()
     yield drv
     drv.close()

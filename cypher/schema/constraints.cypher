@@ -9,6 +9,6 @@ CREATE CONSTRAINT host_id IF NOT EXISTS FOR (n:Host) REQUIRE n.host_id IS UNIQUE
 CREATE CONSTRAINT request_uid IF NOT EXISTS FOR (n:Request) REQUIRE n.uid IS UNIQUE;
 CREATE CONSTRAINT slice_uid IF NOT EXISTS FOR (n:Slice) REQUIRE n.uid IS UNIQUE
 ;
-CREATE CONSTRAINT experiment_uid IF NOT EXISTS FOR (n:Experiment) REQUIRE n.uid IS UNIQUE
-;
-CREATE CONSTRAINT request_idempotency IF NOT EXISTS FOR (n:Request) REQUIRE (n.tenant_id, n.idempotency_key) IS UNIQUE
+CREATE CONSTRAINT experiment_uid IF NOT EXISTS FOR (n:Experiment) REQUIRE n.uid IS UNIQUE;
+CREATE CONSTRAINT request_idempotency IF NOT EXISTS FOR (n:Request) REQUIRE (n.tenant_id, n.idempotency_key) IS UNIQUE;
+CREATE CONSTRAINT executor_pool_id IF NOT EXISTS FOR (n:ExecutorPool) REQUIRE n.pool_id IS UNIQUE

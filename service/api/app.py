@@ -47,6 +47,7 @@ class UnauthorizedError(SliceschedError):
 class Principal:
     role: str  # admin | executor | tenant
     tenant_id: str | None = None
+    pool_id: str | None = None  # an executor key's pool
 
     @property
     def is_admin(self) -> bool:
@@ -63,8 +64,9 @@ def authenticate(request: Request) -> Principal:
     settings: ServiceSettings = service.settings
     if hmac.compare_digest(key, settings.admin_key):
         return Principal("admin")
-    if hmac.compare_digest(key, settings.executor_key):
-        return Principal("executor")
+    pool = service.pools.pool_of_key(key)
+    if pool is not None:
+        return Principal("executor", pool_id=pool)
     tenant = service.state.by_key_hash.get(hash_key(key))
     if tenant is None:
         raise UnauthorizedError("unknown key")
@@ -171,6 +173,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
+    from service.api.keys import router as keys_router
     from service.api.routes import router
     from service.api.service import LiveService
 
@@ -191,6 +194,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                               "requests, executor leases, what-if and Cypher inspection. See docs/API.md.")
     install_error_handlers(app)
     app.include_router(router, responses=ERROR_RESPONSES)
+    app.include_router(keys_router, responses=ERROR_RESPONSES)
     documented = app.openapi
 
     def openapi() -> dict[str, Any]:

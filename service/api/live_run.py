@@ -26,6 +26,7 @@ from service.api.metrics import sla_met
 from service.api.stack import LiveStack
 from service.api.state import LiveRequest
 from service.domain.request import Workload
+from service.graph.connection import Neo4jSettings
 from service.workload.synthetic import TenantLoad, synthetic_workload
 
 # Three tenants on two executors x two CPU "devices": a busy, bursty interactive tenant on a model
@@ -84,15 +85,15 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def run_live(placement: str, workload: Workload, *, neo4j_uri: str | None = None, seed: int = 0,
+def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None = None, seed: int = 0,
              progress: Callable[[str], None] | None = None, drain_timeout_s: float = 300.0) -> LiveRunResult:
     say = progress or (lambda _: None)
     tenants = {r.tenant_id: r for r in workload.requests}
-    if neo4j_uri is not None:  # a shared graph: start from none of these tenants' objects
-        reset_tenants(neo4j_uri, sorted(tenants))
+    if neo4j is not None:  # a shared graph: start from none of these tenants' objects
+        reset_tenants(neo4j, sorted(tenants))
     models = {r.tenant_id: r.model for r in workload.requests}
     sla = {r.tenant_id: r.sla_class for r in workload.requests}
-    with LiveStack(placement=placement, neo4j_uri=neo4j_uri, lease_ttl_s=10.0, heartbeat_s=1.0) as stack:
+    with LiveStack(placement=placement, neo4j=neo4j, lease_ttl_s=10.0, heartbeat_s=1.0) as stack:
         keys: dict[str, str] = {}
         with stack.client(timeout_s=120.0) as admin:
             for tenant in sorted(tenants):
@@ -147,13 +148,12 @@ def run_live(placement: str, workload: Workload, *, neo4j_uri: str | None = None
     return summarise(placement, finished, stats)
 
 
-def reset_tenants(neo4j_uri: str, tenant_ids: Sequence[str]) -> None:
+def reset_tenants(neo4j: Neo4jSettings, tenant_ids: Sequence[str]) -> None:
     """Delete everything these tenants own in the graph (models, requests, slices, keys)."""
-    from neo4j import GraphDatabase
-
+    from service.graph.connection import open_driver
     from service.graph.repository import GraphRepository
 
-    with GraphDatabase.driver(neo4j_uri, auth=None) as driver:
+    with open_driver(neo4j) as driver:
         repo = GraphRepository(driver)
         for tenant in tenant_ids:
             repo.delete_tenant(tenant)
@@ -184,12 +184,12 @@ def summarise(placement: str, rows: list[dict[str, Any]], stats: dict[str, Any])
                          scheduler_cpu_s=stats["scheduler_step_s_total"])
 
 
-def compare_placements(workload: Workload, out_dir: Path, *, neo4j_uri: str | None = None, seed: int = 0,
+def compare_placements(workload: Workload, out_dir: Path, *, neo4j: Neo4jSettings | None = None, seed: int = 0,
                        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The same workload served once with ``container`` and once with ``slice`` placement;
     writes ``live.json`` and ``live_latency.png`` into ``out_dir`` and returns the record."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = {p: run_live(p, workload, neo4j_uri=neo4j_uri, seed=seed, progress=progress)
+    runs = {p: run_live(p, workload, neo4j=neo4j, seed=seed, progress=progress)
             for p in ("container", "slice")}
     c, s = runs["container"], runs["slice"]
     record = {

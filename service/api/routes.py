@@ -224,10 +224,11 @@ async def register_executor(body: ExecutorIn, svc: Svc, p: Caller) -> dict[str, 
     names = [d.device_id for d in body.devices]
     if len(set(names)) != len(names):
         raise InvalidInputError(f"duplicate device names in {names}")
-    svc.check_devices([(d.device_id, d.kind, d.mem_bytes) for d in body.devices])
-    svc.persist(svc.state.register_executor(body.executor_id, body.host_id,
-                                            [(d.device_id, d.kind, d.mem_bytes) for d in body.devices],
-                                            body.stage_url))
+    devices = [(d.device_id, d.kind, d.mem_bytes) for d in body.devices]
+    svc.pools.check_registration(p, svc.state, body.executor_id, devices)  # the key's pool: kinds and limits
+    svc.check_devices(devices)  # a device no model fits on: refused before anything is registered
+    svc.persist(svc.state.register_executor(body.executor_id, body.host_id, devices, body.stage_url))
+    svc.pools.bind(p, body.executor_id)
     await svc.replan()
     return {"executor_id": body.executor_id, "lease_ttl_s": svc.settings.lease_ttl_s,
             "heartbeat_s": svc.settings.heartbeat_s,
@@ -237,6 +238,7 @@ async def register_executor(body: ExecutorIn, svc: Svc, p: Caller) -> dict[str, 
 @router.post("/v1/executors/{executor_id}/heartbeat", tags=["executors"])
 async def heartbeat(executor_id: str, body: HeartbeatIn, svc: Svc, p: Caller) -> dict[str, Any]:
     require(p, "admin", "executor")
+    svc.pools.check_owner(p, executor_id)
     renewed, cancel = svc.state.heartbeat(executor_id, body.busy_s, body.running)
     return {"renewed": renewed, "cancel": cancel, "drain": False}
 
@@ -244,6 +246,7 @@ async def heartbeat(executor_id: str, body: HeartbeatIn, svc: Svc, p: Caller) ->
 @router.delete("/v1/executors/{executor_id}", tags=["executors"])
 async def deregister_executor(executor_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
     require(p, "admin", "executor")
+    svc.pools.check_owner(p, executor_id)
     svc.state.executor(executor_id)
     svc.persist(svc.state.drop_executor(executor_id))
     await svc.replan()
@@ -365,6 +368,7 @@ def _tenant_only(p: Principal) -> str:
 async def poll(body: PollIn, svc: Svc, p: Caller) -> JSONResponse:
     """Long poll: the next leases for the executor's devices, waiting up to ``wait_s`` for work."""
     require(p, "admin", "executor")
+    svc.pools.check_owner(p, body.executor_id)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + body.wait_s
     state = svc.state
@@ -392,6 +396,7 @@ async def poll(body: PollIn, svc: Svc, p: Caller) -> JSONResponse:
 @router.post("/v1/leases/{lease_id}/renew", tags=["leases"])
 async def renew(lease_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
     require(p, "admin", "executor")
+    svc.pools.check_lease(p, svc.state, lease_id)
     return {"lease_id": lease_id, "expires_in_s": svc.state.renew(lease_id)}
 
 
@@ -399,6 +404,7 @@ async def renew(lease_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
 async def complete(body: CompleteIn, svc: Svc, p: Caller) -> JSONResponse:
     """Completions of leases; each is accepted only if its lease is live (exactly once)."""
     require(p, "admin", "executor")
+    svc.pools.check_owner(p, body.executor_id)
     accepted, rejected = await svc.complete(body.executor_id, [
         Completion(c.lease_id, list(c.output_tokens), c.queued_s, c.ttft_s, c.e2e_s, c.iterations, c.busy_s,
                    c.peak_bytes) for c in body.results])
@@ -408,6 +414,8 @@ async def complete(body: CompleteIn, svc: Svc, p: Caller) -> JSONResponse:
 @router.post("/v1/leases/{lease_id}/fail", tags=["leases"])
 async def fail(lease_id: str, body: FailIn, svc: Svc, p: Caller) -> dict[str, Any]:
     require(p, "admin", "executor")
+    svc.pools.check_owner(p, body.executor_id)
+    svc.pools.check_lease(p, svc.state, lease_id)
     state = svc.state
     final = state.fail_row(lease_id, body.executor_id, body.reason)
     if final is None:  # the request goes back to its queue: soft state

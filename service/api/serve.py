@@ -33,7 +33,9 @@ def serve_main(argv: list[str]) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("neo4j.notifications").setLevel(logging.ERROR)  # "property key does not exist yet" on a new graph
     print(f"slicesched serve on http://{args.host}:{args.port} (placement {settings.placement}, queue {settings.queue}); "
-          f"admin key: $SLICESCHED_ADMIN_KEY or {state_dir() / 'admin.key'}", file=sys.stderr, flush=True)
+          f"admin key: $SLICESCHED_ADMIN_KEY or {state_dir() / 'admin.key'}; executor keys: "
+          + ("$SLICESCHED_EXECUTOR_KEY and executor pools" if settings.executor_key
+             else "executor pools only ('slicesched keys create-pool POOL')"), file=sys.stderr, flush=True)
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=args.log_level == "debug", timeout_graceful_shutdown=5)
     return 0

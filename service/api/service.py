@@ -25,6 +25,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from service.api.keys import ExecutorPools
 from service.api.live_view import LIVE_CLUSTER, LiveClusterView, LiveSnapshot, live_spec
 from service.api.metrics import LiveMetrics
 from service.api.settings import ServiceSettings
@@ -48,7 +49,8 @@ from service.domain.cluster import ClusterSpec
 from service.domain.error import DatabaseUnavailableError, InvalidInputError
 from service.domain.request import RequestSpec
 from service.graph.catalog import QueryCatalog
-from service.graph.connection import open_driver, resolve_uri
+from service.graph.connection import Neo4jSettings, open_driver
+from service.graph.local_server import Neo4jServerError
 from service.graph.repository import GraphRepository
 from service.models.family import MODEL_CONFIGS
 from service.sim.iteration import weight_bytes
@@ -87,6 +89,7 @@ class LiveService:
                                lease_ttl_s=settings.lease_ttl_s, max_attempts=settings.max_attempts,
                                max_batch=settings.max_batch)
         self.metrics = LiveMetrics(self.state)
+        self.pools = ExecutorPools(settings.executor_key, settings.executor_kinds)  # executor keys
         self.driver: Any = None
         self.neo4j_uri: str | None = None
         self.repo: GraphRepository | None = None
@@ -116,6 +119,7 @@ class LiveService:
         self.db_up = True
         await asyncio.to_thread(self.repo.apply_schema)
         await self._recover()
+        self.pools.recover(await asyncio.to_thread(self.repo.live_executor_pools))
         self.writer = GmgWriter(self.repo, on_lag=self.metrics.write_lag.observe,
                                 max_pending=self.settings.max_pending_writes)
         await asyncio.to_thread(self.writer.warm_up)
@@ -135,15 +139,15 @@ class LiveService:
         if self.driver is not None:
             await asyncio.to_thread(self.driver.close)
 
-    def _open_driver(self, start: bool, uri: str | None = None) -> Any:
+    def _open_driver(self, start: bool, resolved: Neo4jSettings | None = None) -> Any:
         """A verified driver to the configured server (the managed one: wherever its state says
-        it runs now), with timeouts that fail a call within about ``db_timeout_s`` when it is
-        down. :attr:`neo4j_uri` changes only once the new driver answers."""
+        it runs now, with its credentials), with timeouts that fail a call within about
+        ``db_timeout_s`` when it is down. :attr:`neo4j_uri` changes only once it answers."""
         t = self.settings.db_timeout_s
-        uri = uri or resolve_uri(self.settings.neo4j, start=start)
-        driver = open_driver(self.settings.neo4j, start=False, uri=uri, connection_timeout=t,
-                             connection_acquisition_timeout=t, max_transaction_retry_time=t)
-        self.neo4j_uri = uri
+        resolved = resolved or self.settings.neo4j.resolved(start=start)
+        driver = open_driver(resolved, connection_timeout=t, connection_acquisition_timeout=t,
+                             max_transaction_retry_time=t)
+        self.neo4j_uri = resolved.uri
         return driver
 
     async def _recover(self) -> None:
@@ -244,12 +248,15 @@ class LiveService:
             return False
 
     def _follow_managed(self) -> None:
-        uri = resolve_uri(self.settings.neo4j, start=False, missing_ok=True)
-        if uri is None or uri == self.neo4j_uri:
+        try:
+            resolved = self.settings.neo4j.resolved(start=False)
+        except Neo4jServerError:  # not running (yet)
             return
-        log.warning("the managed Neo4j now runs at %s (was %s): reconnecting", uri, self.neo4j_uri)
+        if resolved.uri == self.neo4j_uri:
+            return
+        log.warning("the managed Neo4j now runs at %s (was %s): reconnecting", resolved.uri, self.neo4j_uri)
         old = self.driver
-        self.driver = self._open_driver(False, uri)  # raises while the new server is still starting
+        self.driver = self._open_driver(False, resolved)  # raises while the new server is still starting
         assert self.repo is not None
         self.repo.driver = self.driver
         try:

@@ -20,7 +20,8 @@ def state_dir() -> Path:
 @dataclass(frozen=True)
 class ServiceSettings:
     admin_key: str
-    executor_key: str
+    executor_key: str | None = None  # the bootstrap executor pool's key; None: executor pools only
+    executor_kinds: tuple[str, ...] = ()  # device kinds the bootstrap pool may register (): the catalogue's
     queue: str = "fifo"
     placement: str = "container"
     lease_ttl_s: float = 10.0  # a lease not renewed within this expires
@@ -40,6 +41,9 @@ class ServiceSettings:
         if self.placement not in PLACEMENT_POLICIES:
             raise InvalidInputError(f"unknown placement policy {self.placement!r} "
                                     f"(known: {', '.join(PLACEMENT_POLICIES)})")
+        if self.executor_key is not None and (len(self.executor_key) < 16 or self.executor_key == self.admin_key):
+            raise InvalidInputError("the executor key must have at least 16 characters and differ from the admin key "
+                                    "(executors get a key of their own: SLICESCHED_EXECUTOR_KEY or an executor pool)")
         if not (self.lease_ttl_s > 0 and self.heartbeat_s > 0 and self.max_attempts >= 1 and self.max_batch >= 1):
             raise InvalidInputError("lease_ttl_s, heartbeat_s must be > 0; max_attempts, max_batch >= 1")
         if not (0 < self.db_timeout_s <= 60 and 0 < self.call_timeout_s <= 600 and self.max_pending_writes >= 1000):
@@ -49,12 +53,15 @@ class ServiceSettings:
     @staticmethod
     def from_env(**overrides: object) -> ServiceSettings:
         """Environment first, then ``overrides`` (the command line). Without
-        ``SLICESCHED_ADMIN_KEY`` a key is generated once and kept in ``<state>/admin.key``."""
+        ``SLICESCHED_ADMIN_KEY`` a key is generated once and kept in ``<state>/admin.key``. The
+        executor key never defaults to the admin key: without ``SLICESCHED_EXECUTOR_KEY`` executors
+        need the key of an executor pool (``POST /v1/executor-pools``)."""
         env = os.environ
         admin = env.get("SLICESCHED_ADMIN_KEY") or _stored_admin_key()
         values: dict[str, object] = {
             "admin_key": admin,
-            "executor_key": env.get("SLICESCHED_EXECUTOR_KEY") or admin,
+            "executor_key": env.get("SLICESCHED_EXECUTOR_KEY") or None,
+            "executor_kinds": tuple(k.strip() for k in env.get("SLICESCHED_EXECUTOR_KINDS", "").split(",") if k.strip()),
             "queue": env.get("SLICESCHED_QUEUE", "fifo"),
             "placement": env.get("SLICESCHED_PLACEMENT", "container"),
             "lease_ttl_s": float(env.get("SLICESCHED_LEASE_TTL_S", "10")),

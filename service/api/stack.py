@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from service.graph.connection import Neo4jSettings
 from service.graph.local_server import LocalNeo4j
 
 
@@ -31,21 +32,25 @@ def free_port() -> int:
 
 
 class LiveStack:
-    """``neo4j_uri=None`` starts a private Neo4j in a temporary state dir (a clean graph)."""
+    """``neo4j=None`` starts a private Neo4j in a temporary state dir (a clean graph); else
+    ``neo4j`` is a resolved :class:`Neo4jSettings` (URI and credentials) of a running server.
+    Executors use a key of their own (``SLICESCHED_EXECUTOR_KEY`` of the server: the bootstrap
+    executor pool), never the admin key."""
 
-    def __init__(self, *, placement: str = "container", queue: str = "fifo", neo4j_uri: str | None = None,
-                 admin_key: str = "admin-stack-key", lease_ttl_s: float = 5.0, heartbeat_s: float = 1.0,
+    def __init__(self, *, placement: str = "container", queue: str = "fifo", neo4j: Neo4jSettings | None = None,
+                 admin_key: str = "admin-stack-key", executor_key: str = "executor-stack-key", lease_ttl_s: float = 5.0, heartbeat_s: float = 1.0,
                  max_batch: int = 8, log_dir: Path | None = None, extra_env: dict[str, str] | None = None) -> None:
         self.placement = placement
         self.queue = queue
         self.admin_key = admin_key
+        self.executor_key = executor_key
         self.lease_ttl_s = lease_ttl_s
         self.heartbeat_s = heartbeat_s
         self.max_batch = max_batch
         self._tmp = tempfile.TemporaryDirectory(prefix="slicesched-stack-")
         self.log_dir = log_dir or Path(self._tmp.name)
         self._neo4j: LocalNeo4j | None = None
-        self.neo4j_uri = neo4j_uri
+        self.neo4j = neo4j
         self.extra_env = dict(extra_env or {})
         self.server: subprocess.Popen[bytes] | None = None
         self.executors: dict[str, subprocess.Popen[bytes]] = {}
@@ -54,9 +59,11 @@ class LiveStack:
     # ---- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> LiveStack:
         try:
-            if self.neo4j_uri is None:
+            if self.neo4j is None:
                 self._neo4j = LocalNeo4j(Path(self._tmp.name) / "neo4j")
-                self.neo4j_uri = self._neo4j.start(log=False).uri
+                uri = self._neo4j.start(log=False).uri
+                user, password = self._neo4j.auth()
+                self.neo4j = Neo4jSettings(uri=uri, user=user, password=password)
             self.start_server()
         except BaseException:
             self.close()
@@ -80,9 +87,9 @@ class LiveStack:
         return f"http://127.0.0.1:{self.port}"
 
     def env(self) -> dict[str, str]:
-        assert self.neo4j_uri is not None
-        return {**os.environ, "SLICESCHED_NEO4J_URI": self.neo4j_uri, "SLICESCHED_ADMIN_KEY": self.admin_key,
-                "SLICESCHED_STATE": str(Path(self._tmp.name) / "state"), "PYTHONUNBUFFERED": "1",
+        assert self.neo4j is not None
+        return {**os.environ, **self.neo4j.env(), "SLICESCHED_ADMIN_KEY": self.admin_key,
+                "SLICESCHED_EXECUTOR_KEY": self.executor_key, "SLICESCHED_STATE": str(Path(self._tmp.name) / "state"), "PYTHONUNBUFFERED": "1",
                 **self.extra_env}
 
     # ---- the API server ----------------------------------------------------------------------
@@ -121,7 +128,7 @@ class LiveStack:
         log = open(self.log_dir / f"executor-{name}.log", "ab")  # noqa: SIM115 - handed to the child process
         proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "executor", "--server", self.url, "--devices", ",".join(devices),
-             "--mem-gib", str(mem_gib), "--executor-id", name, "--host-id", name, "--key", self.admin_key, *extra],
+             "--mem-gib", str(mem_gib), "--executor-id", name, "--host-id", name, "--key", self.executor_key, *extra],
             env=self.env(), stdout=log, stderr=subprocess.STDOUT)
         self.executors[name] = proc
         return proc

@@ -60,7 +60,7 @@ class LiveTenant:
     sla_class: str
     weight: float
     priority: int
-    key_hash: str
+    key_hash: str | None  # SHA-256 hex of the tenant's key; None: revoked
 
 
 @dataclass
@@ -259,12 +259,23 @@ class LiveState:
         if not (0.0 < weight < math.inf):
             raise InvalidInputError(f"weight must be finite and > 0, got {weight}")
 
-    def add_tenant(self, tenant_id: str, sla_class: str, weight: float, priority: int, key_hash: str) -> LiveTenant:
+    def add_tenant(self, tenant_id: str, sla_class: str, weight: float, priority: int,
+                   key_hash: str | None) -> LiveTenant:
         self.check_tenant(sla_class, weight)
         tenant = LiveTenant(tenant_id, sla_class, weight, priority, key_hash)
         self.tenants[tenant_id] = tenant
-        self.by_key_hash[key_hash] = tenant_id
+        if key_hash is not None:
+            self.by_key_hash[key_hash] = tenant_id
         return tenant
+
+    def set_tenant_key(self, tenant_id: str, key_hash: str | None) -> None:
+        """A rotated (new hash) or revoked (``None``) key: the old one is refused from now on."""
+        tenant = self.tenant(tenant_id)
+        if tenant.key_hash is not None:
+            self.by_key_hash.pop(tenant.key_hash, None)
+        tenant.key_hash = key_hash
+        if key_hash is not None:
+            self.by_key_hash[key_hash] = tenant_id
 
     def tenant(self, tenant_id: str) -> LiveTenant:
         t = self.tenants.get(tenant_id)

@@ -4,15 +4,26 @@ Jars are resolved once per machine from Maven Central into ``<cache>/neo4j/<vers
 the system Maven. Each server instance lives in a *state dir* holding ``conf/neo4j.conf``,
 ``data/``, ``logs/`` and ``server.json`` (pid, port, version), so the CLI, the demo and each test
 session can run their own server side by side. The server is the stock
-``org.neo4j.server.CommunityEntryPoint`` on Java 17; auth is off and Bolt listens on
-127.0.0.1 only.
+``org.neo4j.server.CommunityEntryPoint`` on Java 17; Bolt listens on 127.0.0.1 only and
+authentication is on: the ``neo4j`` user's password is ``SLICESCHED_NEO4J_PASSWORD`` if set,
+else generated on the first start, and kept in ``<state dir>/password`` (mode 0600; the state
+dir itself is 0700, since the store files hold prompts and key hashes).
+
+The initial password is set the way ``neo4j-admin dbms set-initial-password`` sets it: before
+the first start, ``data/dbms/auth.ini`` holds the user's salted, iterated SHA-256 credential,
+which the server reads once when it creates its system database (no JVM round trip, the
+password never on a command line). A state dir from before auth was on (data, no password
+file) is migrated on its next start: the default ``neo4j``/``neo4j`` user changes its password
+to the new one with ``ALTER CURRENT USER``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -32,6 +43,11 @@ JVM_FLAGS = [
     "--add-opens=java.base/java.io=ALL-UNNAMED", "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
     "--enable-native-access=ALL-UNNAMED", "-Dlog4j2.disable.jmx=true", "-Dfile.encoding=UTF-8",
 ]
+
+
+NEO4J_USER = "neo4j"  # the managed server's only user (Community edition)
+_DEFAULT_PASSWORD = "neo4j"  # a store created without an initial password has this one, change required
+_HASH_ITERATIONS = 1024  # Neo4j's credential: SHA-256 of salt + password, then re-hashed, 1024 rounds
 
 
 class Neo4jServerError(SliceschedError):
@@ -139,6 +155,51 @@ class LocalNeo4j:
     def _info_path(self) -> Path:
         return self.state_dir / "server.json"
 
+    @property
+    def password_path(self) -> Path:
+        return self.state_dir / "password"
+
+    def auth(self) -> tuple[str, str]:
+        """``(user, password)`` of this server: ``SLICESCHED_NEO4J_PASSWORD`` if set, else the
+        stored one. :class:`Neo4jServerError` if neither exists (the server never started here)."""
+        env = os.environ.get("SLICESCHED_NEO4J_PASSWORD")
+        if env:
+            return NEO4J_USER, env
+        try:
+            return NEO4J_USER, self.password_path.read_text().strip()
+        except FileNotFoundError:
+            raise Neo4jServerError(f"no password for the managed Neo4j in {self.state_dir}: start it first "
+                                   "('slicesched neo4j start') or set SLICESCHED_NEO4J_PASSWORD") from None
+
+    def _ensure_password(self) -> str:
+        """The password, created on the first start: the environment's, else a new random one;
+        written to ``password`` with mode 0600 (created so, never widened)."""
+        password = os.environ.get("SLICESCHED_NEO4J_PASSWORD") or ""
+        if not password and self.password_path.exists():
+            return self.password_path.read_text().strip()
+        password = password or secrets.token_urlsafe(24)
+        if len(password) < 8:
+            raise Neo4jServerError("SLICESCHED_NEO4J_PASSWORD must have at least 8 characters (Neo4j's minimum)")
+        if not self.password_path.exists():
+            _write_private(self.password_path, password + "\n")
+        return password
+
+    def _write_initial_credential(self, password: str) -> None:
+        """What ``neo4j-admin dbms set-initial-password`` writes: read by the server when it
+        creates its system database, i.e. on the first start only."""
+        salt = secrets.token_bytes(32)
+        digest = hashlib.sha256(salt + password.encode()).digest()
+        for _ in range(_HASH_ITERATIONS - 1):
+            digest = hashlib.sha256(digest).digest()
+        dbms = self.state_dir / "data" / "dbms"
+        dbms.mkdir(parents=True, exist_ok=True)
+        auth_ini = dbms / "auth.ini"
+        auth_ini.unlink(missing_ok=True)
+        _write_private(auth_ini, f"{NEO4J_USER}:SHA-256,{digest.hex()},{salt.hex()},{_HASH_ITERATIONS}:\n")
+
+    def _store_exists(self) -> bool:
+        return (self.state_dir / "data" / "databases" / "system").exists()
+
     def status(self) -> ServerInfo | None:
         """The running server of this state dir, or ``None`` (a stale record is removed)."""
         try:
@@ -162,7 +223,7 @@ class LocalNeo4j:
             f"server.bolt.listen_address=127.0.0.1:{port}",
             "server.http.enabled=false",
             "server.https.enabled=false",
-            "dbms.security.auth_enabled=false",
+            "dbms.security.auth_enabled=true",
             "dbms.usage_report.enabled=false",
             f"server.memory.pagecache.size={self.pagecache}",
             "server.memory.off_heap.max_size=256m",
@@ -187,6 +248,14 @@ class LocalNeo4j:
         if running is not None:
             return running
         self.install(log=log)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.chmod(0o700)  # the store holds prompts and key hashes
+        had_password = self.password_path.exists() or bool(os.environ.get("SLICESCHED_NEO4J_PASSWORD"))
+        fresh = not self._store_exists()
+        password = self._ensure_password()
+        if fresh:
+            self._write_initial_credential(password)
+        migrate = not fresh and not had_password  # a store from before auth: still neo4j/neo4j
         port = port or free_port()
         conf_dir = self._write_conf(port)
         console = open(self.state_dir / "logs" / "console.log", "ab")  # noqa: SIM115 - handed to the child
@@ -206,15 +275,16 @@ class LocalNeo4j:
                           started_at=started)
         self._info_path.write_text(json.dumps(asdict(info)))
         try:
-            self._wait_ready(info, proc, timeout_s)
+            self._wait_ready(info, proc, timeout_s, password, migrate=migrate)
         except BaseException:
             self.stop()
             raise
         return info
 
-    def _wait_ready(self, info: ServerInfo, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    def _wait_ready(self, info: ServerInfo, proc: subprocess.Popen[bytes], timeout_s: float, password: str, *,
+                    migrate: bool = False) -> None:
         from neo4j import GraphDatabase
-        from neo4j.exceptions import ServiceUnavailable
+        from neo4j.exceptions import AuthError, ServiceUnavailable
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -223,14 +293,33 @@ class LocalNeo4j:
                 raise Neo4jServerError(f"Neo4j exited with code {proc.returncode} while starting:\n{tail}")
             if _port_open(info.port):
                 try:
-                    with GraphDatabase.driver(info.uri, auth=None) as driver:
+                    if migrate:
+                        self._migrate_default_password(info, password)
+                        migrate = False
+                    with GraphDatabase.driver(info.uri, auth=(NEO4J_USER, password)) as driver:
                         driver.verify_connectivity()
                     return
+                except AuthError as exc:  # never retried: Neo4j locks the user after a few failures
+                    raise Neo4jServerError(
+                        f"the managed Neo4j in {self.state_dir} refused its password ({exc.message}): set "
+                        f"SLICESCHED_NEO4J_PASSWORD to the store's password, or delete {self.state_dir / 'data'} "
+                        "to start from an empty graph") from None
                 except (ServiceUnavailable, OSError):
                     pass
             time.sleep(0.25)
         raise Neo4jServerError(f"Neo4j did not answer on {info.uri} within {timeout_s:.0f}s "
                                f"(see {self.state_dir / 'logs' / 'console.log'})")
+
+    @staticmethod
+    def _migrate_default_password(info: ServerInfo, password: str) -> None:
+        """A store created while auth was off still has ``neo4j``/``neo4j`` (change required):
+        set the generated password (the only statement such a user may run)."""
+        from neo4j import GraphDatabase
+
+        with GraphDatabase.driver(info.uri, auth=(NEO4J_USER, _DEFAULT_PASSWORD)) as driver, \
+                driver.session(database="system") as session:
+            session.run("ALTER CURRENT USER SET PASSWORD FROM $old TO $new",
+                        old=_DEFAULT_PASSWORD, new=password).consume()
 
     def stop(self, *, timeout_s: float = 60.0) -> bool:
         """Shut the server down cleanly (SIGTERM, then SIGKILL after ``timeout_s``)."""
@@ -255,8 +344,15 @@ class LocalNeo4j:
     def server_version(self, info: ServerInfo) -> str:
         from neo4j import GraphDatabase
 
-        with GraphDatabase.driver(info.uri, auth=None) as driver:
+        with GraphDatabase.driver(info.uri, auth=self.auth()) as driver:
             return str(driver.get_server_info().agent)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Create ``path`` readable by its owner only (mode 0600 from the start, no window)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def _reap(pid: int) -> None:

@@ -3,7 +3,9 @@
 Each public method runs catalog queries of the same name (``import_model`` is a composition of
 several, in one transaction). Values reach Cypher only as parameters; writes go in batches of
 ``UNWIND $rows``. Inspection runs in read transactions on a read-mode session, so the server
-itself refuses a write.
+itself refuses a write, and only after :mod:`service.graph.guard` passed both the query's text
+and the server's ``EXPLAIN`` plan of it (no ``LOAD CSV``, procedures outside an allow-list or
+administration commands).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from neo4j.exceptions import ClientError, CypherSyntaxError, DatabaseError
 
 from service.core.slot import PlacedSlice, Slot, SlotQuery
 from service.domain.cluster import ClusterSpec, Link
-from service.domain.error import InvalidInputError, ReadOnlyViolationError
+from service.domain.error import InvalidInputError, NotFoundError, ReadOnlyViolationError
 from service.domain.opgraph import OperatorGraph
+from service.graph import guard
 from service.graph.catalog import Query, QueryCatalog
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
@@ -89,6 +92,7 @@ class GraphRepository:
         "create_request", "update_requests", "create_slices", "end_slices", "set_weight_residence",
         "live_tenants", "live_models", "live_requests", "delete_old_live_slices",
         "complete_leases", "finish_requests", "close_open_slices", "reconciliation_violations",
+        "upsert_executor_pool", "set_executor_pool_key", "set_tenant_key", "live_executor_pools",
     )
 
     def __init__(self, driver: Driver, catalog: QueryCatalog | None = None, *, database: str = "neo4j") -> None:
@@ -337,8 +341,15 @@ class GraphRepository:
 
     # ---- inspection ---------------------------------------------------------------------------
     def run_read(self, text: str, params: Mapping[str, Any] | None = None) -> Table:
-        """Run arbitrary Cypher in a read transaction; a write is refused by the server."""
+        """Run arbitrary Cypher in a read transaction; a write is refused by the server, and
+        ``LOAD CSV``, procedures and administration commands outside the allow-list of
+        :mod:`service.graph.guard` by its two checks (the text, then the server's plan of it, in
+        the same transaction) with :class:`ReadOnlyViolationError`."""
+        statement = guard.check_text(text)
+
         def work(tx: ManagedTransaction) -> Table:
+            plan = tx.run("EXPLAIN " + text[statement:], dict(params or {})).consume().plan
+            guard.check_plan(plan, self.database)
             result = tx.run(text, dict(params or {}))
             rows = [[_plain(v) for v in r.values()] for r in result]
             return Table(list(result.keys()), rows)
@@ -441,6 +452,22 @@ class GraphRepository:
 
     def live_tenants(self) -> list[dict[str, Any]]:
         return self._read("live_tenants")
+
+    def live_executor_pools(self) -> list[dict[str, Any]]:
+        return self._read("live_executor_pools")
+
+    # ---- keys (hashes only) ---------------------------------------------------------------------
+    def upsert_executor_pool(self, pool_id: str, **props: Any) -> None:
+        self._write("upsert_executor_pool", pool_id=check_id("pool", pool_id), props=props)
+
+    def set_tenant_key(self, tenant_id: str, key_hash: str | None) -> None:
+        """A tenant's new key hash, or ``None``: revoked. :class:`NotFoundError` for no tenant."""
+        if not self._write("set_tenant_key", tenant_id=tenant_id, key_hash=key_hash):
+            raise NotFoundError(f"no tenant {tenant_id!r}")
+
+    def set_executor_pool_key(self, pool_id: str, key_hash: str | None) -> None:
+        if not self._write("set_executor_pool_key", pool_id=pool_id, key_hash=key_hash):
+            raise NotFoundError(f"no executor pool {pool_id!r}")
 
     def live_models(self) -> list[dict[str, Any]]:
         return self._read("live_models")

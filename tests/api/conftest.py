@@ -17,8 +17,8 @@ ADMIN = "admin-test-key"
 EXECUTOR = "executor-test-key"
 
 
-def settings(neo4j_uri: str, **overrides: Any) -> ServiceSettings:
-    values: dict[str, Any] = {"admin_key": ADMIN, "executor_key": EXECUTOR, "neo4j": Neo4jSettings(uri=neo4j_uri),
+def settings(neo4j: Neo4jSettings, **overrides: Any) -> ServiceSettings:
+    values: dict[str, Any] = {"admin_key": ADMIN, "executor_key": EXECUTOR, "neo4j": neo4j,
                               "lease_ttl_s": 2.0, "heartbeat_s": 0.5}
     values.update(overrides)
     return ServiceSettings(**values)
@@ -30,19 +30,20 @@ def auth(key: str) -> dict[str, str]:
 
 @pytest.fixture(autouse=True)
 def fresh_live_state(repo: Any) -> None:
-    """Each test starts from a GMG without live tenants, requests or leases (one service's world)."""
+    """Each test starts from a GMG without live tenants, executor pools, requests or leases (one
+    service's world)."""
     for row in repo.live_tenants():
         repo.delete_tenant(row["tenant_id"])
     with repo.driver.session() as s:
-        s.run("MATCH (n) WHERE n:Request OR (n:Slice AND n.live) DETACH DELETE n").consume()
+        s.run("MATCH (n) WHERE n:Request OR (n:Slice AND n.live) OR n:ExecutorPool DETACH DELETE n").consume()
 
 
 @pytest.fixture
-def make_client(neo4j_uri: str) -> Iterator[Callable[..., TestClient]]:
+def make_client(neo4j: Neo4jSettings) -> Iterator[Callable[..., TestClient]]:
     opened: list[TestClient] = []
 
     def make(**overrides: Any) -> TestClient:
-        client = TestClient(create_app(settings(neo4j_uri, **overrides)))
+        client = TestClient(create_app(settings(neo4j, **overrides)))
         client.__enter__()
         opened.append(client)
         return client

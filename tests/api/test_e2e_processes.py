@@ -12,14 +12,15 @@ import pytest
 
 from executor.batcher import generate_alone
 from service.api.stack import LiveStack
+from service.graph.connection import Neo4jSettings
 from service.models.family import build_model, model_config
 
 TENANTS = (("acme", "tiny"), ("globex", "tiny-llama"), ("initech", "tiny"))
 
 
 @pytest.fixture
-def stack(neo4j_uri: str) -> Iterator[LiveStack]:
-    with LiveStack(neo4j_uri=neo4j_uri, lease_ttl_s=2.0, heartbeat_s=0.4) as s:
+def stack(neo4j: Neo4jSettings) -> Iterator[LiveStack]:
+    with LiveStack(neo4j=neo4j, lease_ttl_s=2.0, heartbeat_s=0.4) as s:
         yield s
 
 

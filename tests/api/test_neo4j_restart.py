@@ -23,7 +23,7 @@ def test_service_follows_a_managed_neo4j_to_its_new_port(tmp_path: Path) -> None
     server = LocalNeo4j(state, heap="384m", pagecache="64m")
     first = server.start(log=False)
     try:
-        app = create_app(settings("unused", neo4j=Neo4jSettings(state_dir=state), db_timeout_s=1.0))
+        app = create_app(settings(Neo4jSettings(state_dir=state), db_timeout_s=1.0))
         with TestClient(app) as client:
             key = setup_tenant_model(client, "follow")
             rid = client.post("/v1/requests", json={"model_id": "m", "prompt": "hi", "max_tokens": 2},

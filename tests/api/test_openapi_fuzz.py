@@ -19,6 +19,7 @@ from schemathesis.core.failures import FailureGroup
 from schemathesis.pytest.lazy import get_all_tests
 
 from service.api.app import create_app
+from service.graph.connection import Neo4jSettings
 from tests.api.conftest import ADMIN, auth, new_tenant
 from tests.api.conftest import settings as service_settings
 
@@ -29,8 +30,8 @@ POSITIVE_STATUSES = ["2xx", "3xx", "400", "401", "403", "404", "409", "429", "5x
 
 
 @pytest.fixture(scope="module")
-def live_app(neo4j_uri: str) -> Iterator[tuple[Any, str]]:
-    app = create_app(service_settings(neo4j_uri))
+def live_app(neo4j: Neo4jSettings) -> Iterator[tuple[Any, str]]:
+    app = create_app(service_settings(neo4j))
     with TestClient(app) as client:  # runs the lifespan: the service and its Neo4j driver
         key = new_tenant(client, "fuzz")
         client.post("/v1/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key))

@@ -13,6 +13,7 @@ import pytest
 from service.domain.cluster import ClusterSpec
 from service.domain.error import InvalidClusterError, InvalidGraphError, InvalidInputError, ReadOnlyViolationError
 from service.domain.opgraph import OperatorGraph
+from service.graph.connection import Neo4jSettings
 from service.graph.repository import GraphRepository
 from service.models.family import model_config
 from service.models.trace import trace_phase
@@ -157,30 +158,30 @@ def test_inspection_errors_are_clear(repo: GraphRepository) -> None:
         repo.run_named("upsert_hosts", {"cluster": "x", "rows": []})
 
 
-def run_cli(neo4j_uri: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SLICESCHED_NEO4J_URI": neo4j_uri}
+def run_cli(neo4j: Neo4jSettings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **neo4j.env()}
     return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=120)
 
 
-def test_cli_imports_inspects_and_refuses_bad_input(neo4j_uri: str, tenant: str, tmp_path: Path) -> None:
-    ok = run_cli(neo4j_uri, "model", "import", "tiny", "--tenant", tenant, "--phase", "decode", "--context", "64")
+def test_cli_imports_inspects_and_refuses_bad_input(neo4j: Neo4jSettings, tenant: str, tmp_path: Path) -> None:
+    ok = run_cli(neo4j, "model", "import", "tiny", "--tenant", tenant, "--phase", "decode", "--context", "64")
     assert ok.returncode == 0, ok.stderr
     assert f"imported {tenant}/tiny decode" in ok.stdout
-    table = run_cli(neo4j_uri, "cypher", "--json", "MATCH (o:Operator {tenant_id: $t}) RETURN count(o) AS n",
+    table = run_cli(neo4j, "cypher", "--json", "MATCH (o:Operator {tenant_id: $t}) RETURN count(o) AS n",
                     "--param", f"t={tenant}")
     assert table.returncode == 0 and '"n": 32' in table.stdout
-    write = run_cli(neo4j_uri, "cypher", "CREATE (n:Intruder) RETURN n")
+    write = run_cli(neo4j, "cypher", "CREATE (n:Intruder) RETURN n")
     assert write.returncode == 2 and "read-only" in write.stderr and "Traceback" not in write.stderr
     bad = tmp_path / "g.json"
     doc = trace_phase(model_config("tiny"), "prefill", batch=1, tokens=4).to_dict()
     doc["operators"][0]["inputs"].append(doc["operators"][5]["outputs"][0])  # a cycle
     bad.write_text(__import__("json").dumps(doc))
-    res = run_cli(neo4j_uri, "model", "import", "--graph", str(bad), "--tenant", tenant + "x")
+    res = run_cli(neo4j, "model", "import", "--graph", str(bad), "--tenant", tenant + "x")
     assert res.returncode == 2 and "cycle" in res.stderr and "Traceback" not in res.stderr
-    res = run_cli(neo4j_uri, "cluster", "apply", str(tmp_path / "missing.yaml"))
+    res = run_cli(neo4j, "cluster", "apply", str(tmp_path / "missing.yaml"))
     assert res.returncode == 2 and "no cluster spec" in res.stderr
-    res = run_cli(neo4j_uri, "model", "import", "gpt5", "--tenant", tenant)
+    res = run_cli(neo4j, "model", "import", "gpt5", "--tenant", tenant)
     assert res.returncode == 2 and "unknown model 'gpt5'" in res.stderr
 
 

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from service.graph.connection import Neo4jSettings
 from service.graph.repository import GraphRepository
 
 pytestmark = pytest.mark.neo4j
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_replay_of_a_trace_file_is_recorded_as_an_experiment(repo: GraphRepository, neo4j_uri: str,
+def test_replay_of_a_trace_file_is_recorded_as_an_experiment(repo: GraphRepository, neo4j: Neo4jSettings,
                                                                tmp_path: Path) -> None:
     trace = tmp_path / "trace.csv"
     rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
@@ -25,7 +26,7 @@ def test_replay_of_a_trace_file_is_recorded_as_an_experiment(repo: GraphReposito
     trace.write_text("\n".join(rows) + "\n")
     before = repo.run_read("MATCH (e:Experiment) RETURN count(e)").rows[0][0]
     out = tmp_path / "out"
-    env = {**os.environ, "SLICESCHED_NEO4J_URI": neo4j_uri}
+    env = {**os.environ, **neo4j.env()}
     res = subprocess.run([sys.executable, "-m", "service.cli", "replay", "--trace", str(trace), "--skip-bad",
                           "--cluster", "local-cpu-4", "--tenants", "synthetic-3", "--duration", "30",
                           "--policy", "fifo/container", "--out", str(out), "--record"],

@@ -268,6 +268,9 @@ def test_the_command_refuses_bad_arguments_before_any_network(monkeypatch: pytes
     monkeypatch.delenv("SLICESCHED_ADMIN_KEY", raising=False)
     assert main(["--server", "http://127.0.0.1:9", "--devices", "cpu:0"]) == 2
     assert "no key" in capsys.readouterr().err
+    monkeypatch.setenv("SLICESCHED_ADMIN_KEY", "admin-key-is-not-an-executor-key")  # never a fallback
+    assert main(["--server", "http://127.0.0.1:9", "--devices", "cpu:0"]) == 2
+    assert "no key" in capsys.readouterr().err
     assert main(["--server", "http://127.0.0.1:9", "--devices", "cpu:0,tpu:0", "--key", "k"]) == 2
     assert "unknown device" in capsys.readouterr().err
 
