@@ -25,7 +25,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import Field
 
 from service.api.app import Principal, authenticate
-from service.api.schemas import ID, Body
+from service.api.schemas import ID, Body, Int
 from service.api.state import ConflictError, ForbiddenError, LiveState, hash_key, new_key
 from service.domain.cluster import DEVICE_KINDS
 from service.domain.error import InvalidInputError, NotFoundError
@@ -157,9 +157,9 @@ class ExecutorPoolIn(Body):
     allowed_kinds: list[Annotated[str, Field(pattern=KIND)]] | None = Field(
         None, min_length=1, max_length=32,
         description="device kinds its executors may register (default: the catalogue's: cpu, A100-80GB, ...)")
-    max_devices: int = Field(DEFAULT_MAX_DEVICES, ge=1, le=4096, strict=True,
+    max_devices: Int = Field(DEFAULT_MAX_DEVICES, ge=1, le=4096,
                              description="devices its executors may register together")
-    max_mem_bytes: int = Field(DEFAULT_MAX_MEM_BYTES, ge=1, le=2**50, strict=True,
+    max_mem_bytes: Int = Field(DEFAULT_MAX_MEM_BYTES, ge=1, le=2**50,
                                description="memory one device may declare")
 
 

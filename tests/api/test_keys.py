@@ -106,7 +106,7 @@ def test_executors_are_bound_to_their_pool(client: TestClient, uid: str) -> None
     assert client.post(f"/v1/leases/{lease['lease_id']}/fail", json={"reason": "x"},
                        headers=auth(key_b)).status_code == 404
     assert client.post(f"/v1/leases/{lease['lease_id']}/renew", headers=auth(key_a)).status_code == 200
-    assert client.post(hb, json={}, headers=auth(key_a)).json()["renewed"] == [lease["lease_id"]]
+    assert client.post(hb, json={"running": [lease["lease_id"]]}, headers=auth(key_a)).json()["renewed"] == [lease["lease_id"]]
     assert client.post(hb, json={}, headers=auth(ADMIN)).status_code == 200
     done = {"lease_id": lease["lease_id"], "output_tokens": [1, 2], "ttft_s": 0.1, "e2e_s": 0.2}
     r = client.post("/v1/leases/complete", json={"executor_id": f"e{uid}", "results": [done]}, headers=auth(key_a))
