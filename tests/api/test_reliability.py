@@ -229,3 +229,25 @@ def test_submission_fails_fast_while_neo4j_is_down(client: TestClient, uid: str,
     monkeypatch.undo()
     wait_for(lambda: client.get("/readyz").status_code == 200)
     assert submit(client, key).status_code == 202
+
+
+def test_soft_writes_wait_out_an_outage_and_are_flushed(client: TestClient, uid: str, repo: Any,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    svc = client.app.state.service  # type: ignore[attr-defined]
+    key = setup_tenant_model(client, f"w{uid}")
+    register(client, f"e{uid}")
+    rid = submit(client, key).json()["request_id"]
+    real = svc.repo.create_slices
+    monkeypatch.setattr(svc.repo, "create_slices", lambda rows: (_ for _ in ()).throw(ServiceUnavailable("x")))
+    [lease] = [x for x in poll(client, f"e{uid}") if x["request_id"] == rid]
+    wait_for(lambda: svc.supervisor.loops["gmg-writer"].failures >= 1)
+    assert svc.writer.pending >= 1
+    metrics = client.get("/metrics", headers=auth(ADMIN)).text
+    assert "slicesched_gmg_pending_writes" in metrics and 'slicesched_loop_failures_total{loop="gmg-writer"}' in metrics
+    monkeypatch.setattr(svc.repo, "create_slices", real)
+    wait_for(lambda: svc.writer.pending == 0, timeout_s=15)
+    with repo.driver.session() as s:
+        row = s.run("MATCH (s:Slice {uid: $uid})-[:SERVES]->(r:Request) RETURN s.state AS state, r.uid AS r",
+                    uid=lease["lease_id"]).single()
+    assert row is not None and row["state"] == "leased" and row["r"] == rid
+    assert svc.writer.rows_dropped == 0
