@@ -1,17 +1,38 @@
 # Two commands on a fresh machine with Python 3.11, Java 17 and Maven:
 #   make demo   # the main job: managed Neo4j + built-in model family + inspection
 #   make test   # the test suite, against a real Neo4j server it starts itself
-# Each installs what it needs first (idempotent: seconds when already installed; the large
-# dependencies live in a shared environment under ~/.cache/slicesched keyed by their spec).
+# Each installs what it needs first (idempotent: about a second when already installed). The
+# Python dependencies are the versions locked in uv.lock, installed by uv into .venv, with this
+# clone's code installed editable; uv keeps their files in its per-machine cache (~/.cache/uv)
+# and hardlinks them into each clone's .venv, so torch is downloaded once per machine.
 
 PY ?= python3
 VENV := .venv
 RUN := $(VENV)/bin/python
+SLICESCHED_CACHE ?= $(HOME)/.cache/slicesched
+UV_VERSION := 0.13.9
+UV_HOME := $(SLICESCHED_CACHE)/tools/uv-$(UV_VERSION)
+UV := $(UV_HOME)/bin/uv
 
 .PHONY: venv neo4j demo test lint typecheck bench clean
 
-venv:
-	@$(PY) tools/bootstrap.py
+# The environment: exactly uv.lock (--locked also fails if pyproject.toml changed without
+# `uv lock`), the dev extra included. A .venv of the old bootstrap layout is replaced.
+venv: $(UV)
+	@if [ -f $(VENV)/.slicesched-key ]; then rm -rf $(VENV); fi
+	@$(UV) sync --locked --extra dev --python $(PY) --no-python-downloads
+
+# uv itself, pinned, in a small environment of its own under $(SLICESCHED_CACHE)/tools (once
+# per machine; a venv, so that a Debian "externally managed" Python does not refuse it).
+$(UV):
+	@echo "[venv] installing uv $(UV_VERSION) into $(UV_HOME) (once per machine)"
+	@mkdir -p $(dir $(UV_HOME))
+	@tmp=$$(mktemp -d "$(UV_HOME).tmp.XXXXXX") || exit 1; \
+	  pipi="-m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)"; \
+	  { $(PY) -m venv "$$tmp" && "$$tmp/bin/python" $$pipi; } || \
+	    { rm -rf "$$tmp" && mkdir "$$tmp" && $(PY) $$pipi --target "$$tmp"; }; \
+	  if [ -x "$$tmp/bin/uv" ]; then mv -T "$$tmp" "$(UV_HOME)" 2>/dev/null || rm -rf "$$tmp"; \
+	  else rm -rf "$$tmp"; echo "[venv] could not install uv with $(PY) (venv or pip needed)" >&2; exit 1; fi
 
 neo4j: venv
 	@$(VENV)/bin/slicesched neo4j start
@@ -23,7 +44,7 @@ test: venv
 	@$(RUN) -m pytest $(PYTEST_ARGS)
 
 lint: venv
-	@$(RUN) -m ruff check service executor learned tests benchmarks tools
+	@$(RUN) -m ruff check service executor learned tests benchmarks
 
 typecheck: venv
 	@$(RUN) -m mypy
