@@ -306,14 +306,14 @@ class LiveService:
         assert self.repo is not None
         keyed = [(r.tenant_id, r.idempotency_key) for r in reqs if r.idempotency_key]
         for k in keyed:  # a submission with the same key in flight: wait for it, then look again
-            pending = self._submitting.get(k)  # type: ignore[arg-type]
+            pending = self._submitting.get(k)
             if pending is not None:
                 await asyncio.shield(pending)
-        known = {k: self.state.by_idempotency.get(k) for k in keyed}  # type: ignore[arg-type]
+        known = {k: self.state.by_idempotency.get(k) for k in keyed}
         answer: dict[str, LiveRequest] = {}
         fresh = []
         for req in reqs:
-            old_id = known.get((req.tenant_id, req.idempotency_key)) if req.idempotency_key else None  # type: ignore[arg-type]
+            old_id = known.get((req.tenant_id, req.idempotency_key)) if req.idempotency_key else None
             if old_id is not None:
                 answer[req.request_id] = self._same_request(self.state.requests[old_id], req)
             else:
@@ -322,7 +322,7 @@ class LiveService:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             mine = [(r.tenant_id, r.idempotency_key) for r in fresh if r.idempotency_key]
             for k in mine:
-                self._submitting[k] = done  # type: ignore[index]
+                self._submitting[k] = done
             try:
                 self._check_db()
                 task = asyncio.ensure_future(asyncio.to_thread(self.repo.create_requests, [r.row() for r in fresh]))
@@ -330,7 +330,7 @@ class LiveService:
                 existing = await self._bounded(task, self.settings.call_timeout_s + 0.01 * len(fresh))
             finally:
                 for k in mine:
-                    self._submitting.pop(k, None)  # type: ignore[arg-type]
+                    self._submitting.pop(k, None)
                 done.set_result(None)
             for req in fresh:
                 if req.idempotency_key and req.idempotency_key in existing:  # known only to Neo4j (older)
@@ -565,7 +565,7 @@ class LiveService:
     def _greedy_homes(models: list[LiveModel], devices: list[Any],
                       unplaced: dict[str, str]) -> list[tuple[str, tuple[str, ...]]]:
         free = {d.device_id: d.mem_bytes for d in devices}
-        out = []
+        out: list[tuple[str, tuple[str, ...]]] = []
         for m in sorted(models, key=lambda m: (-m.weight_bytes, m.uid)):
             best = max(free, key=lambda d: (free[d], d), default=None)
             if best is None or free[best] < m.weight_bytes:
