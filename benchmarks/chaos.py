@@ -597,6 +597,29 @@ def accepted_completions(log_dir: Path) -> collections.Counter[str]:
     return counts
 
 
+LOG_SIGNS = {  # what to count in the processes' logs: a pointer for whoever reads the record
+    "serve.log": {"silent_executors_dropped": "silent for", "neo4j_unavailable": "Neo4j unavailable",
+                  "neo4j_deadlock_retried": "DeadlockDetected", "tracebacks": "Traceback (most recent call last)",
+                  "task_exception_never_retrieved": "Task exception was never retrieved"},
+    "executor-*.log": {"registrations": "registered executor", "registration_refused": "refused executor",
+                       "completions_rejected": "done but rejected", "completions_dropped": "completions refused",
+                       "results_given_up": "giving up", "transient_errors": "retrying in"},
+}
+
+
+def log_findings(log_dir: Path) -> dict[str, Any]:
+    """Counts of telling lines in the logs, and the distinct exception lines of serve's."""
+    out: dict[str, Any] = {}
+    for pattern, signs in LOG_SIGNS.items():
+        text = "\n".join(p.read_text(errors="replace") for p in sorted(log_dir.glob(pattern)))
+        out[pattern] = {name: text.count(sign) for name, sign in signs.items()}
+    serve = (log_dir / "serve.log").read_text(errors="replace") if (log_dir / "serve.log").exists() else ""
+    errors = collections.Counter(m.group(0)[:200] for m in re.finditer(r"(?m)^[\w.]+(?:Error|Exception|Unavailable)\b.*$",
+                                                                        serve))
+    out["serve_exceptions"] = dict(errors.most_common(10))
+    return out
+
+
 def classify(logical: list[Logical], api: dict[str, dict[str, Any]], api_ok: bool, gmg_requests: list[dict[str, Any]],
              gmg_slices: list[dict[str, Any]], completions: collections.Counter[str]) -> dict[str, Any]:
     by_index: dict[int, list[dict[str, Any]]] = collections.defaultdict(list)
@@ -698,9 +721,9 @@ def main() -> int:
                    help="keep the processes' logs here (default: a new /tmp folder)")
     args = p.parse_args()
     if args.quick:
-        args.duration_s, args.executor_kills, args.serve_kills = 120.0, 4, 1
+        args.duration_s, args.executor_kills, args.serve_kills = 100.0, 4, 1
         args.neo4j_restarts, args.neo4j_port_changes = 1, 1
-        args.drain_s, args.give_up_s = 45.0, 20.0
+        args.drain_s, args.give_up_s = 40.0, 20.0
     args.neo4j_port_changes = min(args.neo4j_port_changes, args.neo4j_restarts)
 
     def stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -713,7 +736,7 @@ def main() -> int:
 
     from service.api.stack import LiveStack
 
-    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="slicesched-chaos-logs-"))
+    log_dir = args.log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="slicesched-chaos-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     load_rng, fault_rng = np.random.default_rng([args.seed, 0]), np.random.default_rng([args.seed, 1])
     keys = make_keys(args.seed)
@@ -740,6 +763,10 @@ def main() -> int:
         stack.__enter__()  # closed in the finally below, once nothing can restart a process
         print(f"  Neo4j {stack.neo4j_uri} (managed, state {stack.state_dir}); serve at {stack.url} "
               f"after {time.monotonic() - wall0:.0f} s", flush=True)
+        cluster = Cluster(stack, clock, serve_timeout_s=90.0)
+        with cluster.lock:  # they load torch while the models are traced into the GMG
+            for name in EXECUTORS:
+                cluster.start_executor(name)
         tenant_keys: dict[str, str] = {}
         with stack.client(timeout_s=120.0) as admin:
             for tenant in tenants:
@@ -749,10 +776,6 @@ def main() -> int:
                 admin.post("/v1/models", json={"model_id": "m", "family": "tiny", "tenant_id": tenant}
                            ).raise_for_status()
         print(f"  tenants and models after {time.monotonic() - wall0:.0f} s", flush=True)
-        cluster = Cluster(stack, clock, serve_timeout_s=90.0)
-        with cluster.lock:
-            for name in EXECUTORS:
-                cluster.start_executor(name)
         stack.wait_devices(len(EXECUTORS), timeout_s=120.0)
         print(f"  {len(EXECUTORS)} executors up after {time.monotonic() - wall0:.0f} s of set-up", flush=True)
 
@@ -911,6 +934,7 @@ def report(args: Any, logical: list[Logical], verdict: dict[str, Any], violation
         "service_counters": stats.get("counters", stats),
         "gmg_write": stats.get("gmg_write_lag_s"),
         "read_from": {**inspector.sources, "api_requests": api_note},
+        "logs": log_findings(Path(args.log_dir)),
         **timing,
     }
     return results
