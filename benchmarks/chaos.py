@@ -10,10 +10,11 @@ that times out (``--client-timeout-s``), gets a 5xx/408/429 or no connection is 
 same key and body until ``--give-up-s`` after its first attempt. Meanwhile a seeded schedule
 of faults runs one at a time: kill -9 of an executor (restarted after a pause), kill -9 of
 serve (restarted on the same port against the same Neo4j), a clean Neo4j stop/start (on a new
-port when asked, on the old one otherwise) and, first, bad registrations: executors whose one
-device has ``mem_bytes: 1``, two by default, 5 s apart, so that the second is still registered
-when the first is dropped as silent (with one alone, the re-plan after its drop has nothing
-unplaceable left). A supervisor restarts any executor (or serve) that exits on its own, with
+port when asked, on the old one otherwise; this and the serve kill come right after a burst of
+``--burst`` longer requests, so that they strike work in flight) and, first, bad
+registrations: executors whose one device has ``mem_bytes: 1``, two by default, 5 s apart, so
+that the second is still registered when the first is dropped as silent (with one alone, the
+re-plan after its drop has nothing unplaceable left). A supervisor restarts any executor (or serve) that exits on its own, with
 backoff, as systemd would, and records why it exited (``harness_events``).
 
 After the schedule and a cool-down the load stops, the service gets ``--drain-s`` to finish
@@ -116,7 +117,9 @@ class Logical:
     tenant: str
     key: str  # Idempotency-Key
     prompt: list[int]
+    max_tokens: int
     arrival_s: float
+    burst: bool = False  # sent just before a fault, so that the fault finds work in flight
     attempts: list[Attempt] = field(default_factory=list)
     request_ids: list[str] = field(default_factory=list)  # distinct ids answered with 202
     rejected: str | None = None  # a 4xx that is not retried
@@ -182,20 +185,30 @@ class Load:
         for c in self.clients.values():
             c.close()
 
+    def _new(self, max_tokens: int, *, burst: bool = False) -> Logical:
+        """A new logical request, queued for a client thread (call with the lock held)."""
+        i = len(self.logical)
+        tail = [int(x) for x in self.rng.integers(32, 127, size=max(0, self.prompt_len - HEAD_TOKENS))]
+        req = Logical(i, self.tenants[int(self.rng.integers(len(self.tenants)))],
+                      str(uuid.UUID(bytes=self.rng.bytes(16), version=4)), encode_index(i) + tail, max_tokens,
+                      self.clock(), burst=burst)
+        self.logical.append(req)
+        self._queue.put(req)
+        return req
+
+    def burst(self, n: int, max_tokens: int) -> list[Logical]:
+        with self.lock:
+            return [self._new(max_tokens, burst=True) for _ in range(n)]
+
     def _arrivals(self) -> None:
-        i = 0
         next_s = self.clock()
         while not self._stop_arrivals.is_set():
-            next_s += float(self.rng.exponential(1.0 / self.rate_per_s))
+            with self.lock:
+                next_s += float(self.rng.exponential(1.0 / self.rate_per_s))
             if self._stop_arrivals.wait(max(0.0, next_s - self.clock())):
                 return
-            tail = [int(x) for x in self.rng.integers(32, 127, size=max(0, self.prompt_len - HEAD_TOKENS))]
-            req = Logical(i, self.tenants[int(self.rng.integers(len(self.tenants)))],
-                          str(uuid.UUID(bytes=self.rng.bytes(16), version=4)), encode_index(i) + tail, self.clock())
             with self.lock:
-                self.logical.append(req)
-            self._queue.put(req)
-            i += 1
+                self._new(self.max_tokens)
 
     def _worker(self) -> None:
         while not self._stop_all.is_set():
@@ -208,18 +221,19 @@ class Load:
         import httpx
 
         client = self.clients[req.tenant]
-        body = {"model_id": "m", "prompt_tokens": req.prompt, "max_tokens": self.max_tokens}
+        body = {"model_id": "m", "prompt_tokens": req.prompt, "max_tokens": req.max_tokens}
         first_s = self.clock()
         backoff_s = 0.25
         while not self._stop_all.is_set():
             sent = self.clock()
-            request_id = None
+            request_id, retry_after_s = None, 0.0
             try:
                 r = client.post("/v1/requests", json=body, headers={"Idempotency-Key": req.key})
                 if r.status_code == 202:
                     outcome, request_id = "accepted", str(r.json()["request_id"])
                 else:
                     outcome = f"http_{r.status_code}"
+                    retry_after_s = _seconds(r.headers.get("retry-after"))
             except httpx.TimeoutException:
                 outcome = "timeout"
             except httpx.ConnectError:
@@ -235,16 +249,24 @@ class Load:
             if outcome.startswith("http_") and int(outcome[5:]) not in RETRY_STATUS:
                 req.rejected = f"{outcome}: {r.text[:200]}"
                 return
-            if self.clock() - first_s + backoff_s > self.give_up_s:
+            pause_s = max(backoff_s, min(5.0, retry_after_s))  # a Retry-After is honoured, up to 5 s
+            if self.clock() - first_s + pause_s > self.give_up_s:
                 req.gave_up = True
                 return
-            if self._stop_all.wait(backoff_s):
+            if self._stop_all.wait(pause_s):
                 return
             backoff_s = min(2.0, backoff_s * 2)
 
     def snapshot(self) -> list[Logical]:
         with self.lock:
             return list(self.logical)
+
+
+def _seconds(header: str | None) -> float:
+    try:
+        return max(0.0, float(header)) if header else 0.0
+    except ValueError:  # an HTTP date: not worth parsing here
+        return 0.0
 
 
 class HealthProbe:
@@ -463,24 +485,38 @@ def plan_faults(rng: Any, counts: dict[str, int], port_changes: int, start_s: fl
     return bad + order
 
 
-def inject(f: Fault, cluster: Cluster, keys: Keys, rng: Any, *, neo4j_down_s: float) -> None:
+def send_burst(load: Load, n: int, max_tokens: int, *, timeout_s: float = 5.0) -> dict[str, Any]:
+    """``n`` long requests right before a fault; returns once they are accepted (or after ``timeout_s``)
+    and have had a moment to be leased."""
+    reqs = load.burst(n, max_tokens)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not all(r.accepted or r.gave_up or r.rejected for r in reqs):
+        time.sleep(0.05)
+    time.sleep(0.3)
+    return {"burst": n, "burst_accepted": sum(r.accepted for r in reqs)}
+
+
+def inject(f: Fault, cluster: Cluster, keys: Keys, rng: Any, load: Load, *, neo4j_down_s: float,
+           burst: int, burst_max_tokens: int) -> None:
     import httpx
 
     from service.graph.local_server import free_port
 
     stack = cluster.stack
+    if burst and f.kind in ("serve_kill", "neo4j_restart"):
+        f.detail.update(send_burst(load, burst, burst_max_tokens))
     if f.kind == "executor_kill":
         cluster.kill_executor(f.target)
         pause = round(float(rng.uniform(0.5, 3.0)), 2)
         time.sleep(pause)
         cluster.start_executor(f.target)
-        f.detail = {"restart_after_s": pause}
+        f.detail.update(restart_after_s=pause)
     elif f.kind == "serve_kill":
         cluster.kill_server()
         time.sleep(1.0)
         t = time.monotonic()
         cluster.start_server()
-        f.detail = {"restart_s": round(time.monotonic() - t, 2), "port": stack.port}
+        f.detail.update(restart_s=round(time.monotonic() - t, 2), port=stack.port)
     elif f.kind == "neo4j_restart":
         old = stack.neo4j.status()
         old_port = old.port if old is not None else None
@@ -493,8 +529,8 @@ def inject(f: Fault, cluster: Cluster, keys: Keys, rng: Any, *, neo4j_down_s: fl
             port = free_port()
         t = time.monotonic()
         stack.start_neo4j(port=port)
-        f.detail = {"old_port": old_port, "new_port": port, "stop_s": round(stop_s, 2),
-                    "start_s": round(time.monotonic() - t, 2), "down_s": neo4j_down_s}
+        f.detail.update(old_port=old_port, new_port=port, stop_s=round(stop_s, 2),
+                        start_s=round(time.monotonic() - t, 2), down_s=neo4j_down_s)
     elif f.kind == "bad_registration":
         name = f"chaos-bad-{int(rng.integers(1_000_000))}"
         body = {"executor_id": name, "host_id": name,
@@ -502,9 +538,9 @@ def inject(f: Fault, cluster: Cluster, keys: Keys, rng: Any, *, neo4j_down_s: fl
         try:
             r = httpx.post(f"{stack.url}/v1/executors", json=body, timeout=10.0,
                            headers={"Authorization": f"Bearer {executor_key(keys)}"})
-            f.detail = {"executor_id": name, "status": r.status_code, "answer": r.text[:300]}
+            f.detail.update(executor_id=name, status=r.status_code, answer=r.text[:300])
         except httpx.HTTPError as exc:
-            f.detail = {"executor_id": name, "error": f"{type(exc).__name__}: {exc}"}
+            f.detail.update(executor_id=name, error=f"{type(exc).__name__}: {exc}")
     else:
         raise ValueError(f"unknown fault {f.kind!r}")
 
@@ -701,6 +737,9 @@ def main() -> int:
     p.add_argument("--rate", type=float, default=2.0, help="logical requests per second (Poisson), both tenants")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--prompt-tokens", type=int, default=16)
+    p.add_argument("--burst", type=int, default=12,
+                   help="requests sent right before each serve kill and Neo4j stop (work in flight when it strikes)")
+    p.add_argument("--burst-max-tokens", type=int, default=128)
     p.add_argument("--executor-kills", type=int, default=24)
     p.add_argument("--serve-kills", type=int, default=3)
     p.add_argument("--neo4j-restarts", type=int, default=3)
@@ -798,7 +837,8 @@ def main() -> int:
                 f.started_s, f.started_epoch = round(clock(), 2), time.time()
                 print(f"  t={clock():6.1f}s fault: {f.kind} {f.target}".rstrip(), flush=True)
                 try:
-                    inject(f, cluster, keys, fault_rng, neo4j_down_s=args.neo4j_down_s)
+                    inject(f, cluster, keys, fault_rng, load, neo4j_down_s=args.neo4j_down_s, burst=args.burst,
+                           burst_max_tokens=args.burst_max_tokens)
                     f.ok = True
                 except Exception as exc:  # recorded; the run goes on (the supervisor restarts what is down)
                     f.detail["error"] = f"{type(exc).__name__}: {exc}"
@@ -883,7 +923,8 @@ def main() -> int:
         stack.close()
     config = {"duration_s": args.duration_s, "rate_per_s": args.rate, "tenants": tenants, "family": "tiny",
               "executors": list(EXECUTORS), "devices_per_executor": 1, "prompt_tokens": args.prompt_tokens,
-              "max_tokens": args.max_tokens, "lease_ttl_s": args.lease_ttl_s, "heartbeat_s": args.heartbeat_s,
+              "max_tokens": args.max_tokens, "burst": args.burst, "burst_max_tokens": args.burst_max_tokens,
+              "lease_ttl_s": args.lease_ttl_s, "heartbeat_s": args.heartbeat_s,
               "client_timeout_s": args.client_timeout_s, "give_up_s": args.give_up_s, "drain_s": args.drain_s,
               "neo4j_down_s": args.neo4j_down_s, "planned_faults": counts,
               "neo4j_port_changes": args.neo4j_port_changes, "bad_gap_s": args.bad_gap_s,
@@ -914,6 +955,10 @@ def report(args: Any, logical: list[Logical], verdict: dict[str, Any], violation
         "duplicated": c["duplicated"], "stuck": c["stuck"], "reconciliation_violations": len(violations),
         "faults": dict(faults),
         "done_not_durable": c["done_not_durable"],
+        # faults after which no attempt sent was accepted until the load stopped: an outage the service never left
+        "faults_never_recovered": sum(1 for f in plan if f.started_s is not None
+                                      and f.detail.get("accept_recovery_s") is None),
+        "burst_requests": sum(r.burst for r in logical),
         "accounted": c["done_once"] + c["lost"] + c["duplicated"] + c["stuck"] + c["done_not_durable"] == accepted,
         "lost_by_reason": verdict["lost_by_reason"], "duplicated_by": verdict["duplicated_by"],
         "not_accepted": {"gave_up": sum(r.gave_up for r in logical),
