@@ -498,13 +498,15 @@ def send_burst(load: Load, n: int, max_tokens: int, *, timeout_s: float = 5.0) -
 
 def inject(f: Fault, cluster: Cluster, keys: Keys, rng: Any, load: Load, *, neo4j_down_s: float,
            burst: int, burst_max_tokens: int) -> None:
+    """Run one fault; ``f.started_s`` becomes the moment it strikes (after its burst)."""
     import httpx
 
     from service.graph.local_server import free_port
 
     stack = cluster.stack
     if burst and f.kind in ("serve_kill", "neo4j_restart"):
-        f.detail.update(send_burst(load, burst, burst_max_tokens))
+        f.detail.update(send_burst(load, burst, burst_max_tokens), burst_sent_s=f.started_s)
+        f.started_s, f.started_epoch = round(cluster.clock(), 2), time.time()
     if f.kind == "executor_kill":
         cluster.kill_executor(f.target)
         pause = round(float(rng.uniform(0.5, 3.0)), 2)
