@@ -527,10 +527,15 @@ def inject(f: Fault, cluster: Cluster, keys: Keys, rng: Any, load: Load, *, neo4
         stop_s = time.monotonic() - t
         time.sleep(neo4j_down_s)
         port = old_port if f.target == "same_port" else None
-        while port is None or port == old_port:
+        while port is None or (f.target == "new_port" and port == old_port):
             port = free_port()
         t = time.monotonic()
-        stack.start_neo4j(port=port)
+        try:
+            stack.start_neo4j(port=port)
+        except Exception as exc:  # e.g. the old port was taken meanwhile: a new one, recorded
+            cluster.note("neo4j_start_failed", port=port, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            port = free_port()
+            stack.start_neo4j(port=port)
         f.detail.update(old_port=old_port, new_port=port, stop_s=round(stop_s, 2),
                         start_s=round(time.monotonic() - t, 2), down_s=neo4j_down_s)
     elif f.kind == "bad_registration":
