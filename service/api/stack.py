@@ -3,6 +3,12 @@
 Used by the demo, the end-to-end tests and the live benchmarks, so they all run the system the
 way a user does (separate processes, HTTP between them). :class:`LiveStack` is a context
 manager: everything it started is stopped on exit, executors first (SIGTERM, then SIGKILL).
+Each child runs in its own process group, and a stop signals the whole group.
+
+``managed=True`` runs ``serve`` the way a user of the managed Neo4j does: ``SLICESCHED_STATE``
+names the stack's state dir and ``SLICESCHED_NEO4J_URI`` is not set, so the service finds the
+server through ``<state>/neo4j/server.json`` (which :meth:`LiveStack.start_neo4j` rewrites
+when the server moves to another port).
 """
 
 from __future__ import annotations
@@ -34,36 +40,40 @@ def free_port() -> int:
 class LiveStack:
     """``neo4j=None`` starts a private Neo4j in a temporary state dir (a clean graph); else
     ``neo4j`` is a resolved :class:`Neo4jSettings` (URI and credentials) of a running server.
-    Executors use a key of their own (``SLICESCHED_EXECUTOR_KEY`` of the server: the bootstrap
-    executor pool), never the admin key."""
+    ``managed`` needs the stack's own. Executors use a key of their own
+    (``SLICESCHED_EXECUTOR_KEY`` of the server: the bootstrap executor pool), never the admin key."""
 
     def __init__(self, *, placement: str = "container", queue: str = "fifo", neo4j: Neo4jSettings | None = None,
-                 admin_key: str = "admin-stack-key", executor_key: str = "executor-stack-key", lease_ttl_s: float = 5.0, heartbeat_s: float = 1.0,
-                 max_batch: int = 8, log_dir: Path | None = None, extra_env: dict[str, str] | None = None) -> None:
+                 admin_key: str = "admin-stack-key", executor_key: str = "executor-stack-key", managed: bool = False,
+                 lease_ttl_s: float = 5.0, heartbeat_s: float = 1.0, max_batch: int = 8,
+                 log_dir: Path | None = None, extra_env: dict[str, str] | None = None) -> None:
+        if managed and neo4j is not None:
+            raise ValueError("managed=True runs the stack's own Neo4j: give no neo4j")
         self.placement = placement
         self.queue = queue
         self.admin_key = admin_key
         self.executor_key = executor_key
+        self.managed = managed
         self.lease_ttl_s = lease_ttl_s
         self.heartbeat_s = heartbeat_s
         self.max_batch = max_batch
         self._tmp = tempfile.TemporaryDirectory(prefix="slicesched-stack-")
         self.log_dir = log_dir or Path(self._tmp.name)
+        self.state_dir = Path(self._tmp.name) / "state"  # SLICESCHED_STATE of the children
         self._neo4j: LocalNeo4j | None = None
         self.neo4j = neo4j
         self.extra_env = dict(extra_env or {})
         self.server: subprocess.Popen[bytes] | None = None
         self.executors: dict[str, subprocess.Popen[bytes]] = {}
         self.port = 0
+        self.server_started_at = 0.0  # epoch seconds of the last launch of serve
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> LiveStack:
         try:
             if self.neo4j is None:
-                self._neo4j = LocalNeo4j(Path(self._tmp.name) / "neo4j")
-                uri = self._neo4j.start(log=False).uri
-                user, password = self._neo4j.auth()
-                self.neo4j = Neo4jSettings(uri=uri, user=user, password=password)
+                self._neo4j = LocalNeo4j(self.state_dir / "neo4j")
+                self.start_neo4j()
             self.start_server()
         except BaseException:
             self.close()
@@ -88,19 +98,48 @@ class LiveStack:
 
     def env(self) -> dict[str, str]:
         assert self.neo4j is not None
-        return {**os.environ, **self.neo4j.env(), "SLICESCHED_ADMIN_KEY": self.admin_key,
-                "SLICESCHED_EXECUTOR_KEY": self.executor_key, "SLICESCHED_STATE": str(Path(self._tmp.name) / "state"), "PYTHONUNBUFFERED": "1",
-                **self.extra_env}
+        env = {**os.environ, "SLICESCHED_ADMIN_KEY": self.admin_key, "SLICESCHED_EXECUTOR_KEY": self.executor_key,
+               "SLICESCHED_STATE": str(self.state_dir), "PYTHONUNBUFFERED": "1"}
+        for name in ("SLICESCHED_NEO4J_URI", "SLICESCHED_NEO4J_USER", "SLICESCHED_NEO4J_PASSWORD"):
+            env.pop(name, None)
+        if not self.managed:  # managed: the service finds the server (and its password) in <state>/neo4j
+            env |= self.neo4j.env()
+        return {**env, **self.extra_env}
+
+    @property
+    def neo4j_uri(self) -> str | None:
+        return self.neo4j.uri if self.neo4j is not None else None
+
+    # ---- the stack's own Neo4j ---------------------------------------------------------------
+    @property
+    def local_neo4j(self) -> LocalNeo4j:
+        if self._neo4j is None:
+            raise RuntimeError("this stack runs on a Neo4j it did not start")
+        return self._neo4j
+
+    def start_neo4j(self, *, port: int | None = None, timeout_s: float = 120.0) -> str:
+        """Start the stack's own Neo4j (``port=None``: any free port); returns its Bolt URI."""
+        server = self.local_neo4j
+        uri = server.start(port=port, timeout_s=timeout_s, log=False).uri
+        user, password = server.auth()
+        self.neo4j = Neo4jSettings(uri=uri, user=user, password=password, state_dir=server.state_dir)
+        return uri
+
+    def stop_neo4j(self) -> None:
+        """A clean stop, as ``slicesched neo4j stop`` does; the data stays for the next start."""
+        self.local_neo4j.stop()
 
     # ---- the API server ----------------------------------------------------------------------
     def start_server(self, *, timeout_s: float = 60.0) -> None:
         self.port = self.port or free_port()
         log = open(self.log_dir / "serve.log", "ab")  # noqa: SIM115 - handed to the child process
+        self.server_started_at = time.time()
         self.server = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port), "--placement", self.placement,
              "--queue", self.queue, "--lease-ttl-s", str(self.lease_ttl_s), "--heartbeat-s", str(self.heartbeat_s),
              "--max-batch", str(self.max_batch), "--log-level", "warning"],
-            env=self.env(), stdout=log, stderr=subprocess.STDOUT)
+            env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.server.poll() is not None:
@@ -111,7 +150,8 @@ class LiveStack:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError(f"slicesched serve did not answer within {timeout_s:.0f}s")
+        self.stop_server(kill=True)
+        raise RuntimeError(f"slicesched serve did not answer within {timeout_s:.0f}s: see {self.log_dir / 'serve.log'}")
 
     def stop_server(self, *, kill: bool = False) -> None:
         if self.server is not None:
@@ -128,8 +168,10 @@ class LiveStack:
         log = open(self.log_dir / f"executor-{name}.log", "ab")  # noqa: SIM115 - handed to the child process
         proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "executor", "--server", self.url, "--devices", ",".join(devices),
-             "--mem-gib", str(mem_gib), "--executor-id", name, "--host-id", name, "--key", self.executor_key, *extra],
-            env=self.env(), stdout=log, stderr=subprocess.STDOUT)
+             "--mem-gib", str(mem_gib), "--executor-id", name, "--host-id", name,
+             "--key", self.executor_key, *extra],
+            env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
         self.executors[name] = proc
         return proc
 
@@ -154,11 +196,20 @@ class LiveStack:
 
 
 def _stop(proc: subprocess.Popen[bytes], *, kill: bool, grace_s: float = 20.0) -> int:
+    """Stop a child started in its own session: its whole process group, SIGKILL after ``grace_s``."""
     if proc.poll() is None:
-        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        _signal_group(proc, signal.SIGKILL if kill else signal.SIGTERM)
         try:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            _signal_group(proc, signal.SIGKILL)
             proc.wait()
     return int(proc.returncode)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        if proc.poll() is None:
+            proc.send_signal(sig)
