@@ -20,21 +20,43 @@ RESULTS = ROOT / "benchmarks" / "results"
 SHARED_DATA = Path(os.environ.get("SLICESCHED_DATA", ROOT.parent / "shared" / "data"))
 
 
+class _Parser(argparse.ArgumentParser):
+    """Refuses, before anything runs, to write a record into benchmarks/results from a tree with
+    uncommitted changes: such a record could not be reproduced (``--allow-dirty`` writes it
+    anyway, marked ``"dirty": true``)."""
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed = super().parse_args(args, namespace)
+        if Path(parsed.out).resolve() == RESULTS.resolve() and dirty() and not parsed.allow_dirty:
+            self.error("the working tree has uncommitted changes, so the record could not be reproduced: commit "
+                       "first, write elsewhere (--out DIR), or pass --allow-dirty (the record is marked dirty)")
+        return parsed
+
+
 def parser(name: str, question: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"benchmarks/{name}.py", description=question)
+    p = _Parser(prog=f"benchmarks/{name}.py", description=question)
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice")
     p.add_argument("--quick", action="store_true", help="a short run (CI-sized)")
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON record")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="write into benchmarks/results from a tree with uncommitted changes (marked dirty)")
     return p
+
+
+def dirty() -> bool:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    return bool(out.strip())
 
 
 def commit() -> str:
     try:
         out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
-        return out + ("-dirty" if dirty else "")
+        return out + ("-dirty" if dirty() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -49,7 +71,7 @@ def machine() -> dict[str, Any]:
 def write(name: str, args: argparse.Namespace, config: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
     record = {
         "benchmark": name, "seed": args.seed, "quick": args.quick,
-        "commit": commit(), "machine": machine(), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": commit(), "dirty": dirty(), "machine": machine(), "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "config": config, "results": results,
     }
     args.out.mkdir(parents=True, exist_ok=True)

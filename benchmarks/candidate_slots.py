@@ -86,7 +86,8 @@ def main() -> int:
         info = server.start(log=False) if args.uri is None else None
         try:
             auth = Neo4jSettings.from_env().auth if args.uri else server.auth()
-            driver = GraphDatabase.driver(args.uri or info.uri, auth=auth)
+            uri: str = args.uri or (info.uri if info is not None else "")
+            driver = GraphDatabase.driver(uri, auth=auth)
             repo = GraphRepository(driver)
             repo.apply_schema()
             t = time.perf_counter()

@@ -79,7 +79,7 @@ def main() -> int:
 
     # 1. slice against container over a load sweep
     print("[1/3] slice vs container, load sweep", flush=True)
-    sweep = {"fifo/container": [], "fifo/slice": []}
+    sweep: dict[str, list[Any]] = {"fifo/container": [], "fifo/slice": []}
     spans_at_1: dict[str, Any] = {}
     for load in loads:
         for policy in sweep:

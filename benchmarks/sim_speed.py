@@ -8,10 +8,8 @@ analytic roofline model, and reports wall time and simulated seconds per wall se
 
 from __future__ import annotations
 
-import csv
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._record import SHARED_DATA, parser, write
 from service.cluster.spec import load_cluster_spec
-from service.domain.request import RequestSpec, Workload
+from service.domain.request import Workload
 from service.sim.analytic import RooflineLike
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
+from service.workload.readers import read_azure
 
 NAME = "sim_speed"
 TRACE = SHARED_DATA / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
@@ -30,32 +29,9 @@ MODEL = "llama2-7b"
 CLUSTER = "8xA100-nvlink"
 
 
-def _seconds(stamp: str) -> float:
-    # "2023-11-16 18:15:46.6805900": 7 fractional digits, more than datetime parses.
-    whole, _, frac = stamp.partition(".")
-    return datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").timestamp() + (float("0." + frac) if frac else 0.0)
-
-
 def read_trace(path: Path, limit: int | None) -> Workload:
-    try:  # the project's reader, when it exists and has the shape this was written against
-        from service.workload.readers import read_azure  # type: ignore[import-not-found]
-        got = read_azure(path, tenant_id="azure-conv", model=MODEL, limit=limit)
-        return Workload("azure-conv", sorted(got.requests, key=lambda r: r.arrival_s))
-    except (ImportError, TypeError, AttributeError):
-        pass
-    requests: list[RequestSpec] = []
-    with path.open(newline="") as fh:
-        rows = csv.DictReader(fh)
-        t0: float | None = None
-        for i, row in enumerate(rows):
-            if limit is not None and i >= limit:
-                break
-            t = _seconds(row["TIMESTAMP"])
-            t0 = t if t0 is None else t0
-            requests.append(RequestSpec(f"conv-{i}", "azure-conv", MODEL, max(0.0, t - t0),
-                                        max(1, int(row["ContextTokens"])), max(1, int(row["GeneratedTokens"]))))
-    requests.sort(key=lambda r: r.arrival_s)
-    return Workload("azure-conv", requests)
+    """The trace through the project's one Azure reader (a malformed row is an error naming it)."""
+    return read_azure(path, tenant_id="azure-conv", model=MODEL, limit=limit).workload("azure-conv")
 
 
 def main() -> None:
