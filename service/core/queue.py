@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
@@ -44,9 +45,9 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from service.domain.error import InvalidInputError
 
 __all__ = [
-    "QUEUE_POLICIES", "AgingPolicy", "AgingSpfPolicy", "FifoPolicy", "OracleRemainingPolicy", "PriorityPolicy",
-    "QueuePolicy", "QueuedRequest", "RequestQueue", "SjfPolicy", "WeightedPolicy", "make_queue_policy",
-    "select_index",
+    "QUEUE_POLICIES", "AgingPolicy", "AgingSpfPolicy", "FifoPolicy", "FifoQueue", "OracleRemainingPolicy",
+    "PriorityPolicy", "QueuePolicy", "QueuedRequest", "RequestQueue", "SjfPolicy", "WaitingQueue", "WeightedPolicy",
+    "make_queue_policy", "make_waiting_queue", "select_index",
 ]
 
 Key = tuple[float, ...]
@@ -357,6 +358,13 @@ class RequestQueue(Generic[T]):
         self._size -= 1
         return item
 
+    def take(self, n: int, served: Mapping[str, float]) -> list[T]:
+        """Remove up to ``n`` items for another queue, in the order :meth:`pop` gives them."""
+        out: list[T] = []
+        while self._size and len(out) < n:
+            out.append(self.pop(served))
+        return out
+
     def copy(self, convert: Callable[[T], T]) -> RequestQueue[T]:
         """A queue in the same state, with every item passed through ``convert``."""
         other: RequestQueue[T] = RequestQueue(self._policy)
@@ -368,3 +376,83 @@ class RequestQueue(Generic[T]):
         seen = next(self._seq)  # advances this queue's counter too; harmless, numbers stay increasing
         other._seq = itertools.count(max(start, seen))
         return other
+
+
+class WaitingQueue(Protocol[T]):
+    """A replica's waiting queue: :class:`RequestQueue` (any policy, a heap) or
+    :class:`FifoQueue` (arrival order, a deque: the fast path). ``served`` is read by fair-share
+    policies only."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[T]: ...
+
+    def push(self, req: QueuedRequest, item: T) -> None: ...
+
+    def peek(self, served: Mapping[str, float]) -> T: ...
+
+    def pop(self, served: Mapping[str, float]) -> T: ...
+
+    def take(self, n: int, served: Mapping[str, float]) -> list[T]:
+        """Remove up to ``n`` items to hand to another queue (see each implementation's order)."""
+        ...
+
+    def copy(self, convert: Callable[[T], T]) -> WaitingQueue[T]: ...
+
+
+class FifoQueue(Generic[T]):
+    """First in, first out in push order (arrival order when requests are pushed as they arrive),
+    without keys or a heap: the ``fifo`` policy's queue. :meth:`take` removes from the back
+    (newest first), leaving the head of the queue where it is."""
+
+    __slots__ = ("_items",)
+
+    policy: ClassVar[QueuePolicy] = FifoPolicy()
+
+    def __init__(self) -> None:
+        self._items: deque[T] = deque()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[T]:
+        """The items, oldest first."""
+        return iter(self._items)
+
+    def push(self, req: QueuedRequest, item: T) -> None:
+        self._items.append(item)
+
+    def peek(self, served: Mapping[str, float]) -> T:
+        """The oldest item (``InvalidInputError`` when empty)."""
+        try:
+            return self._items[0]
+        except IndexError:
+            raise InvalidInputError("FifoQueue: empty queue") from None
+
+    def pop(self, served: Mapping[str, float]) -> T:
+        try:
+            return self._items.popleft()
+        except IndexError:
+            raise InvalidInputError("FifoQueue: empty queue") from None
+
+    def take(self, n: int, served: Mapping[str, float]) -> list[T]:
+        """Remove up to ``n`` of the newest items, newest first."""
+        out: list[T] = []
+        items = self._items
+        while items and len(out) < n:
+            out.append(items.pop())
+        return out
+
+    def copy(self, convert: Callable[[T], T]) -> FifoQueue[T]:
+        other: FifoQueue[T] = FifoQueue()
+        other._items = deque(convert(x) for x in self._items)
+        return other
+
+
+def make_waiting_queue(policy: QueuePolicy | None) -> WaitingQueue[T]:
+    """The queue for ``policy``: a :class:`FifoQueue` for ``None`` or ``fifo`` (same order as a
+    ``RequestQueue`` of the ``fifo`` policy when pushed in arrival order, without the heap),
+    otherwise a :class:`RequestQueue`."""
+    if policy is None or isinstance(policy, FifoPolicy):
+        return FifoQueue()
+    return RequestQueue(policy)

@@ -16,6 +16,7 @@ from typing import Protocol
 from service.core.queue import QueuePolicy
 from service.core.slot import ClusterState
 from service.domain.cluster import ClusterSpec
+from service.domain.error import InvariantError
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +132,14 @@ class Scheduler:
 
     @staticmethod
     def _check(decision: Decision, state: ClusterView) -> None:
-        """Invariants of a decision: known devices, no replica both added and drained."""
+        """Invariants of a decision: it adds replicas only on known devices and drains only
+        known replicas; ``InvariantError`` otherwise (a policy bug; checked under ``-O`` too)."""
         known = {d.device_id for d in state.devices()}
         for change in decision.add:
-            assert set(change.device_ids) <= known, change
+            unknown = set(change.device_ids) - known
+            if unknown:
+                raise InvariantError(f"decision adds a replica on unknown devices {sorted(unknown)}: {change}")
         ids = {r.replica_id for r in state.replicas()}
-        assert set(decision.drain) <= ids, decision.drain
+        stray = set(decision.drain) - ids
+        if stray:
+            raise InvariantError(f"decision drains unknown replicas {sorted(stray)}")

@@ -23,6 +23,10 @@ class InvalidClusterError(InvalidInputError):
     """A cluster spec with unknown kinds, duplicate ids, bad sizes or dangling links."""
 
 
+class InvariantError(SliceschedError):
+    """The program broke one of its own invariants (a bug, not bad input): the message says which."""
+
+
 class NotFoundError(SliceschedError):
     """A named object (model, query, device, ...) that does not exist."""
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from service.core.batching import SIM_BATCHING, BatchingConfig
 from service.core.cost import CostModel
 from service.core.placement import TenantDemand, container_replicas, make_placement_policy
 from service.core.queue import make_queue_policy
@@ -34,6 +35,7 @@ from service.models.family import MODEL_CONFIGS
 from service.replay.mix import TenantMix, build_workload
 from service.replay.report import PolicyResult, summarise
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
+from service.sim.config import SimConfig
 from service.sim.iteration import BatchFeatures, IterationCostTable, kv_bytes_per_token, weight_bytes
 from service.sim.view import SimClusterView
 
@@ -67,8 +69,8 @@ class ReplayConfig:
     duration_s: float | None = None  # default: the mix's
     interval_s: float = 5.0  # scheduling step
     cutoff_factor: float = 2.0  # stop at horizon * factor; unfinished requests count as late
-    max_batched_tokens: int = 2048
-    max_num_seqs: int = 256
+    batching: BatchingConfig = SIM_BATCHING  # replica limits, chunk choices and the KV reserve
+    sim: SimConfig = field(default_factory=SimConfig)  # memory margin and KV watermark
     slice_params: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -126,9 +128,6 @@ def demands(config: ReplayConfig, workload: Workload) -> list[TenantDemand]:
     return out
 
 
-CHUNK_CHOICES = (128, 256, 512, 1024, 2048)
-
-
 def chunk_tokens(config: ReplayConfig, model: str, sla_class: str, tp: int) -> int:
     """Token budget of one iteration for a tenant (chunked prefill, as Sarathi-Serve tunes it):
     the largest chunk whose iteration, with 32 decodes riding along, stays within half the
@@ -137,11 +136,12 @@ def chunk_tokens(config: ReplayConfig, model: str, sla_class: str, tp: int) -> i
 
     target = 0.5 * SLA_CLASSES[sla_class].tbt_s
     table = IterationCostTable(MODEL_CONFIGS[model], config.cost_model, config.cluster.devices[0])
-    best = CHUNK_CHOICES[0]
-    for chunk in CHUNK_CHOICES:
+    choices = config.batching.chunk_choices_tokens
+    best = choices[0]
+    for chunk in choices:
         if table.exact_s(BatchFeatures.of([(chunk, 0)], [1024] * 32)) / tp <= target:
             best = chunk
-    return min(best, config.max_batched_tokens)
+    return min(best, config.batching.max_batched_tokens)
 
 
 def tenant_chunks(config: ReplayConfig, replicas: Sequence[ReplicaSpec]) -> dict[str, int]:
@@ -150,7 +150,7 @@ def tenant_chunks(config: ReplayConfig, replicas: Sequence[ReplicaSpec]) -> dict
 
 def home_replicas(config: ReplayConfig, workload: Workload) -> list[ReplicaSpec]:
     def reserve(model: str) -> int:
-        return 8192 * kv_bytes_per_token(MODEL_CONFIGS[model])
+        return config.batching.kv_reserve_tokens * kv_bytes_per_token(MODEL_CONFIGS[model])
 
     groups = container_replicas(config.cluster, demands(config, workload),
                                 weight_bytes=lambda m: weight_bytes(MODEL_CONFIGS[m]), reserve_bytes=reserve)
@@ -159,7 +159,7 @@ def home_replicas(config: ReplayConfig, workload: Workload) -> list[ReplicaSpec]
     for tenant, model, devices in groups:
         count[tenant] = count.get(tenant, 0) + 1
         chunk = chunk_tokens(config, model, config.mix.tenant(tenant).sla_class, len(devices))
-        out.append(ReplicaSpec(f"{tenant}/{count[tenant]}", model, devices, chunk, config.max_num_seqs,
+        out.append(ReplicaSpec(f"{tenant}/{count[tenant]}", model, devices, chunk, config.batching.max_num_seqs,
                                tenant_id=tenant))
     return out
 
@@ -186,11 +186,10 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
     homes = home_replicas(config, workload)
     cluster = SimulatedCluster(
         config.cluster, homes, config.cost_model,
-        rng=np.random.default_rng(config.seed), queue_policy=queue,
+        rng=np.random.default_rng(config.seed), config=config.sim, queue_policy=queue,
         estimator=fitted_estimator(config) if queue.needs_estimate or policy.queue != "fifo" else None,
         tenant_priority=priority, tenant_weight=weight, observers=[spans])
-    view = SimClusterView(cluster, max_batched_tokens=config.max_batched_tokens, max_num_seqs=config.max_num_seqs,
-                          tenant_chunks=tenant_chunks(config, homes))
+    view = SimClusterView(cluster, batching=config.batching, tenant_chunks=tenant_chunks(config, homes))
     cluster.submit(workload)
     label = f"{policy} x{load_scale:g}"
     guests = whatifs = 0

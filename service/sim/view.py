@@ -4,12 +4,7 @@ Replica ids are ``"<tenant_id>/<n>"`` (home replicas) and ``"<tenant_id>/g<n>"``
 timelines and reports can colour work by tenant. Device utilisation is measured over the
 window since the previous :meth:`SimClusterView.mark` (one scheduling interval).
 
-A what-if forks the part of the simulation the change can touch (the tenant's replicas and the
-candidate devices, closed over the replicas sharing them), applies the change on the fork,
-and runs the queued work forward together with a persistence forecast of arrivals (the last
-``horizon_s`` of arrivals of the tenants involved, replayed shifted by ``horizon_s``: only the
-past is used, as a deployed scheduler would). Predicted late requests are those that finished
-late or are still running past their end-to-end deadline at the horizon.
+A what-if is :meth:`service.sim.whatif.WhatIf.replica_change` (see there).
 """
 
 from __future__ import annotations
@@ -17,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from service.core.batching import SIM_BATCHING, BatchingConfig
 from service.core.scheduler import (
     DeviceInfo,
     ReplicaChange,
@@ -25,20 +21,24 @@ from service.core.scheduler import (
 )
 from service.core.slot import ClusterState, DeviceView, LinkView, Placement
 from service.domain.cluster import ClusterSpec
-from service.domain.request import RequestSpec
 from service.models.family import MODEL_CONFIGS
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
 from service.sim.iteration import BatchFeatures, IterationCostTable, kv_bytes_per_token, weight_bytes
+from service.sim.whatif import WhatIf
 
 
 class SimClusterView:
-    def __init__(self, cluster: SimulatedCluster, *, max_batched_tokens: int = 2048, max_num_seqs: int = 256,
-                 kv_reserve_tokens: int = 8192, tenant_chunks: dict[str, int] | None = None) -> None:
+    """``batching`` gives a guest replica's limits and the KV reserve a placement needs;
+    ``kv_reserve_tokens``, when given, overrides ``batching.kv_reserve_tokens`` (for callers that
+    do not pass a ``BatchingConfig`` yet)."""
+
+    def __init__(self, cluster: SimulatedCluster, *, batching: BatchingConfig = SIM_BATCHING,
+                 kv_reserve_tokens: int | None = None, tenant_chunks: dict[str, int] | None = None) -> None:
         self.cluster = cluster
         self.tenant_chunks = dict(tenant_chunks or {})  # a guest batches like its tenant's home replicas
-        self.max_batched_tokens = max_batched_tokens
-        self.max_num_seqs = max_num_seqs
-        self.kv_reserve_tokens = kv_reserve_tokens
+        if kv_reserve_tokens is not None:
+            batching = replace(batching, kv_reserve_tokens=kv_reserve_tokens)
+        self.batching = batching
         self._busy_mark: dict[str, float] = {}
         self._mark_s = 0.0
         self._utilisation: dict[str, float] = {}
@@ -116,17 +116,10 @@ class SimClusterView:
         return weight_bytes(MODEL_CONFIGS[model])
 
     def kv_reserve_bytes(self, model: str) -> int:
-        return self.kv_reserve_tokens * kv_bytes_per_token(MODEL_CONFIGS[model])
+        return self.batching.kv_reserve_tokens * kv_bytes_per_token(MODEL_CONFIGS[model])
 
     def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
-        homes = [d for rid in self.cluster.replica_ids
-                 if self.cluster.replica_spec(rid).tenant_id == change.tenant_id
-                 for d in self.cluster.replica_spec(rid).device_ids]
-        devices = set(homes) | set(change.device_ids)
-        base = self._run(self.cluster.fork(devices), None, horizon_s)
-        assert base is not None
-        fork = self.cluster.fork(devices)
-        return base, self._run(fork, change, horizon_s, source=homes[0] if homes else None)
+        return WhatIf(self.cluster).replica_change(self._spec(f"{change.tenant_id}/whatif", change), horizon_s)
 
     # ---- applying decisions ----------------------------------------------------------------------
     def apply(self, change: ReplicaChange) -> str | None:
@@ -140,9 +133,9 @@ class SimClusterView:
         return rid if ready is not None else None
 
     def _spec(self, rid: str, change: ReplicaChange) -> ReplicaSpec:
-        chunk = self.tenant_chunks.get(change.tenant_id, self.max_batched_tokens)
+        chunk = self.tenant_chunks.get(change.tenant_id, self.batching.max_batched_tokens)
         return ReplicaSpec(rid, change.model, change.device_ids, max_batched_tokens=chunk,
-                           max_num_seqs=self.max_num_seqs, tenant_id=change.tenant_id, guest=True)
+                           max_num_seqs=self.batching.max_num_seqs, tenant_id=change.tenant_id, guest=True)
 
     def _source(self, homes: Sequence[str], change: ReplicaChange) -> str | None:
         """The home device to copy weights from: one with a link to the first target device."""
@@ -150,36 +143,3 @@ class SimClusterView:
             if h not in change.device_ids and self.spec.link(h, change.device_ids[0]) is not None:
                 return h
         return None
-
-    def _forecast(self, fork: SimulatedCluster, horizon_s: float) -> list[RequestSpec]:
-        """Persistence forecast: the next ``horizon_s`` brings what the last ``horizon_s`` brought,
-        for the tenants whose replicas are in the fork (only the past is used)."""
-        now = self.cluster.now_s
-        tenants = {fork.replica_spec(rid).tenant_id for rid in fork.replica_ids}
-        return [replace(r, request_id=r.request_id + "~f", arrival_s=r.arrival_s + horizon_s)
-                for r in self.cluster.arrivals_since(now - horizon_s) if r.tenant_id in tenants]
-
-    def _run(self, fork: SimulatedCluster, change: ReplicaChange | None, horizon_s: float, *,
-             source: str | None = None) -> WhatIfOutcome | None:
-        now = fork.now_s
-        violations_before = len(fork.ledger.violations)
-        tokens_before = fork.tokens_out
-        if change is not None:
-            spec = self._spec(f"{change.tenant_id}/whatif", change)
-            if fork.add_replica(spec, weights_from=source if source not in change.device_ids else None) is None:
-                return None  # its weights do not fit there
-        end = now + horizon_s
-        fork.submit(self._forecast(fork, horizon_s))
-        fork.run(until=end)
-        tokens = fork.tokens_out - tokens_before  # produced within the horizon, finished or not
-        late: dict[str, int] = {}
-        for o in fork.metrics.outcomes:
-            if not o.sla_met:
-                late[o.tenant_id] = late.get(o.tenant_id, 0) + 1
-        for _, req in fork.in_flight():
-            sla = fork.sla_classes.get(req.sla_class) or fork.sla_classes["standard"]
-            if req.arrival_s + sla.e2e_s < end:
-                late[req.tenant_id] = late.get(req.tenant_id, 0) + 1
-        peaks = {d: fork.ledger.peak_bytes(d) for d in {d for rid in fork.replica_ids
-                                                        for d in fork.replica_spec(rid).device_ids}}
-        return WhatIfOutcome(horizon_s, tokens, late, len(fork.ledger.violations) - violations_before, peaks)

@@ -1,4 +1,14 @@
-"""What-if: the consequences of placing slices, predicted on a fork of the simulated cluster.
+"""What-if: the consequences of a change, predicted on a fork of the simulated cluster. The one
+home of the simulator's what-ifs: placement policies reach it through
+``SimClusterView.what_if`` (a new replica, :meth:`WhatIf.replica_change`); the scheduler of
+operator slices through :meth:`WhatIf.evaluate` (placed slices).
+
+A replica change forks the part of the simulation it can touch (the tenant's replicas and the
+candidate devices, closed over the replicas sharing them), applies the change on the fork,
+and runs the queued work forward together with a persistence forecast of arrivals (the last
+``horizon_s`` of arrivals of the tenants involved, replayed shifted by ``horizon_s``: only the
+past is used, as a deployed scheduler would). Predicted late requests are those that finished
+late or are still running past their end-to-end deadline at the horizon.
 
 In-process and pure. :meth:`WhatIf.evaluate` forks only the part of the cluster the candidate
 placements can influence (their devices, the replicas on those devices and, transitively, those
@@ -17,11 +27,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from service.core.memory import MemoryViolation
+from service.core.scheduler import WhatIfOutcome
+from service.domain.error import InvariantError
 from service.domain.request import RequestSpec
-from service.sim.cluster import Placement, SimulatedCluster, SliceSpec, SliceTiming
+from service.sim.cluster import Placement, ReplicaSpec, SimulatedCluster, SliceSpec, SliceTiming
 from service.sim.report import RequestOutcome
 
 
@@ -92,6 +104,53 @@ class WhatIf:
             affected_device_ids=tuple(sorted(devices)),
             horizon_s=math.inf if until is None else until,
         )
+
+
+    def replica_change(self, spec: ReplicaSpec, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
+        """The next ``horizon_s`` without and with the replica ``spec`` (its weights copied from
+        the tenant's first home device unless that is one of its own), over the same affected
+        devices: ``(baseline, changed)``; ``changed`` is ``None`` when its weights do not fit."""
+        cluster = self.cluster
+        homes = [d for rid in cluster.replica_ids if cluster.replica_spec(rid).tenant_id == spec.tenant_id
+                 for d in cluster.replica_spec(rid).device_ids]
+        devices = set(homes) | set(spec.device_ids)
+        base = self._forecast_run(cluster.fork(devices), None, horizon_s)
+        if base is None:
+            raise InvariantError("a what-if without a change always has an outcome")
+        source = homes[0] if homes else None
+        weights_from = source if source not in spec.device_ids else None
+        return base, self._forecast_run(cluster.fork(devices), spec, horizon_s, weights_from=weights_from)
+
+    def _forecast(self, fork: SimulatedCluster, horizon_s: float) -> list[RequestSpec]:
+        """Persistence forecast: the next ``horizon_s`` brings what the last ``horizon_s`` brought,
+        for the tenants whose replicas are in the fork (only the past is used)."""
+        now = self.cluster.now_s
+        tenants = {fork.replica_spec(rid).tenant_id for rid in fork.replica_ids}
+        return [replace(r, request_id=r.request_id + "~f", arrival_s=r.arrival_s + horizon_s)
+                for r in self.cluster.arrivals_since(now - horizon_s) if r.tenant_id in tenants]
+
+    def _forecast_run(self, fork: SimulatedCluster, spec: ReplicaSpec | None, horizon_s: float, *,
+                      weights_from: str | None = None) -> WhatIfOutcome | None:
+        now = fork.now_s
+        violations_before = len(fork.ledger.violations)
+        tokens_before = fork.tokens_out
+        if spec is not None and fork.add_replica(spec, weights_from=weights_from) is None:
+            return None  # its weights do not fit there
+        end = now + horizon_s
+        fork.submit(self._forecast(fork, horizon_s))
+        fork.run(until=end)
+        tokens = fork.tokens_out - tokens_before  # produced within the horizon, finished or not
+        late: dict[str, int] = {}
+        for o in fork.metrics.outcomes:
+            if not o.sla_met:
+                late[o.tenant_id] = late.get(o.tenant_id, 0) + 1
+        for _, req in fork.in_flight():
+            sla = fork.sla_classes.get(req.sla_class) or fork.sla_classes["standard"]
+            if req.arrival_s + sla.e2e_s < end:
+                late[req.tenant_id] = late.get(req.tenant_id, 0) + 1
+        peaks = {d: fork.ledger.peak_bytes(d) for d in {d for rid in fork.replica_ids
+                                                        for d in fork.replica_spec(rid).device_ids}}
+        return WhatIfOutcome(horizon_s, tokens, late, len(fork.ledger.violations) - violations_before, peaks)
 
 
 def _tenant_slack(fork: SimulatedCluster, in_flight: list[tuple[str, RequestSpec]],

@@ -10,7 +10,7 @@ from service.cluster.spec import load_cluster_spec
 from service.core.placement import ContainerPlacementPolicy, SlicePlacementPolicy, TenantDemand, container_replicas
 from service.core.queue import make_queue_policy
 from service.core.scheduler import ReplicaChange, Scheduler
-from service.domain.error import InvalidInputError
+from service.domain.error import InvalidInputError, InvariantError
 from service.domain.request import RequestSpec, Workload
 from service.models.family import MODEL_CONFIGS
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
@@ -148,5 +148,34 @@ def test_scheduler_rejects_decisions_on_unknown_devices() -> None:
             return Decision(add=[ReplicaChange("a", "llama2-7b", ("nowhere",))])
 
     view = SimClusterView(two_tenant_cluster())
-    with pytest.raises(AssertionError):
+    with pytest.raises(InvariantError):
         Scheduler(make_queue_policy("fifo"), Rogue()).step(0.0, view)  # type: ignore[arg-type]
+
+
+def test_replica_what_if_predicts_what_the_simulator_then_does() -> None:
+    """With no arrivals in the last horizon (an empty forecast) and none to come, the what-if of
+    a new replica equals what the cluster does once the same change is applied."""
+    from service.sim.view import SimClusterView
+
+    horizon = 5.0
+    c = two_tenant_cluster()
+    c.submit(requests("a", "llama2-7b", 400, 0.001, prompt=1500, out=150))  # all arrived by 0.4 s
+    c.run(until=horizon + 1.0)
+    view = SimClusterView(c)
+    change = ReplicaChange("a", "llama2-7b", ("node0/gpu2",))
+    _, predicted = view.what_if(change, horizon)
+    assert predicted is not None
+    now, tokens_before = c.now_s, c.tokens_out
+    violations_before, done_before = len(c.ledger.violations), len(c.metrics.outcomes)
+    assert view.apply(change) is not None
+    c.run(until=now + horizon)
+    late: dict[str, int] = {}
+    for o in c.metrics.outcomes[done_before:]:
+        if not o.sla_met:
+            late[o.tenant_id] = late.get(o.tenant_id, 0) + 1
+    for _, req in c.in_flight():
+        if req.arrival_s + c.sla_classes[req.sla_class].e2e_s < now + horizon:
+            late[req.tenant_id] = late.get(req.tenant_id, 0) + 1
+    assert predicted.output_tokens == c.tokens_out - tokens_before > 0
+    assert predicted.violations_by_tenant == late
+    assert predicted.memory_violations == len(c.ledger.violations) - violations_before

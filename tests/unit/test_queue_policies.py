@@ -265,3 +265,24 @@ def test_a_copied_queue_keeps_its_order_and_converts_items() -> None:
     c.push(_q("w", 3.0, est=10), "W")
     assert [c.pop({}) for _ in range(4)] == ["Y", "Z", "W", "X"]
     assert len(q) == 3 and sorted(q) == ["x", "y", "z"]  # the original is unchanged
+
+
+def test_fifo_queue_orders_like_a_fifo_request_queue_and_hands_off_newest_first() -> None:
+    from service.core.queue import FifoQueue, make_waiting_queue
+
+    policy = make_queue_policy("fifo")
+    fast: FifoQueue[str] = FifoQueue()
+    heap: RequestQueue[str] = RequestQueue(policy)
+    assert isinstance(make_waiting_queue(policy), FifoQueue)
+    assert isinstance(make_waiting_queue(make_queue_policy("sjf")), RequestQueue)
+    for i in range(6):
+        q = QueuedRequest(f"r{i}", "t", "m", float(i), 10, 0)
+        fast.push(q, q.request_id)
+        heap.push(q, q.request_id)
+    assert fast.peek({}) == heap.peek({}) == "r0"
+    assert [fast.pop({}), fast.pop({})] == [heap.pop({}), heap.pop({})] == ["r0", "r1"]
+    assert fast.take(2, {}) == ["r5", "r4"]  # from the back, leaving the head in place
+    assert heap.take(2, {}) == ["r2", "r3"]  # in admission order
+    assert list(fast.copy(str.upper)) == ["R2", "R3"] and len(fast) == 2
+    with pytest.raises(InvalidInputError):
+        FifoQueue[str]().peek({})

@@ -107,7 +107,7 @@ def _recount(sim: SimulatedCluster) -> dict[str, int]:
     from service.sim.iteration import activation_bytes_per_token, kv_bytes_per_token, weight_bytes
 
     total = dict.fromkeys((d.device_id for d in sim.spec.devices), 0)
-    for r in sim._replicas.values():
+    for r in sim.state.replicas.values():
         tokens = 0
         for live in r.prefilling:
             tokens += live.spec.prompt_tokens + live.spec.output_tokens
@@ -120,11 +120,11 @@ def _recount(sim: SimulatedCluster) -> dict[str, int]:
             total[d] += math.ceil(tokens * kv_bytes_per_token(r.config) / r.tp)
             if r.busy:
                 total[d] += int(batch_tokens * activation_bytes_per_token(r.config) / r.tp)
-    for placed in sim._slices.values():
+    for placed in sim.state.slices.values():
         if placed.allocs:
             total[placed.timing.device_id] += placed.spec.resident_bytes + (
                 placed.spec.input_bytes if placed.spec.input_device_id not in (None, placed.timing.device_id) else 0)
-    for tid in sim._transfer_buffers:
+    for tid in sim.state.transfer_buffers:
         t = sim.transfer_timing(tid)
         total[t.dst] += t.size_bytes
     return total

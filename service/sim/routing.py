@@ -1,0 +1,112 @@
+"""Routing: which replica's queue a request waits in.
+
+A request goes to a replica of its model that serves its tenant (or any tenant), is ready and
+is not draining; among several, to a custom router's choice or to the one with the fewest
+requests in it, ties broken by the state's ``rng``. A request that could never fit any of them
+(its whole KV on an empty replica) is dropped. Each queued request carries its token budget
+(from the ``estimator``; the true length for an oracle policy without one) and its tenant's
+priority and weight, what the queue policy orders by. Run-time replicas move queued requests:
+a draining replica hands its queue to its peers, a new one takes an even share of its tenant's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from service.core.queue import QueuedRequest, QueuePolicy
+from service.domain.request import RequestSpec
+from service.sim.replica import Batcher, Live, OutputEstimator, Replica
+from service.sim.state import SimState
+
+__all__ = ["Routing"]
+
+Choose = Callable[[RequestSpec, Sequence[str]], str]  # (request, candidate replica ids) -> replica id
+
+
+class Routing:
+    __slots__ = ("batcher", "choose", "estimator", "queue_policy", "state", "tenant_priority", "tenant_weight")
+
+    def __init__(self, state: SimState, batcher: Batcher, *, choose: Choose | None,
+                 queue_policy: QueuePolicy | None, estimator: OutputEstimator | None,
+                 tenant_priority: Mapping[str, int], tenant_weight: Mapping[str, float]) -> None:
+        self.state = state
+        self.batcher = batcher
+        self.choose = choose
+        self.queue_policy = queue_policy
+        self.estimator = estimator
+        self.tenant_priority = tenant_priority  # missing tenants: 0
+        self.tenant_weight = tenant_weight  # missing tenants: 1.0
+
+    def routable(self, req: RequestSpec, now: float) -> list[str]:
+        """Replicas that may take ``req`` now: its model, its tenant (or any), ready, not draining."""
+        st = self.state
+        ids = st.by_model.get(req.model, [])
+        replicas = st.replicas
+        if not st.dynamic:
+            return [rid for rid in ids if replicas[rid].spec.tenant_id in (None, req.tenant_id)]
+        return [rid for rid in ids if replicas[rid].spec.tenant_id in (None, req.tenant_id)
+                and rid not in st.draining and st.ready_at.get(rid, 0.0) <= now]
+
+    def fits_ever(self, req: RequestSpec, candidates: Sequence[str]) -> bool:
+        """Could the whole request's KV fit on an otherwise empty replica of its model?"""
+        return any(self.batcher.fits_ever(req, self.state.replicas[rid]) for rid in candidates)
+
+    def route(self, req: RequestSpec, candidates: Sequence[str]) -> str:
+        if len(candidates) == 1:
+            return candidates[0]
+        if self.choose is not None:
+            return self.choose(req, candidates)
+        replicas = self.state.replicas
+        loads = [replicas[c].load() for c in candidates]
+        least = min(loads)
+        ties = [c for c, load in zip(candidates, loads, strict=True) if load == least]
+        return ties[0] if len(ties) == 1 else ties[int(self.state.rng.integers(len(ties)))]
+
+    # ---- queues ------------------------------------------------------------------------------
+    def enqueue(self, r: Replica, req: RequestSpec) -> None:
+        """Queue an arriving request on ``r`` with its token budget."""
+        policy = self.queue_policy
+        truth = policy is not None and policy.needs_truth
+        # without an estimator only an oracle gets a budget: the true length
+        estimate = (self.estimator.estimate(req) if self.estimator is not None
+                    else req.output_tokens if truth else 0)
+        self.push(r, Live(req, estimate))
+
+    def push(self, r: Replica, live: Live) -> None:
+        spec = live.spec
+        truth = self.queue_policy is not None and self.queue_policy.needs_truth
+        q = QueuedRequest(spec.request_id, spec.tenant_id, spec.model, spec.arrival_s, spec.prompt_tokens,
+                          live.estimate, 0, self.tenant_priority.get(spec.tenant_id, 0),
+                          self.tenant_weight.get(spec.tenant_id, 1.0), spec.output_tokens if truth else None)
+        r.waiting.push(q, live)
+
+    def steal(self, r: Replica) -> None:
+        """A new replica takes an even share of its tenant's queued requests."""
+        st = self.state
+        tenant = r.spec.tenant_id
+        peers = [st.replicas[x] for x in st.by_model.get(r.spec.model, [])
+                 if x != r.spec.replica_id and st.replicas[x].spec.tenant_id == tenant]
+        target = sum(len(p.waiting) for p in peers) // (len(peers) + 1)  # each replica's fair share
+        share = target
+        for p in sorted(peers, key=lambda p: -len(p.waiting)):
+            take = min(share, max(0, len(p.waiting) - target))
+            for live in reversed(p.waiting.take(take, st.served)):
+                self.push(r, live)
+            share -= take
+
+    def hand_off(self, r: Replica, now: float) -> list[str]:
+        """Move a draining replica's queue to its peers (a request with nowhere else to go stays);
+        returns the idle peers that now need a step, in the order they became so."""
+        st = self.state
+        wake: list[str] = []
+        for live in r.waiting.take(len(r.waiting), st.served):
+            others = self.routable(live.spec, now)
+            if not others:
+                self.push(r, live)  # nowhere else: it stays and is served before removal
+                continue
+            dest = st.replicas[self.route(live.spec, others)]
+            self.push(dest, live)
+            if not dest.busy and not dest.step_pending:
+                dest.step_pending = True
+                wake.append(dest.spec.replica_id)
+        return wake
