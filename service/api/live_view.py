@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from learned.roofline import RooflineCostModel
+from service.core.batching import LIVE_BATCHING, BatchingConfig
 from service.core.cost import IterationOverhead
 from service.core.scheduler import DeviceInfo, ReplicaChange, ReplicaInfo, WhatIfOutcome
 from service.core.slot import ClusterState
@@ -65,9 +66,9 @@ class LiveSnapshot:
 
 
 class LiveClusterView:
-    def __init__(self, snap: LiveSnapshot, *, kv_reserve_tokens: int = 2048, seed: int = 0) -> None:
+    def __init__(self, snap: LiveSnapshot, *, batching: BatchingConfig = LIVE_BATCHING, seed: int = 0) -> None:
         self.snap = snap
-        self.kv_reserve_tokens = kv_reserve_tokens
+        self.batching = batching
         self.seed = seed
         self._built: SimClusterView | None = None
 
@@ -84,7 +85,7 @@ class LiveClusterView:
                                       overheads=overheads)
             mirror.submit(sorted(snap.recent, key=lambda r: r.arrival_s))
             mirror.run(until=snap.window_s)
-            self._built = SimClusterView(mirror, kv_reserve_tokens=self.kv_reserve_tokens)
+            self._built = SimClusterView(mirror, batching=self.batching)
         return self._built
 
     # ---- ClusterView: the live truth ----------------------------------------------------------

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.core.batching import LIVE_BATCHING
 from service.core.queue import QueuedRequest, QueuePolicy, RequestQueue
 from service.domain.error import InvalidInputError, NotFoundError, SliceschedError
 from service.models.family import MODEL_CONFIGS, ModelConfig
@@ -224,7 +225,7 @@ class BudgetCalibrator:
 class LiveState:
     def __init__(self, policy: QueuePolicy, *, clock: Callable[[], float], wall: Callable[[], float],
                  lease_ttl_s: float = 10.0, max_attempts: int = 3, max_batch: int = 8,
-                 kv_reserve_tokens: int = 2048) -> None:
+                 kv_reserve_tokens: int = LIVE_BATCHING.kv_reserve_tokens) -> None:
         self.policy = policy
         self.clock = clock
         self.wall = wall

@@ -10,7 +10,6 @@ A what-if is :meth:`service.sim.whatif.WhatIf.replica_change` (see there).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from service.core.batching import SIM_BATCHING, BatchingConfig
 from service.core.scheduler import (
@@ -28,16 +27,13 @@ from service.sim.whatif import WhatIf
 
 
 class SimClusterView:
-    """``batching`` gives a guest replica's limits and the KV reserve a placement needs;
-    ``kv_reserve_tokens``, when given, overrides ``batching.kv_reserve_tokens`` (for callers that
-    do not pass a ``BatchingConfig`` yet)."""
+    """``batching`` gives a guest replica's limits and the KV reserve a placement needs (replay:
+    ``SIM_BATCHING``; the live mirror: ``LIVE_BATCHING``)."""
 
     def __init__(self, cluster: SimulatedCluster, *, batching: BatchingConfig = SIM_BATCHING,
-                 kv_reserve_tokens: int | None = None, tenant_chunks: dict[str, int] | None = None) -> None:
+                 tenant_chunks: dict[str, int] | None = None) -> None:
         self.cluster = cluster
         self.tenant_chunks = dict(tenant_chunks or {})  # a guest batches like its tenant's home replicas
-        if kv_reserve_tokens is not None:
-            batching = replace(batching, kv_reserve_tokens=kv_reserve_tokens)
         self.batching = batching
         self._busy_mark: dict[str, float] = {}
         self._mark_s = 0.0
