@@ -60,6 +60,13 @@ log = logging.getLogger("slicesched.service")
 RECOVER_FINISHED_S = 24 * 3600.0  # finished requests loaded at start (for status queries)
 
 
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """A call whose caller stopped waiting (503 past its bound) may still fail later: its error
+    is logged here, not left to asyncio's 'exception was never retrieved'."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("a Neo4j call failed after its caller was answered: %r", task.exception())
+
+
 def _neo4j_down(exc: BaseException) -> bool:
     from neo4j.exceptions import ServiceUnavailable, SessionExpired
 
@@ -92,6 +99,7 @@ class LiveService:
         self.pools = ExecutorPools(settings.executor_key, settings.executor_kinds)  # executor keys
         self.driver: Any = None
         self.neo4j_uri: str | None = None
+        self.previous_neo4j_uri: str | None = None
         self.repo: GraphRepository | None = None
         self.writer: GmgWriter | None = None
         placement = make_placement_policy(settings.placement)
@@ -147,7 +155,7 @@ class LiveService:
         resolved = resolved or self.settings.neo4j.resolved(start=start)
         driver = open_driver(resolved, connection_timeout=t, connection_acquisition_timeout=t,
                              max_transaction_retry_time=t)
-        self.neo4j_uri = resolved.uri
+        self.previous_neo4j_uri, self.neo4j_uri = self.neo4j_uri, resolved.uri
         return driver
 
     async def _recover(self) -> None:
@@ -193,6 +201,7 @@ class LiveService:
         work such as tracing a model)."""
         self._check_db()
         task = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+        task.add_done_callback(_retrieve)
         return await self._bounded(task, self.settings.call_timeout_s if bound_s == -1.0 else bound_s)
 
     def _check_db(self) -> None:
@@ -224,20 +233,28 @@ class LiveService:
     async def _neo4j_tick(self) -> None:
         """Check that Neo4j answers; when it does not, find where the managed server runs now
         (a restart may have moved it to another port) and reconnect. Then bring the GMG's view
-        of the cluster up to date if a re-plan could not write it."""
-        ok = await asyncio.to_thread(self._ping)
+        of the cluster up to date if a re-plan could not write it. Every call is bounded, so a
+        hung connection shows as a failed tick, never as a watcher that stopped watching."""
+        ok = await self._watch_call(self._ping)
         if not ok and self.settings.neo4j.managed:
-            await asyncio.to_thread(self._follow_managed)
-            ok = await asyncio.to_thread(self._ping)
+            await self._watch_call(self._follow_managed)
+            ok = await self._watch_call(self._ping)
         if ok and not self.db_up:
             assert self.writer is not None
-            await asyncio.to_thread(self.writer.warm_up)  # plan the hot queries before taking traffic
+            await self._watch_call(self.writer.warm_up)  # plan the hot queries before taking traffic
             log.info("Neo4j answers again at %s", self.neo4j_uri)
         self.db_up = ok
         if ok:
             self.db_error = None
             if self._gmg_dirty:
                 await self._write_cluster()
+
+    async def _watch_call(self, fn: Any) -> Any:
+        bound = 3 * self.settings.db_timeout_s + 2.0
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(fn), bound)
+        except TimeoutError:
+            raise DatabaseUnavailableError(f"the Neo4j watcher's {fn.__name__} took longer than {bound:.0f} s") from None
 
     def _ping(self) -> bool:
         try:
@@ -254,9 +271,15 @@ class LiveService:
             return
         if resolved.uri == self.neo4j_uri:
             return
-        log.warning("the managed Neo4j now runs at %s (was %s): reconnecting", resolved.uri, self.neo4j_uri)
-        old = self.driver
-        self.driver = self._open_driver(False, resolved)  # raises while the new server is still starting
+        try:
+            driver = self._open_driver(False, resolved)
+        except Exception as exc:
+            if not _neo4j_down(exc):
+                raise
+            self.db_error = f"the managed Neo4j moved to {resolved.uri} and does not answer there yet"
+            return  # still starting: the next tick tries again
+        log.warning("the managed Neo4j now runs at %s (was %s): reconnected", resolved.uri, self.previous_neo4j_uri)
+        old, self.driver = self.driver, driver
         assert self.repo is not None
         self.repo.driver = self.driver
         try:

@@ -33,8 +33,10 @@ _Key = tuple[str, str]  # (kind, uid)
 
 class GmgWriter:
     def __init__(self, repo: GraphRepository, *, max_delay_s: float = 0.2, max_rows: int = 5000,
-                 max_pending: int = 500_000, on_lag: Callable[[float], None] | None = None) -> None:
+                 max_pending: int = 500_000, max_commit_s: float = 60.0,
+                 on_lag: Callable[[float], None] | None = None) -> None:
         self.repo = repo
+        self.max_commit_s = max_commit_s
         self.max_delay_s = max_delay_s
         self.max_rows = max_rows
         self.max_pending = max_pending
@@ -117,8 +119,9 @@ class GmgWriter:
                     new[uid].update(w.row)
                 else:
                     ends[uid] = w.row
-        try:
-            await asyncio.to_thread(self._commit, list(requests.values()), list(new.values()), list(ends.values()))
+        try:  # bounded: a hung connection is a failed batch (its rows stay), not a writer that stopped
+            await asyncio.wait_for(asyncio.to_thread(self._commit, list(requests.values()), list(new.values()),
+                                                     list(ends.values())), self.max_commit_s)
         except Exception:
             self.failed_batches += 1
             raise
