@@ -49,7 +49,8 @@ class ModelIn(Body):
     model_id: str = Field(pattern=ID)
     family: str = Field(max_length=64, json_schema_extra={"enum": list(LIVE_FAMILIES)},
                         description=f"a runnable built-in model: {', '.join(LIVE_FAMILIES)}")
-    seed: Int | None = Field(None, ge=0, lt=2**31, description="weight seed (default: derived from tenant and model)")
+    seed: Annotated[int, Field(ge=0, lt=2**31), BeforeValidator(_whole)] | None = Field(
+        None, description="weight seed (default: derived from tenant and model)")
     replicas: Int = Field(1, ge=1, le=8)
     tenant_id: str | None = Field(None, pattern=ID, description="admin keys only: the owning tenant")
 
