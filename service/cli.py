@@ -1,8 +1,9 @@
 """The ``slicesched`` command.
 
-Every subcommand maps domain errors to one line on stderr and a non-zero exit code (2: bad
-input, 3: Neo4j unavailable); no traceback reaches the user for an expected failure. Heavy
-imports (torch, neo4j) happen inside the subcommands that need them.
+Every subcommand maps domain errors to one line on stderr and a non-zero exit code, the one the
+error's class declares (service/domain/error.py: 1 internal, 2 bad input, 3 Neo4j or the service
+unavailable); no traceback reaches the user for an expected failure. Heavy imports (torch, neo4j)
+happen inside the subcommands that need them.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-EXIT_BAD_INPUT = 2
-EXIT_UNAVAILABLE = 3
+from service.domain.error import EXIT_BAD_INPUT, EXIT_UNAVAILABLE, SliceschedError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -443,14 +443,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from service.domain.error import (
-        CatalogError,
-        InvalidInputError,
-        NotFoundError,
-        ReadOnlyViolationError,
-        SliceschedError,
-    )
-
     words = list(sys.argv[1:] if argv is None else argv)
     try:
         for prefix, entry, _ in PASSTHROUGH:
@@ -458,12 +450,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _passthrough(entry, words[len(prefix):])
         args = build_parser().parse_args(words)
         return int(args.func(args) or 0)
-    except (InvalidInputError, NotFoundError, ReadOnlyViolationError, CatalogError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     except SliceschedError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        return exc.exit_code  # declared by the error's class: service/domain/error.py
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -33,7 +33,6 @@ from service.api.state import (
     LIVE_FAMILIES,
     TERMINAL,
     Completion,
-    ConflictError,
     LiveModel,
     LiveRequest,
     LiveState,
@@ -46,11 +45,10 @@ from service.core.queue import make_queue_policy
 from service.core.scheduler import Decision, DeviceInfo, ReplicaInfo, Scheduler
 from service.core.slot import InputDep, Slot, SlotQuery
 from service.domain.cluster import ClusterSpec
-from service.domain.error import DatabaseUnavailableError, InvalidInputError
+from service.domain.error import ConflictError, DatabaseUnavailableError, InvalidInputError, Neo4jServerError
 from service.domain.request import RequestSpec
 from service.graph.catalog import QueryCatalog
 from service.graph.connection import Neo4jSettings, open_driver
-from service.graph.local_server import Neo4jServerError
 from service.graph.repository import GraphRepository
 from service.models.family import MODEL_CONFIGS
 from service.sim.iteration import weight_bytes
