@@ -46,7 +46,7 @@ from service.core.scheduler import Decision, DeviceInfo, ReplicaInfo, Scheduler
 from service.core.slot import InputDep, Slot, SlotQuery
 from service.domain.cluster import ClusterSpec
 from service.domain.error import ConflictError, DatabaseUnavailableError, InvalidInputError, Neo4jServerError
-from service.domain.request import RequestSpec
+from service.domain.request import RequestSpec, RequestStatus
 from service.graph.catalog import QueryCatalog
 from service.graph.connection import Neo4jSettings, open_driver
 from service.graph.repository import GraphRepository
@@ -168,7 +168,7 @@ class LiveService:
         for row in rows:
             req = LiveRequest(row["uid"], row["tenant_id"], row["model_id"], list(row["prompt"]),
                               int(row["max_tokens"]), row["sla_class"], int(row["token_budget"]),
-                              float(row["arrival"]), status=row["status"],
+                              float(row["arrival"]), status=RequestStatus(row["status"]),
                               attempts=max(int(row.get("attempts") or 0), int(row.get("slices") or 0)),
                               output_tokens=list(row.get("output_tokens") or []), queued_s=row.get("queued_s"),
                               ttft_s=row.get("ttft_s"), e2e_s=row.get("e2e_s"), finished_at=row.get("finished_at"),
@@ -364,7 +364,7 @@ class LiveService:
         if known is not None:
             return known
         return LiveRequest(str(row["uid"]), "", "", [0] * int(row.get("prompt_tokens") or 0), 0, "",
-                           int(row.get("token_budget") or 0), 0.0, status=str(row.get("status")),
+                           int(row.get("token_budget") or 0), 0.0, status=RequestStatus(str(row.get("status"))),
                            idempotency_key=row.get("idempotency_key"), body_sha=row.get("body_sha"))
 
     async def complete(self, executor_id: str, completions: list[Completion]) -> tuple[list[str], list[dict[str, str]]]:
@@ -608,7 +608,7 @@ class LiveService:
         start = now_wall - window_s
         recent = []
         for req in state.requests.values():
-            if (req.status in TERMINAL and req.arrival < start) or req.status == "cancelled":
+            if (req.status in TERMINAL and req.arrival < start) or req.status == RequestStatus.CANCELLED:
                 continue
             recent.append(RequestSpec(req.request_id, req.model_uid, family[req.model_uid],
                                       max(0.0, req.arrival - start), len(req.prompt), req.token_budget,
