@@ -39,7 +39,8 @@ import httpx
 import torch
 
 from executor.batcher import Clock, ContinuousBatcher, GenerationRequest
-from executor.runner import Stage, StagedModel, load_staged, torch_device
+from executor.device import torch_device
+from executor.runner import Stage, StagedModel, load_staged
 from service.domain.error import EXIT_BAD_INPUT, ApiError, RegisterRefused, TransientError
 
 log = logging.getLogger("slicesched.executor")

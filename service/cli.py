@@ -16,49 +16,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from service.console import print_table
 from service.domain.error import EXIT_BAD_INPUT, EXIT_UNAVAILABLE, SliceschedError
 
 Handler = Callable[[argparse.Namespace], int]
 
 
 # ---- output --------------------------------------------------------------------------------------
-def _console() -> Any:
-    from rich.console import Console
-
-    return Console(soft_wrap=False, width=max(100, Console().width))
-
-
-def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str | None = None) -> None:
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left", header_style="bold")
-    for c in columns:
-        table.add_column(str(c), overflow="fold")
-    for r in rows:
-        table.add_row(*(_fmt(v) for v in r))
-    _console().print(table)
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e6 else f"{value:.3e}"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return _si(value) if abs(value) >= 10_000_000 else f"{value:,}"
-    if isinstance(value, (list, dict)):
-        return json.dumps(value, default=str)
-    return str(value)
-
-
-def _si(value: float) -> str:
-    """1234567890 -> '1.23G': big counts (FLOPs, bytes) stay readable in narrow tables."""
-    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g}{unit}"
-    return f"{value:,}"
-
-
 def _parse_params(pairs: Sequence[str]) -> dict[str, Any]:
     from service.domain.error import InvalidInputError
 
@@ -188,21 +152,10 @@ def cmd_model_export(args: argparse.Namespace) -> int:
 
 
 # ---- traces ----------------------------------------------------------------------------------------
-def read_trace(path: str, fmt: str, *, skip_bad: bool, tenant_id: str = "trace", model: str = "llama2-7b") -> Any:
-    """Read an Azure CSV or Mooncake JSONL trace (``fmt`` auto: by extension)."""
-    from service.domain.error import InvalidInputError
-    from service.workload.readers import read_azure, read_mooncake
-
-    if fmt == "auto":
-        fmt = "mooncake" if path.endswith((".jsonl", ".json")) else "azure"
-    reader = {"azure": read_azure, "mooncake": read_mooncake}.get(fmt)
-    if reader is None:
-        raise InvalidInputError(f"unknown trace format {fmt!r} (azure, mooncake)")
-    return reader(path, tenant_id=tenant_id, model=model, skip_bad=skip_bad)
-
-
 def cmd_trace_stats(args: argparse.Namespace) -> int:
     import numpy as np
+
+    from service.workload.readers import read_trace
 
     result = read_trace(args.file, args.format, skip_bad=args.skip_bad)
     reqs = result.requests
