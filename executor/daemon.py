@@ -39,11 +39,12 @@ import httpx
 import torch
 
 from executor.batcher import Clock, ContinuousBatcher, GenerationRequest
-from executor.runner import Stage, StagedModel, load_staged, torch_device
+from executor.device import torch_device
+from executor.runner import Stage, StagedModel, load_staged
+from service.domain.error import EXIT_BAD_INPUT, ApiError, RegisterRefused, TransientError
 
 log = logging.getLogger("slicesched.executor")
 
-EXIT_BAD_INPUT = 2
 IDLE_PAUSE_S = 0.2  # how long the main loop sleeps when it has nothing to do and polls nothing
 ITERATION_HISTORY = 1024  # iteration records kept per batcher (the daemon reports per request)
 
@@ -228,22 +229,6 @@ class Worker:
 
 
 # ---- the protocol -------------------------------------------------------------------------------
-class TransientError(Exception):
-    """A call that may succeed later: no connection, a timeout, a 5xx or an unreadable answer."""
-
-
-class ApiError(Exception):
-    """A 4xx answer: the service refused the call as made."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-
-
-class RegisterRefused(Exception):
-    """The service refused the registration (4xx): retrying cannot help."""
-
-
 class Backoff:
     """Exponential backoff after failures: ``ready`` says whether to try again now."""
 
@@ -691,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
         return daemon.run()
     except RegisterRefused as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return exc.exit_code
     finally:
         if stage_server is not None:
             stage_server.close()

@@ -30,6 +30,7 @@ import httpx
 import torch
 from torch import Tensor, nn
 
+from executor.device import torch_device
 from service.domain.error import SliceschedError
 from service.models.family import build_model, model_config
 
@@ -93,8 +94,6 @@ class StageServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
                  device_map: Callable[[str], torch.device] | None = None) -> None:
-        from executor.runner import torch_device
-
         self._device = device_map or torch_device
         self._blocks: dict[tuple[str, int, int, int, str], nn.ModuleList] = {}
         self._lock = threading.Lock()

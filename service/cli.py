@@ -1,8 +1,9 @@
 """The ``slicesched`` command.
 
-Every subcommand maps domain errors to one line on stderr and a non-zero exit code (2: bad
-input, 3: Neo4j unavailable); no traceback reaches the user for an expected failure. Heavy
-imports (torch, neo4j) happen inside the subcommands that need them.
+Every subcommand maps domain errors to one line on stderr and a non-zero exit code, the one the
+error's class declares (service/domain/error.py: 1 internal, 2 bad input, 3 Neo4j or the service
+unavailable); no traceback reaches the user for an expected failure. Heavy imports (torch, neo4j)
+happen inside the subcommands that need them.
 """
 
 from __future__ import annotations
@@ -15,50 +16,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-EXIT_BAD_INPUT = 2
-EXIT_UNAVAILABLE = 3
+from service.console import print_table
+from service.domain.error import EXIT_BAD_INPUT, EXIT_UNAVAILABLE, SliceschedError
 
 Handler = Callable[[argparse.Namespace], int]
 
 
 # ---- output --------------------------------------------------------------------------------------
-def _console() -> Any:
-    from rich.console import Console
-
-    return Console(soft_wrap=False, width=max(100, Console().width))
-
-
-def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str | None = None) -> None:
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left", header_style="bold")
-    for c in columns:
-        table.add_column(str(c), overflow="fold")
-    for r in rows:
-        table.add_row(*(_fmt(v) for v in r))
-    _console().print(table)
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e6 else f"{value:.3e}"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return _si(value) if abs(value) >= 10_000_000 else f"{value:,}"
-    if isinstance(value, (list, dict)):
-        return json.dumps(value, default=str)
-    return str(value)
-
-
-def _si(value: float) -> str:
-    """1234567890 -> '1.23G': big counts (FLOPs, bytes) stay readable in narrow tables."""
-    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g}{unit}"
-    return f"{value:,}"
-
-
 def _parse_params(pairs: Sequence[str]) -> dict[str, Any]:
     from service.domain.error import InvalidInputError
 
@@ -188,21 +152,10 @@ def cmd_model_export(args: argparse.Namespace) -> int:
 
 
 # ---- traces ----------------------------------------------------------------------------------------
-def read_trace(path: str, fmt: str, *, skip_bad: bool, tenant_id: str = "trace", model: str = "llama2-7b") -> Any:
-    """Read an Azure CSV or Mooncake JSONL trace (``fmt`` auto: by extension)."""
-    from service.domain.error import InvalidInputError
-    from service.workload.readers import read_azure, read_mooncake
-
-    if fmt == "auto":
-        fmt = "mooncake" if path.endswith((".jsonl", ".json")) else "azure"
-    reader = {"azure": read_azure, "mooncake": read_mooncake}.get(fmt)
-    if reader is None:
-        raise InvalidInputError(f"unknown trace format {fmt!r} (azure, mooncake)")
-    return reader(path, tenant_id=tenant_id, model=model, skip_bad=skip_bad)
-
-
 def cmd_trace_stats(args: argparse.Namespace) -> int:
     import numpy as np
+
+    from service.workload.readers import read_trace
 
     result = read_trace(args.file, args.format, skip_bad=args.skip_bad)
     reqs = result.requests
@@ -443,14 +396,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from service.domain.error import (
-        CatalogError,
-        InvalidInputError,
-        NotFoundError,
-        ReadOnlyViolationError,
-        SliceschedError,
-    )
-
     words = list(sys.argv[1:] if argv is None else argv)
     try:
         for prefix, entry, _ in PASSTHROUGH:
@@ -458,12 +403,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _passthrough(entry, words[len(prefix):])
         args = build_parser().parse_args(words)
         return int(args.func(args) or 0)
-    except (InvalidInputError, NotFoundError, ReadOnlyViolationError, CatalogError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     except SliceschedError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        return exc.exit_code  # declared by the error's class: service/domain/error.py
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -11,7 +11,7 @@ import argparse
 import time
 from typing import Any
 
-from service.cli import print_table
+from service.console import print_table
 
 
 def _step(message: str) -> None:
@@ -133,10 +133,14 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
         print(f"  scheduler: {note}")
 
     _step("replay: the same policies on a simulated 8xA100 cluster (four tenants from Azure and Mooncake lengths)")
-    from service.cli import main as cli_main
+    from service.replay.command import add_parser as add_replay
 
-    cli_main(["replay", "--tenants", "a100-4tenants", "--cluster", "8xA100-nvlink", "--duration", "60",
-              "--policy", "fifo/container", "--policy", "fifo/slice", "--out", str(out / "replay")])
+    replay = argparse.ArgumentParser(prog="slicesched")
+    add_replay(replay.add_subparsers())
+    args = replay.parse_args(["replay", "--tenants", "a100-4tenants", "--cluster", "8xA100-nvlink", "--duration",
+                              "60", "--policy", "fifo/container", "--policy", "fifo/slice", "--out",
+                              str(out / "replay")])
+    args.func(args)
     print(f"\nplots and JSON: {out}/live_latency.png, {out}/live.json, {out}/replay/*.png")
 
 

@@ -26,21 +26,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.api.schemas import ErrorOut
 from service.api.settings import ServiceSettings
-from service.api.state import ConflictError, ForbiddenError, hash_key
-from service.domain.error import (
-    CatalogError,
-    DatabaseUnavailableError,
-    InvalidInputError,
-    NotFoundError,
-    ReadOnlyViolationError,
-    SliceschedError,
-)
+from service.api.state import hash_key
+from service.domain.error import DatabaseUnavailableError, SliceschedError, UnauthorizedError
 
 log = logging.getLogger("slicesched.api")
-
-
-class UnauthorizedError(SliceschedError):
-    """No key, or a key nobody holds."""
 
 
 @dataclass(frozen=True)
@@ -71,17 +60,6 @@ def authenticate(request: Request) -> Principal:
     if tenant is None:
         raise UnauthorizedError("unknown key")
     return Principal("tenant", tenant)
-
-
-_STATUS: list[tuple[type[Exception], int, str]] = [
-    (UnauthorizedError, 401, "unauthorized"),
-    (ForbiddenError, 403, "forbidden"),
-    (ReadOnlyViolationError, 403, "read_only"),
-    (NotFoundError, 404, "not_found"),
-    (ConflictError, 409, "conflict"),
-    (CatalogError, 400, "invalid_input"),
-    (InvalidInputError, 400, "invalid_input"),
-]
 
 
 #: The error answers every operation documents (one schema, ErrorOut); 405 is the router's, per path.
@@ -130,9 +108,9 @@ def _template_regex(template: str) -> re.Pattern[str]:
 
 def install_error_handlers(app: FastAPI) -> None:
     async def domain(_: Request, exc: Exception) -> JSONResponse:
-        for cls, status, kind in _STATUS:
-            if isinstance(exc, cls):
-                return _error(status, kind, str(exc))
+        assert isinstance(exc, SliceschedError)
+        if exc.http_status is not None:  # each error class declares its answer: service/domain/error.py
+            return _error(exc.http_status, exc.kind, str(exc))
         log.error("unmapped domain error: %r", exc)
         return _error(400, "invalid_input", str(exc))
 

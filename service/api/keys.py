@@ -26,9 +26,9 @@ from pydantic import Field
 
 from service.api.app import Principal, authenticate
 from service.api.schemas import ID, Body, Int
-from service.api.state import ConflictError, ForbiddenError, LiveState, hash_key, new_key
+from service.api.state import LiveState, hash_key, new_key
 from service.domain.cluster import DEVICE_KINDS
-from service.domain.error import InvalidInputError, NotFoundError
+from service.domain.error import ConflictError, ForbiddenError, InvalidInputError, NotFoundError
 
 if TYPE_CHECKING:
     from service.api.service import LiveService

@@ -25,7 +25,7 @@ import numpy as np
 from service.api.metrics import sla_met
 from service.api.stack import LiveStack
 from service.api.state import LiveRequest
-from service.domain.request import Workload
+from service.domain.request import RequestStatus, Workload
 from service.graph.connection import Neo4jSettings
 from service.workload.synthetic import TenantLoad, synthetic_workload
 
@@ -162,7 +162,7 @@ def reset_tenants(neo4j: Neo4jSettings, tenant_ids: Sequence[str]) -> None:
 def summarise(placement: str, rows: list[dict[str, Any]], stats: dict[str, Any]) -> LiveRunResult:
     done = [r for r in rows if r["status"] == "done"]
     reqs = [LiveRequest(r["request_id"], r["tenant_id"], r["model_id"], [], r["max_tokens"], r["sla_class"],
-                        r["token_budget"], r["arrival"], status="done", output_tokens=r["output_tokens"],
+                        r["token_budget"], r["arrival"], status=RequestStatus.DONE, output_tokens=r["output_tokens"],
                         ttft_s=r["ttft_s"], e2e_s=r["e2e_s"], finished_at=r["finished_at"]) for r in done]
     first = min((r.arrival for r in reqs), default=0.0)
     last = max((r.finished_at or 0.0 for r in reqs), default=0.0)

@@ -33,7 +33,6 @@ from service.api.state import (
     LIVE_FAMILIES,
     TERMINAL,
     Completion,
-    ConflictError,
     LiveModel,
     LiveRequest,
     LiveState,
@@ -46,11 +45,10 @@ from service.core.queue import make_queue_policy
 from service.core.scheduler import Decision, DeviceInfo, ReplicaInfo, Scheduler
 from service.core.slot import InputDep, Slot, SlotQuery
 from service.domain.cluster import ClusterSpec
-from service.domain.error import DatabaseUnavailableError, InvalidInputError
-from service.domain.request import RequestSpec
+from service.domain.error import ConflictError, DatabaseUnavailableError, InvalidInputError, Neo4jServerError
+from service.domain.request import RequestSpec, RequestStatus
 from service.graph.catalog import QueryCatalog
 from service.graph.connection import Neo4jSettings, open_driver
-from service.graph.local_server import Neo4jServerError
 from service.graph.repository import GraphRepository
 from service.models.family import MODEL_CONFIGS
 from service.sim.iteration import weight_bytes
@@ -178,7 +176,7 @@ class LiveService:
         for row in rows:
             req = LiveRequest(row["uid"], row["tenant_id"], row["model_id"], list(row["prompt"]),
                               int(row["max_tokens"]), row["sla_class"], int(row["token_budget"]),
-                              float(row["arrival"]), status=row["status"],
+                              float(row["arrival"]), status=RequestStatus(row["status"]),
                               attempts=max(int(row.get("attempts") or 0), int(row.get("slices") or 0)),
                               output_tokens=list(row.get("output_tokens") or []), queued_s=row.get("queued_s"),
                               ttft_s=row.get("ttft_s"), e2e_s=row.get("e2e_s"), finished_at=row.get("finished_at"),
@@ -389,7 +387,7 @@ class LiveService:
         if known is not None:
             return known
         return LiveRequest(str(row["uid"]), "", "", [0] * int(row.get("prompt_tokens") or 0), 0, "",
-                           int(row.get("token_budget") or 0), 0.0, status=str(row.get("status")),
+                           int(row.get("token_budget") or 0), 0.0, status=RequestStatus(str(row.get("status"))),
                            idempotency_key=row.get("idempotency_key"), body_sha=row.get("body_sha"))
 
     async def complete(self, executor_id: str, completions: list[Completion]) -> tuple[list[str], list[dict[str, str]]]:
@@ -633,7 +631,7 @@ class LiveService:
         start = now_wall - window_s
         recent = []
         for req in state.requests.values():
-            if (req.status in TERMINAL and req.arrival < start) or req.status == "cancelled":
+            if (req.status in TERMINAL and req.arrival < start) or req.status == RequestStatus.CANCELLED:
                 continue
             recent.append(RequestSpec(req.request_id, req.model_uid, family[req.model_uid],
                                       max(0.0, req.arrival - start), len(req.prompt), req.token_budget,

@@ -26,25 +26,21 @@ from typing import Any
 
 from service.core.batching import LIVE_BATCHING
 from service.core.queue import QueuedRequest, QueuePolicy, RequestQueue
-from service.domain.error import InvalidInputError, NotFoundError, SliceschedError
+from service.domain.error import ConflictError as ConflictError  # re-exported for routes.py until its split
+from service.domain.error import ForbiddenError as ForbiddenError
+from service.domain.error import InvalidInputError, NotFoundError
+from service.domain.request import TERMINAL_STATUSES, RequestStatus
 from service.models.family import MODEL_CONFIGS, ModelConfig
 from service.sim.iteration import kv_bytes_per_token, weight_bytes
 from service.sim.sla import SLA_CLASSES
 
 LIVE_FAMILIES = tuple(name for name, c in MODEL_CONFIGS.items() if not c.shape_only)
-TERMINAL = frozenset({"done", "cancelled", "failed"})
-STATUSES = ("queued", "leased", *sorted(TERMINAL))  # a request's status, in lifecycle order
+TERMINAL = TERMINAL_STATUSES
+#: A request's status values, as the API lists them: queued, leased, then the terminal ones sorted.
+STATUSES = tuple(s.value for s in (RequestStatus.QUEUED, RequestStatus.LEASED, *sorted(TERMINAL)))
 #: The counter each end of a lease adds to: one per Slice end state in the GMG.
 LEASE_END_COUNTERS = {"done": "leases_completed", "expired": "leases_expired", "failed": "leases_failed",
                       "cancelled": "leases_cancelled"}
-
-
-class ConflictError(SliceschedError):
-    """The operation contradicts the current state (an expired lease, a finished request)."""
-
-
-class ForbiddenError(SliceschedError):
-    """The key is valid but its role may not do this."""
 
 
 def hash_key(key: str) -> str:
@@ -129,7 +125,7 @@ class LiveRequest:
     sla_class: str
     token_budget: int
     arrival: float  # wall clock (epoch seconds)
-    status: str = "queued"
+    status: RequestStatus = RequestStatus.QUEUED
     attempts: int = 0
     lease_id: str | None = None
     output_tokens: list[int] = field(default_factory=list)
@@ -148,14 +144,14 @@ class LiveRequest:
 
     def public(self) -> dict[str, Any]:
         return {"request_id": self.request_id, "tenant_id": self.tenant_id, "model_id": self.model_id,
-                "status": self.status, "prompt_tokens": len(self.prompt), "max_tokens": self.max_tokens,
+                "status": self.status.value, "prompt_tokens": len(self.prompt), "max_tokens": self.max_tokens,
                 "sla_class": self.sla_class, "token_budget": self.token_budget, "attempts": self.attempts,
                 "output_tokens": list(self.output_tokens), "queued_s": self.queued_s, "ttft_s": self.ttft_s,
                 "e2e_s": self.e2e_s, "arrival": self.arrival, "finished_at": self.finished_at, "error": self.error}
 
     def update_row(self) -> dict[str, Any]:
         """What changes after acceptance (the GMG writer's batched update)."""
-        return {"uid": self.request_id, "status": self.status, "attempts": self.attempts,
+        return {"uid": self.request_id, "status": self.status.value, "attempts": self.attempts,
                 "output_tokens": self.output_tokens, "queued_s": self.queued_s, "ttft_s": self.ttft_s,
                 "e2e_s": self.e2e_s, "finished_at": self.finished_at, "error": self.error}
 
@@ -164,7 +160,7 @@ class LiveRequest:
         return {"uid": self.request_id, "tenant_id": self.tenant_id, "model_uid": self.model_uid,
                 "model_id": self.model_id, "prompt": self.prompt, "max_tokens": self.max_tokens,
                 "sla_class": self.sla_class, "token_budget": self.token_budget, "arrival": self.arrival,
-                "status": self.status, "attempts": self.attempts, "output_tokens": self.output_tokens,
+                "status": self.status.value, "attempts": self.attempts, "output_tokens": self.output_tokens,
                 "queued_s": self.queued_s, "ttft_s": self.ttft_s, "e2e_s": self.e2e_s,
                 "finished_at": self.finished_at, "error": self.error,
                 "idempotency_key": self.idempotency_key, "body_sha": self.body_sha}
@@ -330,7 +326,7 @@ class LiveState:
         if req.idempotency_key:
             self.by_idempotency[(req.tenant_id, req.idempotency_key)] = req.request_id
         if req.status not in TERMINAL:
-            req.status, req.lease_id = "queued", None
+            req.status, req.lease_id = RequestStatus.QUEUED, None
             self._enqueue(req)
 
     def _enqueue(self, req: LiveRequest) -> None:
@@ -362,7 +358,7 @@ class LiveState:
 
     def cancel_row(self, req: LiveRequest) -> dict[str, Any]:
         """The durable form of a cancel (for ``finish_requests``), before :meth:`cancel` applies it."""
-        row = {**req.update_row(), "status": "cancelled", "finished_at": self.wall()}
+        row = {**req.update_row(), "status": RequestStatus.CANCELLED.value, "finished_at": self.wall()}
         end = None
         if req.lease_id is not None:
             end = {"uid": req.lease_id, "state": "cancelled", "end_wall": row["finished_at"], "busy_s": None,
@@ -376,12 +372,12 @@ class LiveState:
         writes = []
         if req.lease_id is not None:
             writes += self._end_lease(req.lease_id, "cancelled")
-        req.status, req.finished_at = "cancelled", self.wall()
+        req.status, req.finished_at = RequestStatus.CANCELLED, self.wall()
         return [*writes, Write("request", req.update_row())]
 
     def waiting(self, model_uid: str) -> int:
         queue = self.queues.get(model_uid)
-        return sum(1 for rid in queue if self.requests[rid].status == "queued") if queue is not None else 0
+        return sum(1 for rid in queue if self.requests[rid].status == RequestStatus.QUEUED) if queue is not None else 0
 
     # ---- executors ---------------------------------------------------------------------------
     def register_executor(self, executor_id: str, host_id: str, devices: list[tuple[str, str, int]],
@@ -414,7 +410,7 @@ class LiveState:
         for lid in set(running) & e.leases:
             self.leases[lid].expires_at = now + self.lease_ttl_s
             renewed.append(lid)
-        cancel = [lid for lid in e.leases if self.requests[self.leases[lid].request_id].status != "leased"]
+        cancel = [lid for lid in e.leases if self.requests[self.leases[lid].request_id].status != RequestStatus.LEASED]
         return sorted(renewed), sorted(cancel)
 
     def drop_executor(self, executor_id: str) -> list[Write]:
@@ -488,7 +484,7 @@ class LiveState:
                 r.leases.add(lease.lease_id)
                 r.last_active = now
                 e.leases.add(lease.lease_id)
-                req.status, req.lease_id = "leased", lease.lease_id
+                req.status, req.lease_id = RequestStatus.LEASED, lease.lease_id
                 req.attempts += 1
                 self.counters["leases_granted"] += 1
                 out.append((lease, r, req))
@@ -525,7 +521,7 @@ class LiveState:
         while queue:
             rid = queue.pop(self.served)
             req = self.requests[rid]
-            if req.status == "queued":
+            if req.status == RequestStatus.QUEUED:
                 return req
         return None
 
@@ -546,7 +542,7 @@ class LiveState:
         transaction). Apply it with :meth:`complete` once written, or :meth:`abandon_finish`."""
         lease = self.lease(c.lease_id, executor_id)
         req = self.requests[lease.request_id]
-        if req.status != "leased" or req.lease_id != c.lease_id:
+        if req.status != RequestStatus.LEASED or req.lease_id != c.lease_id:
             raise ConflictError(f"lease {c.lease_id} no longer holds request {req.request_id}")
         if len(c.output_tokens) != req.max_tokens:
             raise InvalidInputError(f"lease {c.lease_id}: {len(c.output_tokens)} output tokens, "
@@ -554,7 +550,7 @@ class LiveState:
         self.begin_finish(req)
         wall = self.wall()
         waited = lease.granted_wall - req.arrival
-        result = {**req.update_row(), "status": "done", "output_tokens": list(c.output_tokens), "finished_at": wall,
+        result = {**req.update_row(), "status": RequestStatus.DONE.value, "output_tokens": list(c.output_tokens), "finished_at": wall,
                   "queued_s": waited + c.queued_s, "ttft_s": waited + c.ttft_s, "e2e_s": waited + c.e2e_s}
         replica = self.replicas.get(lease.replica_id)
         devices = list(replica.device_ids) if replica is not None else []
@@ -572,7 +568,7 @@ class LiveState:
         self._end_lease(c.lease_id, "done", observed=c)
         result = row["request"]
         req.finishing = False
-        req.status, req.output_tokens, req.finished_at = "done", list(c.output_tokens), result["finished_at"]
+        req.status, req.output_tokens, req.finished_at = RequestStatus.DONE, list(c.output_tokens), result["finished_at"]
         req.queued_s, req.ttft_s, req.e2e_s = result["queued_s"], result["ttft_s"], result["e2e_s"]
         self.served[req.tenant_id] = self.served.get(req.tenant_id, 0.0) + len(c.output_tokens)
         self.calibrator.observe(req.model_uid, req.max_tokens, req.token_budget, len(c.output_tokens))
@@ -594,7 +590,7 @@ class LiveState:
             return None
         self.begin_finish(req)
         wall = self.wall()
-        return {"request": {**req.update_row(), "status": "failed", "error": reason[:500], "finished_at": wall},
+        return {"request": {**req.update_row(), "status": RequestStatus.FAILED.value, "error": reason[:500], "finished_at": wall},
                 "slice_end": {"uid": lease_id, "state": "failed", "end_wall": wall, "busy_s": None,
                               "iterations": None, "peak_bytes": None}}
 
@@ -603,8 +599,8 @@ class LiveState:
         req = self.requests[lease.request_id]
         req.finishing = False
         writes = self._end_lease(lease_id, "failed", requeue=req.attempts < self.max_attempts)
-        if req.status == "leased":  # not requeued: out of attempts
-            req.status, req.error, req.finished_at = "failed", reason[:500], self.wall()
+        if req.status == RequestStatus.LEASED:  # not requeued: out of attempts
+            req.status, req.error, req.finished_at = RequestStatus.FAILED, reason[:500], self.wall()
         return [*writes, Write("request", req.update_row())]
 
     def expire(self) -> list[Write]:
@@ -631,8 +627,8 @@ class LiveState:
             executor.leases.discard(lease_id)
         req = self.requests[lease.request_id]
         writes = [self.slice_row(lease, state, observed)]
-        if requeue and req.status == "leased" and req.lease_id == lease_id:
-            req.status, req.lease_id = "queued", None
+        if requeue and req.status == RequestStatus.LEASED and req.lease_id == lease_id:
+            req.status, req.lease_id = RequestStatus.QUEUED, None
             self._enqueue(req)
             writes.append(Write("request", req.update_row()))
         return writes
@@ -655,7 +651,7 @@ class LiveState:
 
     # ---- views -------------------------------------------------------------------------------
     def queued(self) -> Iterator[LiveRequest]:
-        return (r for r in self.requests.values() if r.status == "queued")
+        return (r for r in self.requests.values() if r.status == RequestStatus.QUEUED)
 
     def in_flight(self) -> Iterable[LiveRequest]:
-        return (r for r in self.requests.values() if r.status == "leased")
+        return (r for r in self.requests.values() if r.status == RequestStatus.LEASED)

@@ -1,14 +1,59 @@
-"""Domain errors. Each names its culprit; the CLI and the API map them to messages once."""
+"""Domain errors: the project's one hierarchy, and its one mapping to HTTP answers and exit codes.
+
+Each class declares, as class attributes, what the API answers for it (``http_status``, ``kind``)
+and what the CLI exits with (``exit_code``); a subclass inherits its parent's unless it says
+otherwise. The table, as the API (service/api/app.py) and the CLI (service/cli.py) read it:
+
+=========================  ===========  ===============  ====
+class                      HTTP status  kind             exit
+=========================  ===========  ===============  ====
+SliceschedError (other)    400 [1]      invalid_input    1
+InvalidInputError [3]      400          invalid_input    2
+CatalogError               400          invalid_input    2
+NotFoundError              404          not_found        2
+ReadOnlyViolationError     403          read_only        2
+UnauthorizedError          401          unauthorized     2
+ForbiddenError             403          forbidden        2
+ConflictError              409          conflict         2
+InvariantError             400 [1]      invalid_input    1
+DatabaseUnavailableError   503          unavailable      3
+Neo4jServerError           400 [1]      invalid_input    3
+ExecutorError [2]          --           --               1
+RegisterRefused [2]        --           --               2
+=========================  ===========  ===============  ====
+
+Exit codes: 1 an internal or otherwise unexpected failure, 2 a bad input (the caller can fix the
+call), 3 Neo4j cannot be reached or started; 130 (interrupted) is the CLI's own.
+[1] ``http_status`` None: the API has no answer of its own for it; it logs it as unmapped and
+answers 400 ``invalid_input``, as it always has. [2] Raised by the executor daemon, a client of
+the API, never by the service. [3] And its subclasses InvalidGraphError and InvalidClusterError.
+"""
 
 from __future__ import annotations
+
+from typing import ClassVar
+
+EXIT_INTERNAL = 1
+EXIT_BAD_INPUT = 2
+EXIT_UNAVAILABLE = 3
 
 
 class SliceschedError(Exception):
     """Base of every error this project raises on purpose (bad input, bad state)."""
 
+    #: The API's answer: a 4xx/5xx status; None: unmapped (logged, then 400 ``invalid_input``).
+    http_status: ClassVar[int | None] = None
+    #: ``error.kind`` in the API's JSON answer.
+    kind: ClassVar[str] = "invalid_input"
+    #: The CLI's exit code for it.
+    exit_code: ClassVar[int] = EXIT_INTERNAL
+
 
 class InvalidInputError(SliceschedError):
     """Input that can never be accepted as given: the message says which item and why."""
+
+    http_status = 400
+    exit_code = EXIT_BAD_INPUT
 
     def __init__(self, message: str, *, culprit: str | None = None) -> None:
         super().__init__(message)
@@ -30,18 +75,86 @@ class InvariantError(SliceschedError):
 class NotFoundError(SliceschedError):
     """A named object (model, query, device, ...) that does not exist."""
 
+    http_status = 404
+    kind = "not_found"
+    exit_code = EXIT_BAD_INPUT
+
 
 class CatalogError(SliceschedError):
     """The Cypher query catalog is inconsistent: a missing query or an undeclared parameter."""
+
+    http_status = 400
+    exit_code = EXIT_BAD_INPUT
 
 
 class ReadOnlyViolationError(SliceschedError):
     """A write was attempted through a read-only inspection path."""
 
+    http_status = 403
+    kind = "read_only"
+    exit_code = EXIT_BAD_INPUT
+
+
+class UnauthorizedError(SliceschedError):
+    """No key, or a key nobody holds."""
+
+    http_status = 401
+    kind = "unauthorized"
+    exit_code = EXIT_BAD_INPUT
+
+
+class ForbiddenError(SliceschedError):
+    """The key is valid but its role may not do this."""
+
+    http_status = 403
+    kind = "forbidden"
+    exit_code = EXIT_BAD_INPUT
+
+
+class ConflictError(SliceschedError):
+    """The operation contradicts the current state (an expired lease, a finished request)."""
+
+    http_status = 409
+    kind = "conflict"
+    exit_code = EXIT_BAD_INPUT
+
 
 class DatabaseUnavailableError(SliceschedError):
     """Neo4j cannot be reached now; nothing was changed. Retry after ``retry_after_s``."""
 
+    http_status = 503
+    kind = "unavailable"
+    exit_code = EXIT_UNAVAILABLE
+
     def __init__(self, message: str, *, retry_after_s: float = 2.0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class Neo4jServerError(SliceschedError):
+    """The managed Neo4j server could not be installed, started or reached."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
+# ---- the executor daemon's errors (it is a client of the API) --------------------------------------
+class ExecutorError(SliceschedError):
+    """Base of the executor daemon's errors about its calls to the service."""
+
+
+class TransientError(ExecutorError):
+    """A call that may succeed later: no connection, a timeout, a 5xx or an unreadable answer."""
+
+
+class ApiError(ExecutorError):
+    """A 4xx answer: the service refused the call as made."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class RegisterRefused(ExecutorError):
+    """The service refused the registration (4xx): retrying cannot help."""
+
+    exit_code = EXIT_BAD_INPUT

@@ -9,8 +9,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 from service.domain.error import InvalidInputError
+
+
+class RequestStatus(StrEnum):
+    """A live request's status. The value is the string the API answers and the GMG stores."""
+
+    QUEUED = "queued"  # waiting for a lease
+    LEASED = "leased"  # an executor holds it
+    DONE = "done"
+    CANCELLED = "cancelled"
+    FAILED = "failed"  # out of attempts
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+#: The statuses a request never leaves.
+TERMINAL_STATUSES = frozenset({RequestStatus.DONE, RequestStatus.CANCELLED, RequestStatus.FAILED})
 
 
 @dataclass(frozen=True, slots=True)

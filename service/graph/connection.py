@@ -15,7 +15,8 @@ from typing import Any
 
 from neo4j import Driver, GraphDatabase
 
-from service.graph.local_server import LocalNeo4j, Neo4jServerError
+from service.domain.error import Neo4jServerError
+from service.graph.local_server import LocalNeo4j
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
-from service.domain.error import SliceschedError
+from service.domain.error import Neo4jServerError
 
 NEO4J_VERSION = "5.26.30"
 JVM_FLAGS = [
@@ -48,10 +48,6 @@ JVM_FLAGS = [
 NEO4J_USER = "neo4j"  # the managed server's only user (Community edition)
 _DEFAULT_PASSWORD = "neo4j"  # a store created without an initial password has this one, change required
 _HASH_ITERATIONS = 1024  # Neo4j's credential: SHA-256 of salt + password, then re-hashed, 1024 rounds
-
-
-class Neo4jServerError(SliceschedError):
-    """The managed server could not be installed, started or reached."""
 
 
 def cache_dir() -> Path:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from service.console import print_table
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec, Workload
 
@@ -58,11 +59,11 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from learned.roofline import RooflineCostModel
-    from service.cli import print_table, read_trace
     from service.cluster.spec import load_cluster_spec
     from service.replay.mix import build_workload, load_mix
     from service.replay.report import plot_latency_cdfs, plot_load_sweep, plot_timeline
     from service.replay.runner import PolicyName, ReplayConfig, check_fits, run_policy, sustained_load
+    from service.workload.readers import read_trace
 
     policies = [PolicyName.parse(p) for p in (args.policy or ["fifo/container", "fifo/slice"])]
     cluster = load_cluster_spec(args.cluster)

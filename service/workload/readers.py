@@ -338,6 +338,17 @@ def _read_length_windows(path: Path) -> tuple[LengthWindow, ...]:
     return tuple(windows)
 
 
+def read_trace(path: str, fmt: str, *, skip_bad: bool, tenant_id: str = "trace",
+               model: str = "llama2-7b") -> ReadResult:
+    """Read an Azure CSV or Mooncake JSONL trace (``fmt`` auto: by extension)."""
+    if fmt == "auto":
+        fmt = "mooncake" if path.endswith((".jsonl", ".json")) else "azure"
+    reader = {"azure": read_azure, "mooncake": read_mooncake}.get(fmt)
+    if reader is None:
+        raise InvalidInputError(f"unknown trace format {fmt!r} (azure, mooncake)")
+    return reader(path, tenant_id=tenant_id, model=model, skip_bad=skip_bad)
+
+
 def read_servegen_clients(folder: str | Path) -> list[ClientStats]:
     """Read every ServeGen client (``chunk-N-trace.csv`` plus ``chunk-N-dataset.json``) of one
     model folder, e.g. ``servegen/reason/deepseek-r1``; ordered by chunk number.

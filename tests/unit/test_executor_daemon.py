@@ -24,14 +24,13 @@ from executor.daemon import (
     Completion,
     ExecutorDaemon,
     Lease,
-    RegisterRefused,
     Settings,
     Worker,
     describe_devices,
     main,
 )
 from executor.runner import Stage, StagedModel, load_staged
-from service.domain.error import NotFoundError
+from service.domain.error import NotFoundError, RegisterRefused
 from service.models.family import build_model, model_config
 
 ONE = [{"device_id": "cpu:0", "layers": [0, 2]}]

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from executor.batcher import ContinuousBatcher, GenerationRequest, generate_alone
-from executor.runner import Stage, StagedModel, activation_bytes, check_stages, load_staged, torch_device
+from executor.device import torch_device
+from executor.runner import Stage, StagedModel, activation_bytes, check_stages, load_staged
 from service.models.family import build_model, model_config
 
 SPLITS = {

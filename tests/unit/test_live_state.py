@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from service.api.state import Completion, ConflictError, LiveModel, LiveState, hash_key
+from service.api.state import Completion, LiveModel, LiveState, hash_key
 from service.core.queue import make_queue_policy
-from service.domain.error import InvalidInputError, NotFoundError
+from service.domain.error import ConflictError, InvalidInputError, NotFoundError
 
 
 class Clock:
