@@ -1,4 +1,5 @@
-"""The FastAPI application: factory, lifespan, keys and error mapping. Routes: :mod:`service.api.routes`.
+"""The FastAPI application: factory, lifespan and error mapping. Routes: :mod:`service.api.routers`;
+authentication and roles: :mod:`service.api.deps`.
 
 ``create_app(settings)`` builds an app whose lifespan starts a :class:`LiveService` (Neo4j
 driver, state recovered from the GMG, writer, scheduler) and stops it. Every error leaves as
@@ -9,12 +10,10 @@ with no internals in it. The OpenAPI document lists these answers on every opera
 
 from __future__ import annotations
 
-import hmac
 import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -24,42 +23,16 @@ from fastapi.responses import JSONResponse
 from neo4j.exceptions import ServiceUnavailable, SessionExpired
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.api.keys import router as keys_router
+from service.api.routers import ROUTERS
 from service.api.schemas import ErrorOut
+from service.api.service import LiveService
 from service.api.settings import ServiceSettings
-from service.api.state import hash_key
-from service.domain.error import DatabaseUnavailableError, SliceschedError, UnauthorizedError
+from service.domain.error import DatabaseUnavailableError, SliceschedError
 
 log = logging.getLogger("slicesched.api")
 
 
-@dataclass(frozen=True)
-class Principal:
-    role: str  # admin | executor | tenant
-    tenant_id: str | None = None
-    pool_id: str | None = None  # an executor key's pool
-
-    @property
-    def is_admin(self) -> bool:
-        return self.role == "admin"
-
-
-def authenticate(request: Request) -> Principal:
-    """The caller's role from ``Authorization: Bearer <key>``."""
-    header = request.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key:
-        raise UnauthorizedError("send your key as 'Authorization: Bearer <key>'")
-    service = request.app.state.service
-    settings: ServiceSettings = service.settings
-    if hmac.compare_digest(key, settings.admin_key):
-        return Principal("admin")
-    pool = service.pools.pool_of_key(key)
-    if pool is not None:
-        return Principal("executor", pool_id=pool)
-    tenant = service.state.by_key_hash.get(hash_key(key))
-    if tenant is None:
-        raise UnauthorizedError("unknown key")
-    return Principal("tenant", tenant)
 
 
 #: The error answers every operation documents (one schema, ErrorOut); 405 is the router's, per path.
@@ -151,10 +124,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
-    from service.api.keys import router as keys_router
-    from service.api.routes import router
-    from service.api.service import LiveService
-
     resolved = settings or ServiceSettings.from_env()
 
     @asynccontextmanager
@@ -171,8 +140,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                   description="Operator-level scheduling for multi-tenant model serving: tenants, models, "
                               "requests, executor leases, what-if and Cypher inspection. See docs/API.md.")
     install_error_handlers(app)
-    app.include_router(router, responses=ERROR_RESPONSES)
-    app.include_router(keys_router, responses=ERROR_RESPONSES)
+    for router in (*ROUTERS, keys_router):
+        app.include_router(router, responses=ERROR_RESPONSES)
     documented = app.openapi
 
     def openapi() -> dict[str, Any]:

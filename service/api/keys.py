@@ -19,19 +19,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter
 from pydantic import Field
 
-from service.api.app import Principal, authenticate
+from service.api.deps import AdminPrincipal, AnyPrincipal, Principal, Svc, own_tenant
 from service.api.schemas import ID, Body, Int
 from service.api.state import LiveState, hash_key, new_key
 from service.domain.cluster import DEVICE_KINDS
 from service.domain.error import ConflictError, ForbiddenError, InvalidInputError, NotFoundError
-
-if TYPE_CHECKING:
-    from service.api.service import LiveService
 
 BOOTSTRAP_POOL = "bootstrap"  # the pool of SLICESCHED_EXECUTOR_KEY (in memory only)
 CATALOGUE_KINDS = tuple(DEVICE_KINDS)
@@ -141,15 +138,6 @@ class ExecutorPools:
 
 # ---- routes ----------------------------------------------------------------------------------------
 router = APIRouter()
-Caller = Annotated[Principal, Depends(authenticate)]
-
-
-def _service(request: Request) -> LiveService:
-    svc: LiveService = request.app.state.service
-    return svc
-
-
-Svc = Annotated["LiveService", Depends(_service)]
 
 
 class ExecutorPoolIn(Body):
@@ -163,24 +151,9 @@ class ExecutorPoolIn(Body):
                                description="memory one device may declare")
 
 
-def _admin(p: Principal) -> None:
-    if not p.is_admin:
-        raise ForbiddenError(f"this needs a key of role admin (yours: {p.role})")
-
-
-def _own_tenant(p: Principal, tenant_id: str) -> None:
-    """Admin keys act for any tenant; a tenant key for itself only (any other is a 404)."""
-    if p.role == "tenant":
-        if p.tenant_id != tenant_id:
-            raise NotFoundError(f"no tenant {tenant_id!r}")
-        return
-    _admin(p)
-
-
 @router.post("/v1/executor-pools", status_code=201, tags=["keys"])
-async def create_executor_pool(body: ExecutorPoolIn, svc: Svc, p: Caller) -> dict[str, Any]:
+async def create_executor_pool(body: ExecutorPoolIn, svc: Svc, _: AdminPrincipal) -> dict[str, Any]:
     """Admin: a pool of executors with its own key (shown once) and device limits."""
-    _admin(p)
     pools = svc.pools
     if body.pool_id in pools.pools or body.pool_id == BOOTSTRAP_POOL:
         raise ConflictError(f"executor pool {body.pool_id!r} exists")
@@ -196,17 +169,15 @@ async def create_executor_pool(body: ExecutorPoolIn, svc: Svc, p: Caller) -> dic
 
 
 @router.get("/v1/executor-pools", tags=["keys"])
-async def list_executor_pools(svc: Svc, p: Caller) -> list[dict[str, Any]]:
-    _admin(p)
+async def list_executor_pools(svc: Svc, _: AdminPrincipal) -> list[dict[str, Any]]:
     pools = svc.pools
     return [pool.public(pools.executors_of(pid, svc.state)) for pid, pool in sorted(pools.pools.items())]
 
 
 @router.post("/v1/executor-pools/{pool_id}/keys/rotate", tags=["keys"])
-async def rotate_pool_key(pool_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
+async def rotate_pool_key(pool_id: str, svc: Svc, _: AdminPrincipal) -> dict[str, Any]:
     """Admin: a new key for the pool (shown once); the old one is refused from now on. The
     pool's executors keep their ids: restart them with the new key."""
-    _admin(p)
     _changeable(svc.pools, pool_id)
     key = new_key(f"pool-{pool_id}")
     assert svc.repo is not None
@@ -216,10 +187,9 @@ async def rotate_pool_key(pool_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
 
 
 @router.post("/v1/executor-pools/{pool_id}/keys/revoke", tags=["keys"])
-async def revoke_pool_key(pool_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
+async def revoke_pool_key(pool_id: str, svc: Svc, _: AdminPrincipal) -> dict[str, Any]:
     """Admin: the pool's key is refused from now on and its executors are dropped (their
     leases go back to the queue)."""
-    _admin(p)
     pools = _changeable(svc.pools, pool_id)
     assert svc.repo is not None
     await asyncio.to_thread(svc.repo.set_executor_pool_key, pool_id, None)
@@ -241,9 +211,9 @@ def _changeable(pools: ExecutorPools, pool_id: str) -> ExecutorPools:
 
 
 @router.post("/v1/tenants/{tenant_id}/keys/rotate", tags=["keys"])
-async def rotate_tenant_key(tenant_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
+async def rotate_tenant_key(tenant_id: str, svc: Svc, p: AnyPrincipal) -> dict[str, Any]:
     """Admin, or the tenant itself: a new key (shown once); the old one is refused from now on."""
-    _own_tenant(p, tenant_id)
+    own_tenant(p, tenant_id)
     svc.state.tenant(tenant_id)
     key = new_key(tenant_id)
     assert svc.repo is not None
@@ -253,10 +223,10 @@ async def rotate_tenant_key(tenant_id: str, svc: Svc, p: Caller) -> dict[str, An
 
 
 @router.post("/v1/tenants/{tenant_id}/keys/revoke", tags=["keys"])
-async def revoke_tenant_key(tenant_id: str, svc: Svc, p: Caller) -> dict[str, Any]:
+async def revoke_tenant_key(tenant_id: str, svc: Svc, p: AnyPrincipal) -> dict[str, Any]:
     """Admin, or the tenant itself: the key is refused from now on; the tenant's models and
     requests stay (queued requests still run). A rotation issues a new key."""
-    _own_tenant(p, tenant_id)
+    own_tenant(p, tenant_id)
     svc.state.tenant(tenant_id)
     assert svc.repo is not None
     await asyncio.to_thread(svc.repo.set_tenant_key, tenant_id, None)

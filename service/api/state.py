@@ -26,9 +26,7 @@ from typing import Any
 
 from service.core.batching import LIVE_BATCHING
 from service.core.queue import QueuedRequest, QueuePolicy, RequestQueue
-from service.domain.error import ConflictError as ConflictError  # re-exported for routes.py until its split
-from service.domain.error import ForbiddenError as ForbiddenError
-from service.domain.error import InvalidInputError, NotFoundError
+from service.domain.error import ConflictError, InvalidInputError, NotFoundError
 from service.domain.request import TERMINAL_STATUSES, RequestStatus
 from service.models.family import MODEL_CONFIGS, ModelConfig
 from service.sim.iteration import kv_bytes_per_token, weight_bytes

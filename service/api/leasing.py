@@ -1,0 +1,51 @@
+"""The executor side of a request's life, behind ``/v1/leases``: the long poll that hands out
+leases and a lease's failure. Completions are :meth:`LiveService.complete`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from service.api.service import LiveService
+
+
+async def poll_leases(svc: LiveService, executor_id: str, max_leases: int, wait_s: float) -> list[dict[str, Any]]:
+    """The next leases for the executor's devices (at most ``max_leases``), waiting up to ``wait_s``
+    for work; an empty list when none came. Granted leases are persisted (write-behind)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    state = svc.state
+    while True:
+        woken = svc.work.event()
+        grants = state.grant(executor_id, max_leases)
+        if grants or max_leases == 0:
+            svc.persist(state.slice_row(lease, "leased") for lease, _, _ in grants)
+            leases = []
+            for lease, replica, req in grants:
+                model = state.models[req.model_uid]
+                stages = state.stages(replica, executor_id, model.config.n_layers)
+                leases.append({"lease_id": lease.lease_id, "request_id": req.request_id, "tenant_id": req.tenant_id,
+                               "model_id": req.model_id, "family": model.family, "seed": model.seed,
+                               "replica_id": replica.replica_id, "stages": stages, "prompt_tokens": req.prompt,
+                               "max_tokens": req.max_tokens, "expires_in_s": svc.settings.lease_ttl_s})
+            return leases
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return []
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(woken.wait(), remaining)
+
+
+async def fail_lease(svc: LiveService, lease_id: str, executor_id: str | None, reason: str) -> None:
+    """A lease failed: its request goes back to the queue (soft state), or, out of attempts, its
+    failure is written before this returns."""
+    state = svc.state
+    final = state.fail_row(lease_id, executor_id, reason)
+    if final is None:
+        svc.persist(state.fail(lease_id, executor_id, reason))
+        svc.work.notify()
+    else:
+        req = state.requests[state.leases[lease_id].request_id]
+        await svc.finish(req, final, lambda: state.fail(lease_id, executor_id, reason))

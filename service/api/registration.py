@@ -1,0 +1,99 @@
+"""What admins (and executors) register: tenants and their keys, models (traced into the GMG),
+executors and their devices, pinned replicas. Each persists before the in-memory state changes
+where a crash must not lose it (a key, a model's graph)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+from service.api.deps import Principal
+from service.api.state import LiveModel, hash_key, new_key
+from service.domain.error import ConflictError, InvalidInputError
+
+if TYPE_CHECKING:
+    from service.api.service import LiveService
+
+
+async def create_tenant(svc: LiveService, tenant_id: str, sla_class: str, weight: float, priority: int) -> str:
+    """A new tenant; its key (returned once) is in Neo4j before it is usable."""
+    if tenant_id in svc.state.tenants:
+        raise ConflictError(f"tenant {tenant_id!r} exists")
+    key = new_key(tenant_id)
+    svc.state.check_tenant(sla_class, weight)
+    assert svc.repo is not None
+    await svc.db(svc.repo.upsert_tenant, tenant_id, sla_class=sla_class, weight=weight,
+                 priority=priority, key_hash=hash_key(key))  # persisted first: a key never outlives a crash unrecorded
+    svc.state.add_tenant(tenant_id, sla_class, weight, priority, hash_key(key))
+    return key
+
+
+def default_seed(tenant_id: str, model_id: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{tenant_id}/{model_id}".encode()).digest()[:4], "big") >> 1
+
+
+async def create_model(svc: LiveService, tenant_id: str, model_id: str, family: str, seed: int | None,
+                       replicas: int) -> LiveModel:
+    """Register a built-in runnable model: its prefill and decode graphs are traced into the GMG,
+    then it is live and the home planner runs."""
+    from service.models.family import model_config
+    from service.models.trace import trace_phase
+
+    svc.state.check_new_model(tenant_id, model_id, family)
+    seed = seed if seed is not None else default_seed(tenant_id, model_id)
+    model = LiveModel(tenant_id, model_id, family, seed, replicas)
+    assert svc.repo is not None
+    repo = svc.repo
+
+    def trace_and_write() -> None:
+        config = model_config(family)
+        for phase in ("prefill", "decode"):
+            graph = trace_phase(config, phase, batch=svc.settings.max_batch, tokens=64, context=256)
+            repo.import_model(tenant_id, model_id, graph, create_tenant=False)
+        repo.upsert_model(tenant_id, model_id, family=family, seed=seed, replicas=replicas)
+
+    await svc.db(trace_and_write, bound_s=None)
+    svc.state.add_model(model)
+    await svc.replan()
+    return model
+
+
+async def register_executor(svc: LiveService, p: Principal, executor_id: str, host_id: str,
+                            devices: list[tuple[str, str, int]], stage_url: str | None) -> None:
+    """Register (or re-register) an executor's devices, within the key's pool, then replan."""
+    names = [d for d, _, _ in devices]
+    if len(set(names)) != len(names):
+        raise InvalidInputError(f"duplicate device names in {names}")
+    svc.pools.check_registration(p, svc.state, executor_id, devices)  # the key's pool: kinds and limits
+    svc.check_devices(devices)  # a device no model fits on: refused before anything is registered
+    svc.persist(svc.state.register_executor(executor_id, host_id, devices, stage_url))
+    svc.pools.bind(p, executor_id)
+    await svc.replan()
+
+
+async def deregister_executor(svc: LiveService, p: Principal, executor_id: str) -> None:
+    svc.pools.check_owner(p, executor_id)
+    svc.state.executor(executor_id)
+    svc.persist(svc.state.drop_executor(executor_id))
+    await svc.replan()
+
+
+async def pin_replica(svc: LiveService, tenant_id: str, model_id: str, device_ids: list[str]) -> dict[str, Any]:
+    """A replica of the model on these devices in layer order, if each has the memory for its share."""
+    state = svc.state
+    model = state.model(tenant_id, model_id)
+    unknown = [d for d in device_ids if d not in state.devices]
+    if unknown:
+        raise InvalidInputError(f"unknown devices {unknown}")
+    if len(set(device_ids)) != len(device_ids) or len(device_ids) > model.config.n_layers:
+        raise InvalidInputError(f"need distinct devices, at most one per layer ({model.config.n_layers})")
+    need = (model.weight_bytes + state.kv_reserve_bytes(model)) // len(device_ids)
+    short = [d for d in device_ids if state.free_bytes(d) < need]
+    if short:
+        raise InvalidInputError(f"not enough free memory for {need} bytes per device on {short}")
+    if f"{model.uid}@{'+'.join(device_ids)}" in state.replicas:
+        raise ConflictError("that replica exists")
+    replica = state.add_replica(model.uid, tuple(device_ids), guest=False, pinned=True)
+    await svc.replan()
+    return {"replica_id": replica.replica_id, "device_ids": list(replica.device_ids),
+            "stages": state.stages(replica, state.devices[replica.device_ids[0]].executor_id, model.config.n_layers)}

@@ -1,0 +1,48 @@
+"""Executor leases: long poll, renew, complete, fail. Poll and complete are the hot paths: they
+answer plain ``JSONResponse`` (no response-model encoding) and document their schema."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from service.api import leasing
+from service.api.deps import ExecutorPrincipal, Svc
+from service.api.schemas import CompleteIn, FailIn, PollIn
+from service.api.state import Completion
+
+router = APIRouter(tags=["leases"])
+
+
+@router.post("/v1/leases/poll", response_class=JSONResponse)
+async def poll(body: PollIn, svc: Svc, p: ExecutorPrincipal) -> JSONResponse:
+    """Long poll: the next leases for the executor's devices, waiting up to ``wait_s`` for work."""
+    svc.pools.check_owner(p, body.executor_id)
+    leases = await leasing.poll_leases(svc, body.executor_id, body.max_leases, body.wait_s)
+    return JSONResponse({"leases": leases})  # plain JSON: the hot path skips response encoding
+
+
+@router.post("/v1/leases/{lease_id}/renew")
+async def renew(lease_id: str, svc: Svc, p: ExecutorPrincipal) -> dict[str, Any]:
+    svc.pools.check_lease(p, svc.state, lease_id)
+    return {"lease_id": lease_id, "expires_in_s": svc.state.renew(lease_id)}
+
+
+@router.post("/v1/leases/complete", response_class=JSONResponse)
+async def complete(body: CompleteIn, svc: Svc, p: ExecutorPrincipal) -> JSONResponse:
+    """Completions of leases; each is accepted only if its lease is live (exactly once)."""
+    svc.pools.check_owner(p, body.executor_id)
+    accepted, rejected = await svc.complete(body.executor_id, [
+        Completion(c.lease_id, list(c.output_tokens), c.queued_s, c.ttft_s, c.e2e_s, c.iterations, c.busy_s,
+                   c.peak_bytes) for c in body.results])
+    return JSONResponse({"accepted": accepted, "rejected": rejected})
+
+
+@router.post("/v1/leases/{lease_id}/fail")
+async def fail(lease_id: str, body: FailIn, svc: Svc, p: ExecutorPrincipal) -> dict[str, Any]:
+    svc.pools.check_owner(p, body.executor_id)
+    svc.pools.check_lease(p, svc.state, lease_id)
+    await leasing.fail_lease(svc, lease_id, body.executor_id, body.reason)
+    return {"lease_id": lease_id, "failed": True}

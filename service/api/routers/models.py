@@ -1,0 +1,36 @@
+"""Models: register a built-in runnable model (traced into the GMG), list, read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from service.api import registration, reports
+from service.api.deps import AnyPrincipal, Svc, require, scoped_tenant
+from service.api.schemas import ModelIn
+
+router = APIRouter(tags=["models"])
+
+
+@router.post("/v1/models", status_code=201)
+async def create_model(body: ModelIn, svc: Svc, p: AnyPrincipal) -> dict[str, Any]:
+    """Register one of the built-in runnable models; its operator graph is traced into the GMG."""
+    tenant_id = scoped_tenant(p, body.tenant_id)
+    model = await registration.create_model(svc, tenant_id, body.model_id, body.family, body.seed, body.replicas)
+    return reports.model_public(model)
+
+
+@router.get("/v1/models")
+async def list_models(svc: Svc, p: AnyPrincipal, tenant_id: str | None = None) -> list[dict[str, Any]]:
+    if p.role == "tenant":  # a tenant sees its own; an admin every tenant's, or the one it names
+        tenant_id = scoped_tenant(p, tenant_id)
+    else:
+        require(p, "admin")
+    return [reports.model_public(m) for m in sorted(svc.state.models.values(), key=lambda m: m.uid)
+            if tenant_id is None or m.tenant_id == tenant_id]
+
+
+@router.get("/v1/models/{model_id}")
+async def get_model(model_id: str, svc: Svc, p: AnyPrincipal, tenant_id: str | None = None) -> dict[str, Any]:
+    return reports.model_public(svc.state.model(scoped_tenant(p, tenant_id), model_id))

@@ -1,0 +1,69 @@
+"""Requests: submit (one or a batch, idempotent with a key), read, list, cancel."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query
+
+from service.api import intake, reports
+from service.api.deps import AnyPrincipal, Svc, TenantScope, scoped_tenant
+from service.api.schemas import RequestBatchIn, RequestIn
+from service.api.state import STATUSES
+from service.domain.error import InvalidInputError
+
+router = APIRouter(tags=["requests"])
+
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=200, pattern=r"^[\x21-\x7e]+$",
+                                              description="a retry with the same key (same tenant) returns the "
+                                                          "first answer and creates nothing")]
+
+
+@router.post("/v1/requests", status_code=202)
+async def submit(body: RequestIn, svc: Svc, p: AnyPrincipal, idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
+    """Submit a request; it is in Neo4j when this answers. With an ``Idempotency-Key``, a retry
+    returns the first request (409 if the body differs) and never creates a second."""
+    req = intake.new_request(svc, scoped_tenant(p, body.tenant_id), body, idempotency_key)
+    (answer,) = await svc.accept_requests([req])
+    return reports.accepted_public(answer)
+
+
+@router.post("/v1/requests/batch", status_code=202)
+async def submit_batch(body: RequestBatchIn, svc: Svc, p: AnyPrincipal,
+                       idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
+    """Submit up to 1,000 requests at once: all are accepted, or none (the error names the first
+    bad one). With an ``Idempotency-Key``, item ``i`` carries the key ``<key>#<i>``: a retry of
+    the batch returns the first requests and creates none."""
+    reqs = []
+    for i, item in enumerate(body.requests):
+        try:
+            reqs.append(intake.new_request(svc, scoped_tenant(p, item.tenant_id), item,
+                                           None if idempotency_key is None else f"{idempotency_key}#{i}"))
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"requests[{i}]: {exc}") from None
+    answers = await svc.accept_requests(reqs)
+    return {"accepted": [reports.accepted_public(r) for r in answers]}
+
+
+@router.get("/v1/requests/{request_id}")
+async def get_request(request_id: str, svc: Svc, tenant: TenantScope) -> dict[str, Any]:
+    return reports.request_public(svc.state.request(request_id, tenant))
+
+
+@router.get("/v1/requests")
+async def list_requests(svc: Svc, tenant: TenantScope,
+                        status: Annotated[str | None, Query(json_schema_extra={"enum": list(STATUSES)})] = None,
+                        limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> list[dict[str, Any]]:
+    if status is not None and status not in STATUSES:
+        raise InvalidInputError(f"unknown status {status!r} (valid: {', '.join(STATUSES)})")
+    out = [reports.request_public(r) for r in svc.state.requests.values()
+           if (tenant is None or r.tenant_id == tenant) and (status is None or r.status == status)]
+    return out[-limit:]
+
+
+@router.post("/v1/requests/{request_id}/cancel")
+async def cancel(request_id: str, svc: Svc, tenant: TenantScope) -> dict[str, Any]:
+    """Cancel a request; the cancel is in Neo4j when this answers (409 if it already finished)."""
+    req = svc.state.request(request_id, tenant)
+    await intake.cancel_request(svc, req)
+    return reports.request_public(req)
