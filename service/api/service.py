@@ -117,6 +117,8 @@ class LiveService:
         self._busy_mark: dict[str, tuple[float, float]] = {}
         self._replan_lock = asyncio.Lock()  # one re-plan at a time: they rewrite the same devices
         self._submitting: dict[tuple[str, str], asyncio.Future[None]] = {}  # idempotency keys in flight
+        self._completion_batch: list[tuple[list[dict[str, Any]], Any, asyncio.Future[BaseException | None]]] = []
+        self._completion_flush: asyncio.Future[None] | None = None  # the group commit in flight
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -426,8 +428,55 @@ class LiveService:
                 self.work.notify()
                 self.changed.set()
 
-        await self._write_then(self.repo.complete_leases, list(rows.values()), settle)
+        await self._group_commit(list(rows.values()), settle)
         return accepted, rejected
+
+    async def _group_commit(self, rows: list[dict[str, Any]], settle: Any) -> None:
+        """Completions from every executor that arrive while a commit is in flight are written
+        together in the next one (group commit: one transaction for many batches, as a database
+        log does), each settled with the shared outcome before its caller is answered."""
+        try:
+            self._check_db()
+        except DatabaseUnavailableError:
+            settle(None)
+            raise
+        done: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+        self._completion_batch.append((rows, settle, done))
+        if self._completion_flush is None:
+            self._completion_flush = asyncio.ensure_future(self._flush_completions())
+        try:
+            failure = await asyncio.wait_for(asyncio.shield(done), self.settings.call_timeout_s + 0.002 * len(rows))
+        except TimeoutError:
+            raise DatabaseUnavailableError("Neo4j did not answer in time; the completions will be settled when it "
+                                           "does (retry them)", retry_after_s=self.settings.db_timeout_s) from None
+        if failure is not None:
+            if _neo4j_down(failure):
+                raise DatabaseUnavailableError(f"Neo4j is unreachable: {type(failure).__name__}",
+                                               retry_after_s=self.settings.db_timeout_s)
+            raise failure
+
+    async def _flush_completions(self) -> None:
+        assert self.repo is not None
+        try:
+            while self._completion_batch:
+                batch, self._completion_batch = self._completion_batch, []
+                try:
+                    committed: set[str] | None = await asyncio.to_thread(
+                        self.repo.complete_leases, [row for rows, _, _ in batch for row in rows])
+                    failure: BaseException | None = None
+                except Exception as exc:
+                    committed, failure = None, exc
+                    if _neo4j_down(exc):
+                        self._db_failed(f"{type(exc).__name__}: {exc}")
+                for _, settle, done in batch:
+                    try:
+                        settle(committed)
+                    except Exception:  # one batch's bookkeeping must not leave the others unsettled
+                        log.exception("applying committed completions failed")
+                    if not done.done():
+                        done.set_result(failure)
+        finally:
+            self._completion_flush = None
 
     async def finish(self, req: LiveRequest, row: dict[str, Any], apply: Any) -> None:
         """Write a request's end without a result (``row`` for ``finish_requests``), then apply

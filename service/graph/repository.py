@@ -412,6 +412,7 @@ class GraphRepository:
         one transaction; returns the uids of the requests completed (a finished one is left out)."""
         if not rows:
             return set()
+        rows = sorted(rows, key=lambda r: str(r["slice"]["uid"]))  # one lock order with create_slices
         out = self._write("complete_leases", rows=rows)
         return set(out[0]["completed"]) if out else set()
 
@@ -434,6 +435,7 @@ class GraphRepository:
         return int(out[0]["updated"]) if out else 0
 
     def create_slices(self, rows: list[dict[str, Any]]) -> int:
+        rows = sorted(rows, key=lambda r: str(r["uid"]))  # one lock order with complete_leases: no deadlock
         out = self._write("create_slices", rows=rows)
         return int(out[0]["created"]) if out else 0
 
