@@ -117,6 +117,7 @@ class LiveService:
         self._busy_mark: dict[str, tuple[float, float]] = {}
         self._replan_lock = asyncio.Lock()  # one re-plan at a time: they rewrite the same devices
         self._submitting: dict[tuple[str, str], asyncio.Future[None]] = {}  # idempotency keys in flight
+        self._unsettled: set[str] = set()  # requests whose end's write has no clear outcome yet
         self._completion_batch: list[tuple[list[dict[str, Any]], Any, asyncio.Future[BaseException | None]]] = []
         self._completion_flush: asyncio.Future[None] | None = None  # the group commit in flight
 
@@ -243,11 +244,36 @@ class LiveService:
             assert self.writer is not None
             await self._watch_call(self.writer.warm_up)  # plan the hot queries before taking traffic
             log.info("Neo4j answers again at %s", self.neo4j_uri)
+        if ok and self._unsettled:  # before taking traffic again: an executor's retry then meets a settled request
+            await self._reconcile()
         self.db_up = ok
         if ok:
             self.db_error = None
             if self._gmg_dirty:
                 await self._write_cluster()
+
+    async def _reconcile(self) -> None:
+        """Requests whose end was written without a clear answer: adopt what Neo4j holds (done,
+        cancelled or failed: memory follows, nothing runs them again), else release the claim."""
+        assert self.repo is not None
+        repo = self.repo
+        uids = sorted(self._unsettled)
+        stored: dict[str, dict[str, Any]] = await self._watch_call(lambda: repo.request_results(uids))
+        for uid in uids:
+            self._unsettled.discard(uid)
+            req = self.state.requests.get(uid)
+            if req is None or req.status in TERMINAL:
+                continue
+            row = stored.get(uid)
+            if row is not None and row["status"] in TERMINAL:
+                log.warning("request %s is %s in Neo4j: memory follows", uid, row["status"])
+                self.persist(self.state.adopt(req, row))
+                if req.status == "done":
+                    self.metrics.finished_request(req)
+            else:
+                self.state.abandon_finish(req)
+        self.work.notify()
+        self.changed.set()
 
     async def _watch_call(self, fn: Any) -> Any:
         bound = 3 * self.settings.db_timeout_s + 2.0
@@ -412,16 +438,20 @@ class LiveService:
         by_lease = {c.lease_id: c for c in completions}
         accepted: list[str] = []
 
-        def settle(committed: set[str] | None) -> None:  # None: the write failed, nothing changed
+        def settle(committed: set[str] | None, sent: bool = True) -> None:
+            # committed None: the write failed; if it was sent, it may have committed all the same
+            # (its answer lost): the request stays claimed until Neo4j says (see _reconcile).
             for lease_id, row in rows.items():
                 req = state.requests[row["request"]["uid"]]
                 if committed is not None and req.request_id in committed:
                     state.complete(by_lease[lease_id], row)
                     self.metrics.finished_request(req)
                     accepted.append(lease_id)
-                else:
+                elif committed is None and not sent:
                     state.abandon_finish(req)
-                    if committed is not None:  # Neo4j holds it finished already: nothing changes
+                else:
+                    self._unsettled.add(req.request_id)
+                    if committed is not None:  # Neo4j holds it finished already: memory takes that state
                         state.counters["completions_rejected"] += 1
                         rejected.append({"lease_id": lease_id, "reason": f"request {req.request_id} is already finished"})
             if accepted:
@@ -438,7 +468,7 @@ class LiveService:
         try:
             self._check_db()
         except DatabaseUnavailableError:
-            settle(None)
+            settle(None, False)
             raise
         done: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
         self._completion_batch.append((rows, settle, done))
@@ -490,8 +520,8 @@ class LiveService:
                 self.work.notify()
                 self.changed.set()
                 outcome.append(True)
-            else:
-                self.state.abandon_finish(req)
+            else:  # finished elsewhere, or a failed write that may have landed: Neo4j decides (_reconcile)
+                self._unsettled.add(req.request_id)
                 outcome.append(False)
 
         await self._write_then(self.repo.finish_requests, [row], settle)

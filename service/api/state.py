@@ -558,6 +558,19 @@ class LiveState:
                           "end_wall": wall, "busy_s": c.busy_s, "iterations": c.iterations,
                           "peak_bytes": c.peak_bytes}}
 
+    def adopt(self, req: LiveRequest, stored: dict[str, Any]) -> list[Write]:
+        """Take a request's final state from Neo4j where memory disagrees (a commit whose answer
+        was lost): a lease still holding it ends (expired; its work is moot) and nothing runs it again."""
+        writes: list[Write] = []
+        if req.lease_id is not None and req.lease_id in self.leases:
+            writes += self._end_lease(req.lease_id, "expired")
+        req.finishing, req.lease_id = False, None
+        req.status = RequestStatus(stored["status"])
+        req.output_tokens = list(stored.get("output_tokens") or [])
+        req.queued_s, req.ttft_s, req.e2e_s = stored.get("queued_s"), stored.get("ttft_s"), stored.get("e2e_s")
+        req.finished_at, req.error = stored.get("finished_at"), stored.get("error")
+        return writes
+
     def complete(self, c: Completion, row: dict[str, Any]) -> None:
         """Apply a completion already written (``row`` from :meth:`completion_row`): the request
         is done with the result that Neo4j holds."""

@@ -91,7 +91,7 @@ class GraphRepository:
         "find_candidate_slots", "create_experiment",
         "create_request", "update_requests", "create_slices", "end_slices", "set_weight_residence",
         "live_tenants", "live_models", "live_requests", "delete_old_live_slices",
-        "complete_leases", "finish_requests", "close_open_slices", "reconciliation_violations",
+        "complete_leases", "finish_requests", "close_open_slices", "reconciliation_violations", "request_results",
         "upsert_executor_pool", "set_executor_pool_key", "set_tenant_key", "live_executor_pools",
     )
 
@@ -415,6 +415,10 @@ class GraphRepository:
         rows = sorted(rows, key=lambda r: str(r["slice"]["uid"]))  # one lock order with create_slices
         out = self._write("complete_leases", rows=rows)
         return set(out[0]["completed"]) if out else set()
+
+    def request_results(self, uids: list[str]) -> dict[str, dict[str, Any]]:
+        """Status and result of requests as Neo4j holds them, by uid (absent: unknown)."""
+        return {str(r["uid"]): r for r in self._read("request_results", uids=list(uids))}
 
     def finish_requests(self, rows: list[dict[str, Any]]) -> set[str]:
         """Requests ending without a result (cancelled, failed), with their lease's end, in one

@@ -251,3 +251,31 @@ def test_soft_writes_wait_out_an_outage_and_are_flushed(client: TestClient, uid:
                     uid=lease["lease_id"]).single()
     assert row is not None and row["state"] == "leased" and row["r"] == rid
     assert svc.writer.rows_dropped == 0
+
+
+def test_a_completion_whose_answer_was_lost_is_taken_from_neo4j(client: TestClient, uid: str, repo: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    started = time.time()
+    svc = client.app.state.service  # type: ignore[attr-defined]
+    key = setup_tenant_model(client, f"a{uid}")
+    register(client, f"e{uid}")
+    rid = submit(client, key).json()["request_id"]
+    [lease] = [x for x in poll(client, f"e{uid}") if x["request_id"] == rid]
+    real = svc.repo.complete_leases
+
+    def committed_but_lost(rows: list[dict[str, Any]]) -> set[str]:
+        real(rows)  # the transaction commits ...
+        raise ServiceUnavailable("injected: the connection dropped before the answer")  # ... its answer is lost
+
+    monkeypatch.setattr(svc.repo, "complete_leases", committed_but_lost)
+    body = {"executor_id": f"e{uid}", "results": [completion(lease, [4, 5])]}
+    assert client.post("/v1/leases/complete", json=body, headers=auth(EXECUTOR)).status_code == 503
+    monkeypatch.setattr(svc.repo, "complete_leases", real)
+    wait_for(lambda: client.get(f"/v1/requests/{rid}", headers=auth(key)).json()["status"] == "done")
+    got = client.get(f"/v1/requests/{rid}", headers=auth(key)).json()
+    assert got["output_tokens"] == [4, 5] and done_slices(repo, rid) == 1
+    retry = client.post("/v1/leases/complete", json=body, headers=auth(EXECUTOR)).json()
+    assert retry["accepted"] == []  # the executor's retry changes nothing
+    assert rid not in [x["request_id"] for x in poll(client, f"e{uid}")]  # and it never runs again
+    wait_for(lambda: svc.writer.pending == 0)
+    assert violations(client, started, time.time()) == []
