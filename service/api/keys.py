@@ -16,7 +16,6 @@ in-memory key index changes, so a restart keeps them; revoking a pool also drops
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -161,7 +160,7 @@ async def create_executor_pool(body: ExecutorPoolIn, svc: Svc, _: AdminPrincipal
     pool = ExecutorPool(body.pool_id, hash_key(key), tuple(dict.fromkeys(body.allowed_kinds or CATALOGUE_KINDS)),
                         body.max_devices, body.max_mem_bytes)
     assert svc.repo is not None
-    await asyncio.to_thread(svc.repo.upsert_executor_pool, pool.pool_id, key_hash=pool.key_hash,
+    await svc.db(svc.repo.upsert_executor_pool, pool.pool_id, key_hash=pool.key_hash,
                             allowed_kinds=list(pool.allowed_kinds), max_devices=pool.max_devices,
                             max_mem_bytes=pool.max_mem_bytes)  # persisted first: a key never outlives a crash unrecorded
     pools.add(pool)
@@ -181,7 +180,7 @@ async def rotate_pool_key(pool_id: str, svc: Svc, _: AdminPrincipal) -> dict[str
     _changeable(svc.pools, pool_id)
     key = new_key(f"pool-{pool_id}")
     assert svc.repo is not None
-    await asyncio.to_thread(svc.repo.set_executor_pool_key, pool_id, hash_key(key))
+    await svc.db(svc.repo.set_executor_pool_key, pool_id, hash_key(key))
     svc.pools.set_key(pool_id, hash_key(key))
     return {"pool_id": pool_id, "api_key": key}
 
@@ -192,7 +191,7 @@ async def revoke_pool_key(pool_id: str, svc: Svc, _: AdminPrincipal) -> dict[str
     leases go back to the queue)."""
     pools = _changeable(svc.pools, pool_id)
     assert svc.repo is not None
-    await asyncio.to_thread(svc.repo.set_executor_pool_key, pool_id, None)
+    await svc.db(svc.repo.set_executor_pool_key, pool_id, None)
     pools.set_key(pool_id, None)
     dropped = pools.executors_of(pool_id, svc.state)
     for executor_id in dropped:
@@ -217,7 +216,7 @@ async def rotate_tenant_key(tenant_id: str, svc: Svc, p: AnyPrincipal) -> dict[s
     svc.state.tenant(tenant_id)
     key = new_key(tenant_id)
     assert svc.repo is not None
-    await asyncio.to_thread(svc.repo.set_tenant_key, tenant_id, hash_key(key))
+    await svc.db(svc.repo.set_tenant_key, tenant_id, hash_key(key))
     svc.state.set_tenant_key(tenant_id, hash_key(key))
     return {"tenant_id": tenant_id, "api_key": key}
 
@@ -229,6 +228,6 @@ async def revoke_tenant_key(tenant_id: str, svc: Svc, p: AnyPrincipal) -> dict[s
     own_tenant(p, tenant_id)
     svc.state.tenant(tenant_id)
     assert svc.repo is not None
-    await asyncio.to_thread(svc.repo.set_tenant_key, tenant_id, None)
+    await svc.db(svc.repo.set_tenant_key, tenant_id, None)
     svc.state.set_tenant_key(tenant_id, None)
     return {"tenant_id": tenant_id, "revoked": True}
