@@ -185,8 +185,20 @@ def test_keys_command(client: TestClient, uid: str, monkeypatch: pytest.MonkeyPa
 
     old = new_tenant(client, f"t{uid}")
     monkeypatch.setenv("SLICESCHED_ADMIN_KEY", ADMIN)
-    monkeypatch.setattr(httpx, "Client", lambda base_url, headers, timeout: TestClient(
-        client.app, base_url=base_url, headers=headers))
+    class SharedClient:  # the CLI's httpx.Client, answered by the app already running (no second lifespan)
+        def __init__(self, base_url: str, headers: dict[str, str], timeout: float) -> None:
+            self.headers = headers
+
+        def __enter__(self) -> SharedClient:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def post(self, path: str, json: object = None) -> httpx.Response:
+            return client.post(path, json=json, headers=self.headers)
+
+    monkeypatch.setattr(httpx, "Client", SharedClient)
     server = ["--server", "http://testserver"]
     assert main(["keys", "create-pool", f"p{uid}", "--kinds", "cpu", "--max-devices", "4", *server]) == 0
     assert f"executor pool p{uid}: new key pool-p{uid}_" in capsys.readouterr().out
