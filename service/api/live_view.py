@@ -9,23 +9,29 @@ batches, then forks as replay does (:class:`~service.sim.view.SimClusterView`). 
 costs come from the roofline of the device kind plus a per-iteration overhead calibrated from
 the executors' observations (mean measured iteration time per model family).
 
-Naming: the view's "tenant" of a replica is its model uid (``tenant/model``): placement
-policies reason per served model, and a tenant may have several.
+Compute units: an executor daemon runs one iteration at a time, so the view shows one device
+per executor (``snap.devices_of`` maps a unit to its devices); decisions are made on units and
+:meth:`LiveClusterView.apply` puts them on real devices, the one translation.
+
+The mirror's simulated tenants are the live model uids (requests route by model: a tenant may
+serve several models).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from learned.roofline import RooflineCostModel
 from service.core.batching import LIVE_BATCHING, BatchingConfig
 from service.core.cost import IterationOverhead
-from service.core.scheduler import DeviceInfo, ReplicaChange, ReplicaInfo, WhatIfOutcome
+from service.core.scheduler import Applied, Decision, DeviceInfo, ReplicaChange, ReplicaInfo, WhatIfOutcome
 from service.core.slot import ClusterState
 from service.domain.cluster import DEVICE_KINDS, ClusterSpec, Device, Link
+from service.domain.error import InvariantError
 from service.domain.request import RequestSpec
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
 from service.sim.view import SimClusterView
@@ -56,7 +62,7 @@ def live_spec(devices: Sequence[tuple[str, str, str, int]]) -> ClusterSpec:
 class LiveSnapshot:
     now_s: float  # seconds since the service started
     spec: ClusterSpec
-    replicas: tuple[ReplicaInfo, ...]  # tenant_id = model uid, model = family
+    replicas: tuple[ReplicaInfo, ...]  # device_ids are compute units
     devices: tuple[DeviceInfo, ...]
     max_batch: dict[str, int]  # replica id -> KV slots
     recent: tuple[RequestSpec, ...]  # arrival_s relative to the window's start; tenant_id = model uid
@@ -65,9 +71,19 @@ class LiveSnapshot:
     devices_of: dict[str, tuple[str, ...]] = field(default_factory=dict)  # compute unit -> its live devices
 
 
+class DecisionTarget(Protocol):
+    """What a decision is applied to: the live state (:meth:`service.api.state.LiveState.apply`)."""
+
+    def apply(self, decision: Decision, devices_of: Mapping[str, tuple[str, ...]]) -> Applied: ...
+
+
 class LiveClusterView:
-    def __init__(self, snap: LiveSnapshot, *, batching: BatchingConfig = LIVE_BATCHING, seed: int = 0) -> None:
+    """``target``: where :meth:`apply` puts decisions (none: a read-only view, for previews)."""
+
+    def __init__(self, snap: LiveSnapshot, *, target: DecisionTarget | None = None,
+                 batching: BatchingConfig = LIVE_BATCHING, seed: int = 0) -> None:
         self.snap = snap
+        self.target = target
         self.batching = batching
         self.seed = seed
         self._built: SimClusterView | None = None
@@ -79,13 +95,13 @@ class LiveClusterView:
             snap = self.snap
             overheads = {family: IterationOverhead(per_iteration_s=s, separate_prefill_passes=True)
                          for family, s in snap.iteration_s.items()}
-            replicas = [ReplicaSpec(r.replica_id, r.model, r.device_ids, max_num_seqs=snap.max_batch[r.replica_id],
-                                    tenant_id=r.tenant_id, guest=r.guest) for r in snap.replicas if not r.draining]
+            replicas = [ReplicaSpec(r.replica_id, r.family, r.device_ids, max_num_seqs=snap.max_batch[r.replica_id],
+                                    tenant_id=r.model_uid, guest=r.guest) for r in snap.replicas if not r.draining]
             mirror = SimulatedCluster(snap.spec, replicas, RooflineCostModel(), rng=np.random.default_rng(self.seed),
                                       overheads=overheads)
             mirror.submit(sorted(snap.recent, key=lambda r: r.arrival_s))
             mirror.run(until=snap.window_s)
-            self._built = SimClusterView(mirror, batching=self.batching)
+            self._built = SimClusterView(mirror, batching=self.batching, model_uid=lambda tenant, family: tenant)
         return self._built
 
     # ---- ClusterView: the live truth ----------------------------------------------------------
@@ -105,19 +121,29 @@ class LiveClusterView:
         return self.snap.devices
 
     # ---- ClusterView: sizes, costs and what-ifs from the mirror --------------------------------
-    def weight_bytes(self, model: str) -> int:
-        return self._sim.weight_bytes(model)
+    def weight_bytes(self, family: str) -> int:
+        return self._sim.weight_bytes(family)
 
-    def kv_reserve_bytes(self, model: str) -> int:
-        return self._sim.kv_reserve_bytes(model)
+    def kv_reserve_bytes(self, family: str) -> int:
+        return self._sim.kv_reserve_bytes(family)
 
     def slot_state(self) -> ClusterState:
         return self._sim.slot_state()
 
-    def iteration_s(self, model: str, tp: int) -> float:
-        observed = self.snap.iteration_s.get(model)
-        return observed / tp if observed else self._sim.iteration_s(model, tp)
+    def iteration_s(self, family: str, tp: int) -> float:
+        observed = self.snap.iteration_s.get(family)
+        return observed / tp if observed else self._sim.iteration_s(family, tp)
 
     def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
         return self._sim.what_if(change, horizon_s)
+
+    def apply(self, decision: Decision) -> Applied:
+        if self.target is None:
+            raise InvariantError("a read-only live view applies no decision")
+        return self.target.apply(decision, self.snap.devices_of)
+
+    # ---- compute units -------------------------------------------------------------------------
+    def unit_of(self, device_id: str) -> str | None:
+        """The compute unit (executor) of a live device."""
+        return next((u for u, ds in self.snap.devices_of.items() if device_id in ds), None)
 

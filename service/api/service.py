@@ -42,10 +42,16 @@ from service.api.supervisor import Supervisor
 from service.api.writer import GmgWriter
 from service.core.placement import TenantDemand, candidate_groups, container_replicas, make_placement_policy
 from service.core.queue import make_queue_policy
-from service.core.scheduler import Decision, DeviceInfo, ReplicaInfo, Scheduler
+from service.core.scheduler import ClusterView, Decision, DeviceInfo, ReplicaInfo, Scheduler
 from service.core.slot import InputDep, Slot, SlotQuery
 from service.domain.cluster import ClusterSpec
-from service.domain.error import ConflictError, DatabaseUnavailableError, InvalidInputError, Neo4jServerError
+from service.domain.error import (
+    ConflictError,
+    DatabaseUnavailableError,
+    InvalidInputError,
+    InvariantError,
+    Neo4jServerError,
+)
 from service.domain.request import RequestSpec, RequestStatus
 from service.graph.catalog import QueryCatalog
 from service.graph.connection import Neo4jSettings, open_driver
@@ -100,10 +106,7 @@ class LiveService:
         self.previous_neo4j_uri: str | None = None
         self.repo: GraphRepository | None = None
         self.writer: GmgWriter | None = None
-        placement = make_placement_policy(settings.placement)
-        if settings.placement == "slice":
-            placement.find_devices = self._cypher_candidates  # type: ignore[union-attr]
-        self.scheduler = Scheduler(self.state.policy, placement)
+        self.scheduler = Scheduler(make_placement_policy(settings.placement, find_devices=self._cypher_candidates))
         self.supervisor = Supervisor()
         self.metrics.watch(self._health_metrics)
         self.work = Signal()  # notified when leases may be granted
@@ -695,8 +698,8 @@ class LiveService:
             waiting = state.waiting(r.model_uid) if first_home.get(r.model_uid) == r.replica_id else 0
             idle = 0.0 if r.leases else now - r.last_active
             units = tuple(dict.fromkeys(unit_of[d] for d in r.device_ids))
-            replicas.append(ReplicaInfo(r.replica_id, r.model_uid, family[r.model_uid], units, waiting,
-                                        len(r.leases), r.guest, r.draining, idle))
+            replicas.append(ReplicaInfo(r.replica_id, state.models[r.model_uid].tenant_id, r.model_uid,
+                                        family[r.model_uid], units, waiting, len(r.leases), r.guest, r.draining, idle))
         devices, rows, devices_of = [], [], {}
         for e in state.executors.values():
             members = [state.devices[d] for d in e.device_ids if d in state.devices]
@@ -725,26 +728,27 @@ class LiveService:
         t0, b0 = self._busy_mark.get(executor_id, (self.started, 0.0))
         return min(1.0, (e.busy_s - b0) / (now - t0) / max(1, len(e.device_ids))) if now > t0 else 0.0
 
-    def _cypher_candidates(self, view: LiveClusterView, tenant: str, k: int) -> list[tuple[str, ...]]:
+    def _cypher_candidates(self, view: ClusterView, model_uid: str, k: int) -> list[tuple[str, ...]]:
         """Candidate units from the Cypher candidate-slot search over the live devices in the GMG:
         the query runs on real devices; each answer counts for its executor (compute unit)."""
-        assert self.repo is not None
+        if self.repo is None or not isinstance(view, LiveClusterView):
+            raise InvariantError("the Cypher candidate search needs the GMG and a live view")
         repo = self.repo
         devices_of = view.snap.devices_of
-        unit_of = {d: u for u, ds in devices_of.items() for d in ds}
+        n_devices = sum(len(ds) for ds in devices_of.values())
 
         def search(q: SlotQuery) -> list[Slot]:
             deps = tuple(InputDep(devices_of[d.device_id][0] if d.device_id in devices_of else d.device_id,
                                   d.end_s, d.bytes) for d in q.input_deps)
-            slots = repo.find_candidate_slots(replace(q, input_deps=deps, k=max(q.k, len(unit_of))))
+            slots = repo.find_candidate_slots(replace(q, input_deps=deps, k=max(q.k, n_devices)))
             best: dict[str, Slot] = {}
             for slot in slots:  # best first
-                unit = unit_of.get(slot.device_id)
+                unit = view.unit_of(slot.device_id)
                 if unit is not None and unit not in best:
                     best[unit] = replace(slot, device_id=unit)
             return list(best.values())[: q.k]
 
-        return candidate_groups(view, tenant, k, search=search)
+        return candidate_groups(view, model_uid, k, search=search)
 
     async def _schedule_tick(self) -> None:
         """Wait (up to a few seconds) for arrivals or completions, then step the slice policy."""
@@ -762,23 +766,14 @@ class LiveService:
         for eid, e in self.state.executors.items():
             self._busy_mark[eid] = (time.monotonic(), e.busy_s)
         started = time.perf_counter()
-        decision = await asyncio.to_thread(lambda: self.scheduler.step(snap.now_s, LiveClusterView(snap)))
+        view = LiveClusterView(snap, target=self.state)
+        decision = await asyncio.to_thread(self.scheduler.step, snap.now_s, view)
         self.step_s.append(time.perf_counter() - started)
-        return await self.apply(decision)
+        view.apply(decision)  # on the event loop: the state is not shared with worker threads
+        return await self._applied(decision)
 
-    async def apply(self, decision: Decision) -> Decision:
-        state = self.state
-        for rid in decision.drain:
-            if rid in state.replicas:
-                state.replicas[rid].draining = True
-        for change in decision.add:  # device ids are compute units (executors): pick their roomiest device
-            real = []
-            for unit in change.device_ids:
-                members = [d for d in state.devices.values() if d.executor_id == unit]
-                if members:
-                    real.append(max(members, key=lambda d: (state.free_bytes(d.device_id), d.device_id)).device_id)
-            if change.tenant_id in state.models and len(real) == len(change.device_ids):
-                state.add_replica(change.tenant_id, tuple(real), guest=True)
+    async def _applied(self, decision: Decision) -> Decision:
+        """Log an applied decision and publish what changed (leases, the GMG)."""
         for note in decision.notes:
             log.info("scheduler: %s", note)
             self.decisions.append(note)
@@ -804,13 +799,11 @@ class LiveService:
 
     def policy_what_if(self, horizon_s: float) -> dict[str, Any]:
         """What one step of the slice policy would decide on the current state (nothing applied)."""
-        from service.core.placement import SlicePlacementPolicy
-
-        policy = SlicePlacementPolicy(horizon_s=horizon_s, find_devices=self._cypher_candidates)  # type: ignore[arg-type]
+        policy = make_placement_policy("slice", find_devices=self._cypher_candidates, horizon_s=horizon_s)
         snap = self.snapshot()
         decision = policy.step(snap.now_s, LiveClusterView(snap))
         return {"placement": "slice", "horizon_s": horizon_s, "whatifs": decision.num_whatifs,
-                "add": [{"model": c.tenant_id, "compute_units": list(c.device_ids)} for c in decision.add],
+                "add": [{"model": c.model_uid, "compute_units": list(c.device_ids)} for c in decision.add],
                 "drain": decision.drain, "notes": decision.notes}
 
     async def _retention_tick(self) -> None:
@@ -829,8 +822,8 @@ class LiveService:
         unknown = [d for d in device_ids if d not in self.state.devices]
         if unknown or not device_ids:
             raise InvalidInputError(f"unknown devices {unknown or 'none given'}")
-        units = tuple(dict.fromkeys(self.state.devices[d].executor_id for d in device_ids))
         view = LiveClusterView(self.snapshot())
+        units = tuple(dict.fromkeys(u for d in device_ids if (u := view.unit_of(d)) is not None))
         baseline, changed = view.what_if(ReplicaChange(model_uid, self.state.models[model_uid].family, units),
                                          horizon_s)
 

@@ -20,12 +20,14 @@ import itertools
 import math
 import secrets
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.core.admission import admit
 from service.core.batching import LIVE_BATCHING
 from service.core.queue import QueuedRequest, QueuePolicy, RequestQueue
+from service.core.scheduler import Applied, Decision
 from service.domain.error import ConflictError, InvalidInputError, NotFoundError
 from service.domain.request import TERMINAL_STATUSES, RequestStatus
 from service.models.family import MODEL_CONFIGS, ModelConfig
@@ -436,6 +438,25 @@ class LiveState:
         self.replicas[rid] = replica
         return replica
 
+    def apply(self, decision: Decision, devices_of: Mapping[str, tuple[str, ...]]) -> Applied:
+        """Carry out a scheduler decision made on compute units (``devices_of``: unit -> its
+        devices): drain, then add each guest replica on the roomiest device of each unit (a
+        change whose model or units are gone is skipped)."""
+        applied = Applied()
+        for rid in decision.drain:
+            if rid in self.replicas:
+                self.replicas[rid].draining = True
+                applied.drained.append(rid)
+        for change in decision.add:
+            real = [max(members, key=lambda d: (self.free_bytes(d), d))
+                    for unit in change.device_ids
+                    if (members := [d for d in devices_of.get(unit, ()) if d in self.devices])]
+            if change.model_uid in self.models and len(real) == len(change.device_ids):
+                applied.added.append(self.add_replica(change.model_uid, tuple(real), guest=True).replica_id)
+            else:
+                applied.skipped.append(change)
+        return applied
+
     def kv_reserve_bytes(self, model: LiveModel) -> int:
         return self.kv_reserve_tokens * kv_bytes_per_token(model.config)
 
@@ -473,7 +494,7 @@ class LiveState:
             for r in replicas:  # one lease per replica per round: replicas share the executor fairly
                 if len(out) >= max_leases or len(r.leases) >= r.max_batch:
                     continue
-                req = self._pop_queued(r.model_uid)
+                req = self._admit_one(r, lambda: len(out) < max_leases)
                 if req is None:
                     continue
                 lease = Lease(f"L{self._lease_prefix}-{next(self._lease_ids)}", req.request_id, r.replica_id,
@@ -514,10 +535,18 @@ class LiveState:
             out.append(stage)
         return out
 
-    def _pop_queued(self, model_uid: str) -> LiveRequest | None:
-        queue = self.queues.get(model_uid)
-        while queue:
-            rid = queue.pop(self.served)
+    def _admit_one(self, r: LiveReplica, room: Callable[[], bool]) -> LiveRequest | None:
+        """The queue policy's next queued request of the replica's model, if the replica has a
+        free batch slot and ``room()`` (shared admission; ids of requests no longer queued,
+        e.g. cancelled, are dropped on the way)."""
+        queue = self.queues.get(r.model_uid)
+        if not queue:
+            return None
+
+        def fits(rid: str) -> bool:
+            return self.requests[rid].status != RequestStatus.QUEUED or (len(r.leases) < r.max_batch and room())
+
+        for rid in admit(queue, self.served, fits):
             req = self.requests[rid]
             if req.status == RequestStatus.QUEUED:
                 return req

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from service.core.scheduler import ClusterView, Decision, ReplicaChange, WhatIfOutcome
+from service.core.scheduler import ClusterView, Decision, PlacementPolicy, ReplicaChange, WhatIfOutcome
 from service.core.slot import InputDep, Slot, SlotQuery, find_slots_in_memory
 from service.domain.cluster import ClusterSpec
 from service.domain.error import InvalidInputError
@@ -99,17 +100,23 @@ class ContainerPlacementPolicy:
         return Decision()
 
 
+DeviceFinder = Callable[[ClusterView, str, int], list[tuple[str, ...]]]
+"""``(state, model_uid, k) -> device groups, best first``: where a guest replica may go."""
+
+
 @dataclass
 class SlicePlacementPolicy:
-    """Fill idle windows across tenants, judged by the what-if simulator (see module doc)."""
+    """Fill idle windows across tenants, judged by the what-if simulator (see module doc).
+    ``find_devices`` answers candidate device groups: :func:`candidate_groups` over the view's
+    in-memory slot state by default (replay); the Cypher search over the GMG live."""
 
     horizon_s: float = 20.0  # what-if look-ahead
-    max_candidates: int = 3  # what-ifs per backlogged tenant and step
-    min_backlog: int = 2  # waiting requests before a tenant looks for more room
+    max_candidates: int = 3  # what-ifs per backlogged model and step
+    min_backlog: int = 2  # waiting requests before a model looks for more room
     idle_drain_s: float = 30.0  # a guest replica idle this long is drained
-    max_guests_per_tenant: int = 4
+    max_guests_per_tenant: int = 4  # guest replicas per served model
+    find_devices: DeviceFinder = field(default_factory=lambda: candidate_groups)
     name: str = "slice"
-    find_devices: Callable[[ClusterView, str, int], list[tuple[str, ...]]] | None = None
 
     def step(self, now_s: float, state: ClusterView) -> Decision:
         decision = Decision()
@@ -128,29 +135,28 @@ class SlicePlacementPolicy:
                 decision.notes.append(f"drain {r.replica_id}: idle {r.idle_s:.0f}s")
                 continue
             # Owners first: a guest leaves a device as soon as the device's owner has a backlog.
-            owners = [by_id[h] for d in r.device_ids for h in homes_on.get(d, ()) if by_id[h].tenant_id != r.tenant_id]
+            owners = [by_id[h] for d in r.device_ids for h in homes_on.get(d, ()) if by_id[h].model_uid != r.model_uid]
             pressed = [o for o in owners if o.waiting >= self.min_backlog]
             if pressed:
                 decision.drain.append(r.replica_id)
-                decision.notes.append(f"drain {r.replica_id}: owner {pressed[0].tenant_id} has {pressed[0].waiting} waiting")
+                decision.notes.append(f"drain {r.replica_id}: owner {pressed[0].model_uid} has {pressed[0].waiting} waiting")
         backlog: dict[str, int] = {}
-        model_of: dict[str, str] = {}
+        family_of: dict[str, str] = {}
         guests: dict[str, int] = {}
         for r in replicas:
             if r.draining:
                 continue
-            backlog[r.tenant_id] = backlog.get(r.tenant_id, 0) + r.waiting
-            model_of[r.tenant_id] = r.model
-            guests[r.tenant_id] = guests.get(r.tenant_id, 0) + int(r.guest)
-        pressing = sorted((t for t, n in backlog.items() if n >= self.min_backlog
-                           and guests.get(t, 0) < self.max_guests_per_tenant), key=lambda t: -backlog[t])
+            backlog[r.model_uid] = backlog.get(r.model_uid, 0) + r.waiting
+            family_of[r.model_uid] = r.family
+            guests[r.model_uid] = guests.get(r.model_uid, 0) + int(r.guest)
+        pressing = sorted((m for m, n in backlog.items() if n >= self.min_backlog
+                           and guests.get(m, 0) < self.max_guests_per_tenant), key=lambda m: -backlog[m])
         if not pressing:
             return decision
         best: tuple[float, ReplicaChange] | None = None
-        for tenant in pressing:
-            finder = self.find_devices or candidate_groups
-            for group in finder(state, tenant, self.max_candidates):
-                change = ReplicaChange(tenant, model_of[tenant], group)
+        for model in pressing:
+            for group in self.find_devices(state, model, self.max_candidates):
+                change = ReplicaChange(model, family_of[model], group)
                 baseline, outcome = state.what_if(change, self.horizon_s)
                 decision.num_whatifs += 1
                 if outcome is None or not _safe(outcome, baseline):
@@ -160,7 +166,7 @@ class SlicePlacementPolicy:
                     best = (gain, change)
         if best is not None:
             decision.add.append(best[1])
-            decision.notes.append(f"add {best[1].tenant_id} on {','.join(best[1].device_ids)}: "
+            decision.notes.append(f"add {best[1].model_uid} on {','.join(best[1].device_ids)}: "
                                   f"+{best[0]:.0f} tokens in {self.horizon_s:.0f}s, no SLA or memory at risk")
         return decision
 
@@ -173,9 +179,9 @@ def _safe(outcome: WhatIfOutcome, baseline: WhatIfOutcome) -> bool:
         all(t in baseline.violations_by_tenant or n == 0 for t, n in outcome.violations_by_tenant.items())
 
 
-def candidate_groups(state: ClusterView, tenant: str, k: int,
+def candidate_groups(state: ClusterView, model_uid: str, k: int,
                      search: Callable[[SlotQuery], list[Slot]] | None = None) -> list[tuple[str, ...]]:
-    """Dependency- and memory-safe device groups for a guest replica of ``tenant``'s model, best first.
+    """Dependency- and memory-safe device groups for a guest replica of ``model_uid``, best first.
 
     Asks the candidate-slot search (:mod:`service.core.slot`, the same contract the GMG answers in
     Cypher) for devices where one iteration of the model can run: its weight shard is an input
@@ -188,12 +194,12 @@ def candidate_groups(state: ClusterView, tenant: str, k: int,
     search over ``state.slot_state()`` by default (replay), the Cypher query over the GMG live.
     """
     replicas = list(state.replicas())
-    mine = [r for r in replicas if r.tenant_id == tenant and not r.draining]
-    model = mine[0].model
+    mine = [r for r in replicas if r.model_uid == model_uid and not r.draining]
+    family = mine[0].family
     taken = {d for r in mine for d in r.device_ids}
     source = mine[0].device_ids[0]
-    weights = state.weight_bytes(model)
-    reserve = state.kv_reserve_bytes(model)
+    weights = state.weight_bytes(family)
+    reserve = state.kv_reserve_bytes(family)
     if search is None:
         slots_state = state.slot_state()
 
@@ -204,8 +210,8 @@ def candidate_groups(state: ClusterView, tenant: str, k: int,
     kinds = {d.kind for d in state.spec.devices}
     for tp in TP_DEGREES:
         shard = math.ceil(weights / tp)
-        query = SlotQuery(state.spec.name, tenant, f"{tenant}/{model}", state.now_s,
-                          dict.fromkeys(kinds, state.iteration_s(model, tp)), slice_bytes=math.ceil(reserve / tp),
+        query = SlotQuery(state.spec.name, mine[0].tenant_id, model_uid, state.now_s,
+                          dict.fromkeys(kinds, state.iteration_s(family, tp)), slice_bytes=math.ceil(reserve / tp),
                           weight_bytes=shard, needs_weights=True,
                           input_deps=(InputDep(source, state.now_s, shard),), k=len(host_of))
         slots = sorted((s for s in search(query) if s.device_id not in taken),
@@ -223,11 +229,34 @@ def candidate_groups(state: ClusterView, tenant: str, k: int,
     return []
 
 
-PLACEMENT_POLICIES: Mapping[str, type] = {"container": ContainerPlacementPolicy, "slice": SlicePlacementPolicy}
+def container_policy() -> PlacementPolicy:
+    return ContainerPlacementPolicy()
 
 
-def make_placement_policy(name: str, **params: object) -> ContainerPlacementPolicy | SlicePlacementPolicy:
-    cls = PLACEMENT_POLICIES.get(name)
-    if cls is None:
+def slice_policy(*, find_devices: DeviceFinder | None = None, horizon_s: float = 20.0, max_candidates: int = 3,
+                 min_backlog: int = 2, idle_drain_s: float = 30.0, max_guests_per_tenant: int = 4) -> PlacementPolicy:
+    """The slice policy; ``find_devices`` is the candidate search (default: in memory)."""
+    policy = SlicePlacementPolicy(horizon_s=horizon_s, max_candidates=max_candidates, min_backlog=min_backlog,
+                                  idle_drain_s=idle_drain_s, max_guests_per_tenant=max_guests_per_tenant)
+    if find_devices is not None:
+        policy.find_devices = find_devices
+    return policy
+
+
+PLACEMENT_POLICIES: Mapping[str, Callable[..., PlacementPolicy]] = {"container": container_policy,
+                                                                     "slice": slice_policy}
+
+
+def make_placement_policy(name: str, *, find_devices: DeviceFinder | None = None, **params: Any) -> PlacementPolicy:
+    """The policy ``name`` built by its typed factory; ``find_devices`` is passed to policies
+    that search for devices (ignored by ``container``); unknown names and parameters are
+    ``InvalidInputError``."""
+    factory = PLACEMENT_POLICIES.get(name)
+    if factory is None:
         raise InvalidInputError(f"unknown placement policy {name!r} (known: {', '.join(PLACEMENT_POLICIES)})")
-    return cls(**params)  # type: ignore[no-any-return]
+    if name == "slice":
+        params["find_devices"] = find_devices
+    try:
+        return factory(**params)
+    except TypeError as exc:
+        raise InvalidInputError(f"placement policy {name!r}: {exc}") from None

@@ -1,10 +1,20 @@
-"""``Scheduler.step(now, state) -> Decision``: one scheduling step, for replay and the live service.
+"""``Scheduler.step(now, state) -> Decision``: one placement step, for replay and the live service.
 
-A scheduler is a **queue policy** (which request a replica admits next: FIFO, SJF, aging, ...)
-plus a **placement policy** (where each tenant's work runs). Replicas consult the queue policy
-at every admission; the placement policy runs at every step and returns replica changes. The
-state is a :class:`ClusterView`: the simulated cluster in replay, the service's in-memory
-mirror of the GMG live. Both the view and the policies are pure (no I/O, no wall clock).
+Two decisions make a schedule, each written once:
+
+- **admission** (which queued request a replica takes next, in the queue policy's order, while
+  it fits): :func:`service.core.admission.admit`, called by the simulator's batcher at every
+  iteration and by the live lease book at every poll;
+- **placement** (where each served model's replicas run): a :class:`PlacementPolicy` run by
+  :class:`Scheduler` at every step, whose :class:`Decision` the cluster view applies
+  (:meth:`ClusterView.apply`: the simulated cluster in replay, the live state in the service).
+
+The state is a :class:`ClusterView`. Policies are pure (no I/O, no wall clock).
+
+Names: a replica serves one **model** (``model_uid``, the unit policies reason about: a live
+tenant's registered model ``tenant/model``, or a replay tenant's model ``tenant/family``) of a
+**family** (``family``, the architecture that sizes weights and costs iterations) for one
+**tenant** (``tenant_id``).
 """
 
 from __future__ import annotations
@@ -13,7 +23,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from service.core.queue import QueuePolicy
 from service.core.slot import ClusterState
 from service.domain.cluster import ClusterSpec
 from service.domain.error import InvariantError
@@ -23,7 +32,8 @@ from service.domain.error import InvariantError
 class ReplicaInfo:
     replica_id: str
     tenant_id: str
-    model: str
+    model_uid: str
+    family: str
     device_ids: tuple[str, ...]
     waiting: int  # routed, not yet admitted
     running: int  # admitted (prefilling or decoding)
@@ -43,11 +53,11 @@ class DeviceInfo:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaChange:
-    """Add a replica of ``tenant_id``'s model on ``device_ids`` (weights copied from a home
-    replica over the links: it takes requests once they have arrived)."""
+    """Add a replica of ``model_uid`` (of ``family``) on ``device_ids`` (weights copied from a
+    home replica over the links: it takes requests once they have arrived)."""
 
-    tenant_id: str
-    model: str
+    model_uid: str
+    family: str
     device_ids: tuple[str, ...]
 
 
@@ -72,6 +82,16 @@ class Decision:
     num_whatifs: int = 0  # simulations run to decide
 
 
+@dataclass(slots=True)
+class Applied:
+    """What applying a :class:`Decision` did: the replicas created (a change whose weights do
+    not fit, or whose model or devices are gone, is skipped) and drained."""
+
+    added: list[str] = field(default_factory=list)  # new replica ids
+    drained: list[str] = field(default_factory=list)
+    skipped: list[ReplicaChange] = field(default_factory=list)
+
+
 class ClusterView(Protocol):
     """What a placement policy may read and ask of the cluster."""
 
@@ -85,26 +105,30 @@ class ClusterView(Protocol):
 
     def devices(self) -> Sequence[DeviceInfo]: ...
 
-    def weight_bytes(self, model: str) -> int:
-        """Bytes of the model's weights (all devices together)."""
+    def weight_bytes(self, family: str) -> int:
+        """Bytes of the family's weights (all devices together)."""
         ...
 
-    def kv_reserve_bytes(self, model: str) -> int:
-        """Memory a replica of the model needs besides weights to be useful (KV for a batch)."""
+    def kv_reserve_bytes(self, family: str) -> int:
+        """Memory a replica of the family needs besides weights to be useful (KV for a batch)."""
         ...
 
     def slot_state(self) -> ClusterState:
         """The candidate-slot view: devices, links, committed busy windows, resident bytes."""
         ...
 
-    def iteration_s(self, model: str, tp: int) -> float:
-        """A typical iteration of the model on ``tp`` devices (the slot a guest needs)."""
+    def iteration_s(self, family: str, tp: int) -> float:
+        """A typical iteration of the family on ``tp`` devices (the slot a guest needs)."""
         ...
 
     def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
         """Simulate the queued work for ``horizon_s`` without and with ``change``, over the same
         affected devices: ``(baseline, changed)``; ``changed`` is ``None`` when the change cannot
         be applied (its weights do not fit)."""
+        ...
+
+    def apply(self, decision: Decision) -> Applied:
+        """Carry the decision out: drain, then add (replay and live apply through this call)."""
         ...
 
 
@@ -116,19 +140,25 @@ class PlacementPolicy(Protocol):
 
 @dataclass
 class Scheduler:
-    """A queue policy and a placement policy, composed; either combines with any other."""
+    """Runs a placement policy and checks its decisions. (The queue policy orders each
+    replica's queue and is consulted by admission, not here.)"""
 
-    queue: QueuePolicy
     placement: PlacementPolicy
 
     @property
     def name(self) -> str:
-        return f"{self.queue.name}/{self.placement.name}"
+        return self.placement.name
 
     def step(self, now_s: float, state: ClusterView) -> Decision:
         decision = self.placement.step(now_s, state)
         self._check(decision, state)
         return decision
+
+    def step_and_apply(self, now_s: float, state: ClusterView) -> tuple[Decision, Applied]:
+        """One step, then the view applies it (replay; the live service steps in a worker thread
+        and applies on its event loop)."""
+        decision = self.step(now_s, state)
+        return decision, state.apply(decision)
 
     @staticmethod
     def _check(decision: Decision, state: ClusterView) -> None:

@@ -177,7 +177,7 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
     started = time.perf_counter()
     queue = make_queue_policy(policy.queue)
     params = config.slice_params if policy.placement == "slice" else {}
-    scheduler = Scheduler(queue, make_placement_policy(policy.placement, **params))
+    scheduler = Scheduler(make_placement_policy(policy.placement, **params))
     horizon = config.horizon_s
     window = timeline_window_s or (horizon / 2, horizon / 2 + min(30.0, horizon / 4))
     spans = SpanRecorder(window)
@@ -198,13 +198,9 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
         t = min(horizon, t + config.interval_s)
         cluster.run(until=t)
         view.mark()
-        decision = scheduler.step(t, view)
+        decision, applied = scheduler.step_and_apply(t, view)
         whatifs += decision.num_whatifs
-        for rid in decision.drain:
-            cluster.drain_replica(rid)
-        for change in decision.add:
-            if view.apply(change) is not None:
-                guests += 1
+        guests += len(applied.added)
         if progress is not None:
             progress(label, t / horizon)
     cluster.run(until=horizon * config.cutoff_factor)

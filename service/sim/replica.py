@@ -30,6 +30,7 @@ from typing import Protocol
 
 import numpy as np
 
+from service.core.admission import admit
 from service.core.batching import SIM_BATCHING
 from service.core.cost import NO_OVERHEAD, CostModel, IterationOverhead
 from service.core.memory import Allocation, MemoryLedger
@@ -208,15 +209,15 @@ class Batcher:
             pairs += n * (cached + n)
             kv_p += cached + n
         num_seqs = len(r.prefilling) + r.num_decodes
-        waiting = r.waiting
         served = self.served
-        while budget > 0 and waiting and num_seqs < r.spec.max_num_seqs:
-            live = waiting.peek(served)
+
+        def fits(live: Live) -> bool:  # batch room, then the whole request's KV under the watermark
+            return (budget > 0 and num_seqs < r.spec.max_num_seqs
+                    and self.resize_kv(r, r.kv_tokens + live.spec.prompt_tokens + live.spec.output_tokens,
+                                       now, force=False, watermark=True))
+
+        for live in admit(r.waiting, served, fits):
             prompt = live.spec.prompt_tokens
-            reserve = prompt + live.spec.output_tokens
-            if not self.resize_kv(r, r.kv_tokens + reserve, now, force=False, watermark=True):
-                break  # head-of-line: the selected request waits, nothing overtakes it
-            waiting.pop(served)
             if self.track_served:
                 served[live.spec.tenant_id] = served.get(live.spec.tenant_id, 0.0) + prompt
             live.admitted_s = now

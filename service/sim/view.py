@@ -9,10 +9,12 @@ A what-if is :meth:`service.sim.whatif.WhatIf.replica_change` (see there).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from service.core.batching import SIM_BATCHING, BatchingConfig
 from service.core.scheduler import (
+    Applied,
+    Decision,
     DeviceInfo,
     ReplicaChange,
     ReplicaInfo,
@@ -20,10 +22,16 @@ from service.core.scheduler import (
 )
 from service.core.slot import ClusterState, DeviceView, LinkView, Placement
 from service.domain.cluster import ClusterSpec
+from service.domain.error import InvalidInputError
 from service.models.family import MODEL_CONFIGS
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
 from service.sim.iteration import BatchFeatures, IterationCostTable, kv_bytes_per_token, weight_bytes
 from service.sim.whatif import WhatIf
+
+
+def replay_model_uid(tenant_id: str, family: str) -> str:
+    """A replay tenant's model: one per tenant, named like a live model uid."""
+    return f"{tenant_id}/{family}"
 
 
 class SimClusterView:
@@ -31,8 +39,10 @@ class SimClusterView:
     ``SIM_BATCHING``; the live mirror: ``LIVE_BATCHING``)."""
 
     def __init__(self, cluster: SimulatedCluster, *, batching: BatchingConfig = SIM_BATCHING,
-                 tenant_chunks: dict[str, int] | None = None) -> None:
+                 tenant_chunks: dict[str, int] | None = None,
+                 model_uid: Callable[[str, str], str] = replay_model_uid) -> None:
         self.cluster = cluster
+        self.model_uid = model_uid  # (simulated tenant, family) -> the model uid policies see
         self.tenant_chunks = dict(tenant_chunks or {})  # a guest batches like its tenant's home replicas
         self.batching = batching
         self._busy_mark: dict[str, float] = {}
@@ -65,7 +75,8 @@ class SimClusterView:
         for rid in self.cluster.replica_ids:
             spec = self.cluster.replica_spec(rid)
             waiting, running, draining, idle = self.cluster.replica_state(rid)
-            out.append(ReplicaInfo(rid, spec.tenant_id or rid.split("/")[0], spec.model, spec.device_ids,
+            tenant = spec.tenant_id or rid.split("/")[0]
+            out.append(ReplicaInfo(rid, tenant, self.model_uid(tenant, spec.model), spec.model, spec.device_ids,
                                    waiting, running, spec.guest, draining, idle))
         return out
 
@@ -100,38 +111,58 @@ class SimClusterView:
             resident.setdefault(d.device_id, {})["(in use)"] = self.cluster.ledger.used_bytes(d.device_id)
         return ClusterState(spec.name, devices, links, {}, placements, resident)
 
-    def iteration_s(self, model: str, tp: int) -> float:
-        table = self._tables.get((model, tp))
+    def iteration_s(self, family: str, tp: int) -> float:
+        table = self._tables.get((family, tp))
         if table is None:
-            config = MODEL_CONFIGS[model]
+            config = MODEL_CONFIGS[family]
             device = self.spec.devices[0]
-            table = self._tables[(model, tp)] = IterationCostTable(config, self.cluster.cost_model, device)
+            table = self._tables[(family, tp)] = IterationCostTable(config, self.cluster.cost_model, device)
         return table.exact_s(BatchFeatures.of([], [1024] * 32)) / tp
 
-    def weight_bytes(self, model: str) -> int:
-        return weight_bytes(MODEL_CONFIGS[model])
+    def weight_bytes(self, family: str) -> int:
+        return weight_bytes(MODEL_CONFIGS[family])
 
-    def kv_reserve_bytes(self, model: str) -> int:
-        return self.batching.kv_reserve_tokens * kv_bytes_per_token(MODEL_CONFIGS[model])
+    def kv_reserve_bytes(self, family: str) -> int:
+        return self.batching.kv_reserve_tokens * kv_bytes_per_token(MODEL_CONFIGS[family])
 
     def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
-        return WhatIf(self.cluster).replica_change(self._spec(f"{change.tenant_id}/whatif", change), horizon_s)
+        tenant = self._tenant_of(change)
+        return WhatIf(self.cluster).replica_change(self._spec(f"{tenant}/whatif", tenant, change), horizon_s)
 
     # ---- applying decisions ----------------------------------------------------------------------
-    def apply(self, change: ReplicaChange) -> str | None:
-        """Add the guest replica for real; returns its id, or None if its weights do not fit."""
-        self._guests += 1
-        rid = f"{change.tenant_id}/g{self._guests}"
-        homes = [self.cluster.replica_spec(r).device_ids[0] for r in self.cluster.replica_ids
-                 if self.cluster.replica_spec(r).tenant_id == change.tenant_id]
-        spec = self._spec(rid, change)
-        ready = self.cluster.add_replica(spec, weights_from=self._source(homes, change))
-        return rid if ready is not None else None
+    def apply(self, decision: Decision) -> Applied:
+        """Drain, then add each guest replica for real (a change whose weights do not fit is
+        skipped)."""
+        applied = Applied()
+        for rid in decision.drain:
+            self.cluster.drain_replica(rid)
+            applied.drained.append(rid)
+        for change in decision.add:
+            tenant = self._tenant_of(change)
+            self._guests += 1
+            rid = f"{tenant}/g{self._guests}"
+            homes = [self.cluster.replica_spec(r).device_ids[0] for r in self.cluster.replica_ids
+                     if self.cluster.replica_spec(r).tenant_id == tenant]
+            ready = self.cluster.add_replica(self._spec(rid, tenant, change), weights_from=self._source(homes, change))
+            if ready is None:
+                applied.skipped.append(change)
+            else:
+                applied.added.append(rid)
+        return applied
 
-    def _spec(self, rid: str, change: ReplicaChange) -> ReplicaSpec:
-        chunk = self.tenant_chunks.get(change.tenant_id, self.batching.max_batched_tokens)
-        return ReplicaSpec(rid, change.model, change.device_ids, max_batched_tokens=chunk,
-                           max_num_seqs=self.batching.max_num_seqs, tenant_id=change.tenant_id, guest=True)
+    def _tenant_of(self, change: ReplicaChange) -> str:
+        """The simulated tenant serving ``change.model_uid`` (``tenant/family``)."""
+        for rid in self.cluster.replica_ids:
+            spec = self.cluster.replica_spec(rid)
+            tenant = spec.tenant_id or rid.split("/")[0]
+            if self.model_uid(tenant, spec.model) == change.model_uid:
+                return tenant
+        raise InvalidInputError(f"no replica serves {change.model_uid!r}", culprit=change.model_uid)
+
+    def _spec(self, rid: str, tenant: str, change: ReplicaChange) -> ReplicaSpec:
+        chunk = self.tenant_chunks.get(tenant, self.batching.max_batched_tokens)
+        return ReplicaSpec(rid, change.family, change.device_ids, max_batched_tokens=chunk,
+                           max_num_seqs=self.batching.max_num_seqs, tenant_id=tenant, guest=True)
 
     def _source(self, homes: Sequence[str], change: ReplicaChange) -> str | None:
         """The home device to copy weights from: one with a link to the first target device."""

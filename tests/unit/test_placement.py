@@ -8,8 +8,7 @@ import pytest
 from learned.roofline import RooflineCostModel
 from service.cluster.spec import load_cluster_spec
 from service.core.placement import ContainerPlacementPolicy, SlicePlacementPolicy, TenantDemand, container_replicas
-from service.core.queue import make_queue_policy
-from service.core.scheduler import ReplicaChange, Scheduler
+from service.core.scheduler import Decision, ReplicaChange, Scheduler
 from service.domain.error import InvalidInputError, InvariantError
 from service.domain.request import RequestSpec, Workload
 from service.models.family import MODEL_CONFIGS
@@ -114,7 +113,7 @@ def test_slice_policy_fills_an_idle_device_and_never_overflows_memory() -> None:
     def run(policy: ContainerPlacementPolicy | SlicePlacementPolicy) -> tuple[float, int, int]:
         c = two_tenant_cluster()
         view = SimClusterView(c)
-        sched = Scheduler(make_queue_policy("fifo"), policy)
+        sched = Scheduler(policy)
         # Tenant a is overloaded; tenant b barely uses its device.
         work = sorted(requests("a", "llama2-7b", 1500, 0.02, prompt=1500, out=150)
                       + requests("b", "llama2-7b", 10, 3.0), key=lambda r: r.arrival_s)
@@ -123,9 +122,8 @@ def test_slice_policy_fills_an_idle_device_and_never_overflows_memory() -> None:
         for step in range(1, 7):
             c.run(until=5.0 * step)
             view.mark()
-            decision = sched.step(c.now_s, view)
-            for change in decision.add:
-                guests += int(view.apply(change) is not None)
+            _, applied = sched.step_and_apply(c.now_s, view)
+            guests += len(applied.added)
         c.run(until=30.0)
         tokens = sum(o.num_output_tokens for o in c.report().requests if o.finish_s <= 30.0)
         return tokens, guests, len(c.report().violations)
@@ -138,18 +136,17 @@ def test_slice_policy_fills_an_idle_device_and_never_overflows_memory() -> None:
 
 
 def test_scheduler_rejects_decisions_on_unknown_devices() -> None:
-    from service.core.scheduler import Decision
     from service.sim.view import SimClusterView
 
     class Rogue:
         name = "rogue"
 
         def step(self, now_s: float, state: object) -> Decision:
-            return Decision(add=[ReplicaChange("a", "llama2-7b", ("nowhere",))])
+            return Decision(add=[ReplicaChange("a/llama2-7b", "llama2-7b", ("nowhere",))])
 
     view = SimClusterView(two_tenant_cluster())
     with pytest.raises(InvariantError):
-        Scheduler(make_queue_policy("fifo"), Rogue()).step(0.0, view)  # type: ignore[arg-type]
+        Scheduler(Rogue()).step(0.0, view)  # type: ignore[arg-type]
 
 
 def test_replica_what_if_predicts_what_the_simulator_then_does() -> None:
@@ -162,12 +159,12 @@ def test_replica_what_if_predicts_what_the_simulator_then_does() -> None:
     c.submit(requests("a", "llama2-7b", 400, 0.001, prompt=1500, out=150))  # all arrived by 0.4 s
     c.run(until=horizon + 1.0)
     view = SimClusterView(c)
-    change = ReplicaChange("a", "llama2-7b", ("node0/gpu2",))
+    change = ReplicaChange("a/llama2-7b", "llama2-7b", ("node0/gpu2",))
     _, predicted = view.what_if(change, horizon)
     assert predicted is not None
     now, tokens_before = c.now_s, c.tokens_out
     violations_before, done_before = len(c.ledger.violations), len(c.metrics.outcomes)
-    assert view.apply(change) is not None
+    assert view.apply(Decision(add=[change])).added
     c.run(until=now + horizon)
     late: dict[str, int] = {}
     for o in c.metrics.outcomes[done_before:]:

@@ -16,7 +16,7 @@ class _View:
         return [DeviceInfo("d0", "h", 1, 0.0, ("t/1",))]
 
     def replicas(self) -> Sequence[ReplicaInfo]:
-        return [ReplicaInfo("t/1", "t", "m", ("d0",), 0, 0, False, False, 0.0)]
+        return [ReplicaInfo("t/1", "t", "t/m", "m", ("d0",), 0, 0, False, False, 0.0)]
 
 
 def _check(decision: Decision) -> None:
@@ -25,12 +25,12 @@ def _check(decision: Decision) -> None:
 
 
 def test_a_decision_on_known_devices_and_replicas_passes() -> None:
-    _check(Decision(add=[ReplicaChange("t", "m", ("d0",))], drain=["t/1"]))
+    _check(Decision(add=[ReplicaChange("t/m", "m", ("d0",))], drain=["t/1"]))
 
 
 def test_adding_on_an_unknown_device_raises_an_invariant_error() -> None:
     with pytest.raises(InvariantError, match="unknown devices"):
-        _check(Decision(add=[ReplicaChange("t", "m", ("d0", "nope"))]))
+        _check(Decision(add=[ReplicaChange("t/m", "m", ("d0", "nope"))]))
 
 
 def test_draining_an_unknown_replica_raises_an_invariant_error() -> None:

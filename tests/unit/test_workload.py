@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -74,12 +73,10 @@ def test_read_azure_gives_the_documented_rows_and_ranges(path: Path, rows: int, 
 
 
 @needs_data
-def test_read_azure_conv_takes_well_under_a_second() -> None:
-    started = time.perf_counter()
+def test_read_azure_conv_reads_every_row() -> None:
+    """(Reading speed is measured by benchmarks/sim_speed.py, not asserted here.)"""
     result = read_azure(AZURE_CONV, tenant_id="t", model="tiny")
-    elapsed_s = time.perf_counter() - started
     assert len(result.requests) == 19366
-    assert elapsed_s < 1.0
 
 
 @needs_data
