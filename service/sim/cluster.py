@@ -118,7 +118,8 @@ class SimulatedCluster:
         self._observers: list[SimObserver] = [self.metrics, *observers]
         track = self.queue_policy is not None and self.queue_policy.fair_share
         self._batcher = Batcher(state.ledger, state.timelines, state.served, track_served=track,
-                                kv_watermark_fraction=self.config.kv_watermark_fraction)
+                                kv_watermark_fraction=self.config.kv_watermark_fraction,
+                                paged=self.config.kv == "paged", block_tokens=self.config.kv_block_tokens)
         router = self.router
         self._routing = Routing(state, self._batcher,
                                 choose=None if router is None else (lambda req, ids: router(req, ids, self)),
@@ -200,8 +201,12 @@ class SimulatedCluster:
 
     def report(self) -> SimReport:
         peaks = {d: self.ledger.peak_bytes(d) for d in self._devices}
-        return self.metrics.report(makespan_s=self.engine.now_s, num_events=self.engine.num_handled,
-                                   peak_mem_bytes=peaks, violations=self.ledger.violations)
+        report = self.metrics.report(makespan_s=self.engine.now_s, num_events=self.engine.num_handled,
+                                     peak_mem_bytes=peaks, violations=self.ledger.violations)
+        report.kv = self.config.kv
+        report.preemptions = self._batcher.preemptions
+        report.recomputed_tokens = self._batcher.recomputed_tokens
+        return report
 
     def slice_duration_s(self, ops: Sequence[OpFeatures], device_id: str) -> float:
         return self.cost_model.predict(ops, self._devices[device_id]).p50_s
@@ -339,7 +344,7 @@ class SimulatedCluster:
         for dev in device_ids:
             for rid in st.by_device[dev]:
                 r = st.replicas[rid]
-                if r.waiting and not r.busy and not r.step_pending:
+                if (r.waiting or r.preempted) and not r.busy and not r.step_pending:
                     r.step_pending = True
                     out.append(StepRequested(time_s=now, replica_id=rid))
         return out
@@ -446,9 +451,10 @@ class SimulatedCluster:
         r = st.replicas[replica_id]
         running = len(r.prefilling) + r.num_decodes
         idle = 0.0
-        if len(r.waiting) + running == 0:
+        waiting = len(r.waiting) + len(r.preempted)
+        if waiting + running == 0:
             idle = max(0.0, self.engine.now_s - st.last_active_s.get(replica_id, 0.0))
-        return len(r.waiting), running, replica_id in st.draining, idle
+        return waiting, running, replica_id in st.draining, idle
 
     def arrivals_since(self, since_s: float) -> list[RequestSpec]:
         """Requests that arrived at or after ``since_s`` (oldest first)."""

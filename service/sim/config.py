@@ -11,12 +11,25 @@ from service.domain.error import InvalidInputError
 __all__ = ["SimConfig"]
 
 
+KV_MODES = ("paged", "reserve")
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     margin_fraction: float = 0.05  # of each device's memory kept free of allocations (the ledger's limit)
     kv_watermark_fraction: float = 0.01  # of a device's memory an admission leaves free besides the margin
+    # KV management: "paged" (blocks allocated as tokens grow, admission by current blocks and
+    # the watermark, preemption of the newest request by recompute when memory runs out, as
+    # vLLM does) or "reserve" (a request's prompt plus whole output reserved at admission).
+    kv: str = "paged"
+    kv_block_tokens: int = 16  # tokens per KV block (paged): each sequence rounds up to a block
 
     def __post_init__(self) -> None:
+        if self.kv not in KV_MODES:
+            raise InvalidInputError(f"sim config: kv must be one of {', '.join(KV_MODES)}, got {self.kv!r}", culprit="kv")
+        if self.kv_block_tokens < 1:
+            raise InvalidInputError(f"sim config: kv_block_tokens must be >= 1, got {self.kv_block_tokens}",
+                                    culprit="kv_block_tokens")
         for name in ("margin_fraction", "kv_watermark_fraction"):
             value = getattr(self, name)
             if not (0.0 <= value < 1.0) or math.isnan(value):

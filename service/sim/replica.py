@@ -1,22 +1,24 @@
-"""A replica under simulation: continuous batching with KV admission.
+"""A replica under simulation: continuous batching with KV admission and preemption.
 
 A replica is a model on one or more devices (tensor parallel: compute divided by the number of
 devices plus two ring all-reduces per layer over their link, see
 :class:`~service.sim.iteration.IterationCostTable`). Each iteration batches every running
 decode (one token each) and then prompt chunks (chunked prefill) up to ``max_batched_tokens``:
-first the partially prefilled requests in admission order, then waiting requests in the queue
-policy's order. A waiting request is admitted when its prompt's KV (plus one token) fits under
-the device limit minus a watermark; if the head of the queue does not fit, admission stops (no
-overtaking of the selected request, no preemption); admission also keeps room for the
-activations of a full iteration (``max_batched_tokens`` tokens). The iteration that finishes a
-prompt emits its first token; every later iteration emits one more. Iterations of a busy
-replica run back to back; one event per iteration per replica, never per token.
+first the partially prefilled requests in admission order, then preempted requests, then
+waiting requests in the queue policy's order (:func:`service.core.admission.admit`,
+head-of-line: if the selected request does not fit, nothing overtakes it). The iteration that
+finishes a prompt emits its first token; every later iteration emits one more. Iterations of a
+busy replica run back to back; one event per iteration per replica, never per token.
 
-Memory: KV of a replica is one allocation per device (``kv_cache``, owner ``<replica>/kv``): a
-request is admitted only when its prompt plus its whole output (the ``max_tokens`` it declares;
-the traces' output lengths stand for it) fits, so decoding never outgrows memory and no
-preemption is needed; released at completion. Live activations of an iteration are allocated
-for its duration (forced: an overflow is recorded as a violation, never absorbed).
+Memory: KV of a replica is one allocation per device (``kv_cache``, owner ``<replica>/kv``).
+``paged`` (default, as vLLM): a request is admitted when its prompt plus one block of rounding
+fits under the device limit minus a watermark and a full iteration's activations; its KV grows
+by a token per decode; when growth does not fit, the newest running requests are preempted
+(recompute: their KV is dropped, they are readmitted before the queue and prefill their prompt
+plus what they had generated again, charged as prefill work). ``reserve``: a request is
+admitted only when its prompt plus its whole output fits, so decoding never outgrows memory.
+KV is released at completion. Live activations of an iteration are allocated for its duration
+(forced: an overflow is recorded as a violation, never absorbed).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from service.core.admission import admit
 from service.core.batching import SIM_BATCHING
 from service.core.cost import NO_OVERHEAD, CostModel, IterationOverhead
 from service.core.memory import Allocation, MemoryLedger
-from service.core.queue import WaitingQueue
+from service.core.queue import FifoQueue, QueuedRequest, WaitingQueue
 from service.domain.cluster import ClusterSpec, Device
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec
@@ -71,15 +73,26 @@ class OutputEstimator(Protocol):
 class Live:
     """Mutable state of one request inside a replica."""
 
-    __slots__ = ("admitted_s", "estimate", "first_iter", "first_token_s", "prefilled", "spec")
+    __slots__ = ("admitted_s", "decode_iter", "estimate", "first_iter", "first_token_s", "generated", "kv_base",
+                 "max_gap_s", "preempted_s", "prefilled", "spec")
 
     def __init__(self, spec: RequestSpec, estimate: int = 0) -> None:
         self.spec = spec
         self.estimate = estimate  # output-token budget given at arrival (0: none)
-        self.prefilled = 0
-        self.admitted_s = math.nan
+        self.prefilled = 0  # tokens of the prefill target in KV
+        self.admitted_s = math.nan  # first admission
         self.first_token_s = math.nan
-        self.first_iter = -1
+        self.first_iter = -1  # iteration of the first token
+        self.generated = 0  # output tokens produced before the current decode run (recompute after preemption)
+        self.decode_iter = -1  # iteration whose prefill started the current decode run
+        self.kv_base = 0  # KV tokens held when the current decode run started (paged: target + one block)
+        self.max_gap_s = 0.0  # longest gap between two tokens in earlier decode runs (preemption stalls)
+        self.preempted_s = math.nan  # when its last token before a preemption was produced
+
+    @property
+    def target(self) -> int:
+        """Tokens to prefill: the prompt, plus what it had generated when preempted (recompute)."""
+        return self.spec.prompt_tokens + self.generated
 
 
 @dataclass(slots=True, eq=False)
@@ -92,6 +105,7 @@ class Replica:
     kv_bytes_per_token: float
     act_bytes_per_token: float
     waiting: WaitingQueue[Live]
+    preempted: FifoQueue[Live]  # preempted requests, readmitted before the waiting queue
     kv_allocs: list[Allocation]  # one per device
     act_allocs: list[Allocation]  # this iteration's activations, one per device
     prefilling: deque[Live]  # admitted, prompt not finished, in admission order
@@ -118,7 +132,7 @@ class Replica:
 
     def load(self) -> int:
         """Requests routed here and not finished (waiting, prefilling, decoding)."""
-        return len(self.waiting) + len(self.prefilling) + self.num_decodes
+        return len(self.waiting) + len(self.preempted) + len(self.prefilling) + self.num_decodes
 
     def clone(self) -> Replica:
         """An independent copy: every container copied, each request copied once."""
@@ -132,6 +146,7 @@ class Replica:
 
         other = Replica(**{f.name: getattr(self, f.name) for f in fields(self)})
         other.waiting = self.waiting.copy(c)
+        other.preempted = self.preempted.copy(c)
         other.decoding_by_tenant = dict(self.decoding_by_tenant)
         other.prefilling = deque(c(x) for x in self.prefilling)
         other.finishing = {k: [c(x) for x in v] for k, v in self.finishing.items()}
@@ -174,24 +189,43 @@ def build_replica(rs: ReplicaSpec, *, cluster: ClusterSpec, devices: Mapping[str
             raise InvalidInputError(f"replica {rs.replica_id}: no KV allocation on {d}", culprit=d)
         kv_allocs.append(kv)
     return Replica(spec=rs, config=config, table=table, kv_bytes_per_token=kv_bytes_per_token(config) / tp,
-                   act_bytes_per_token=activation_bytes_per_token(config) / tp, waiting=waiting,
+                   act_bytes_per_token=activation_bytes_per_token(config) / tp, waiting=waiting, preempted=FifoQueue(),
                    kv_allocs=kv_allocs, act_allocs=[], prefilling=deque(), finishing={}, current=[],
                    decoding_by_tenant={}, ends=np.zeros(1024))
 
 
+_UNKEYED = QueuedRequest("", "", "", 0.0, 0, 0)  # a FifoQueue ignores keys
+
+
 class Batcher:
     """Continuous batching and KV admission of the replicas sharing one ledger and one set of
-    device timelines. ``served`` (tokens per tenant) is counted only when ``track_served``."""
+    device timelines. ``served`` (tokens per tenant) is counted only when ``track_served``.
+    ``paged``: KV grows with the tokens (``block_tokens`` of rounding per sequence) and the
+    newest request is preempted (recompute) when it cannot grow; else the whole request is
+    reserved at admission."""
 
-    __slots__ = ("kv_watermark_fraction", "ledger", "served", "timelines", "track_served")
+    __slots__ = ("block_tokens", "kv_watermark_fraction", "ledger", "paged", "preemptions", "recomputed_tokens",
+                 "served", "timelines", "track_served")
 
     def __init__(self, ledger: MemoryLedger, timelines: DeviceTimelines, served: dict[str, float], *,
-                 track_served: bool, kv_watermark_fraction: float) -> None:
+                 track_served: bool, kv_watermark_fraction: float, paged: bool = False,
+                 block_tokens: int = 16) -> None:
         self.ledger = ledger
         self.timelines = timelines
         self.served = served
         self.track_served = track_served
         self.kv_watermark_fraction = kv_watermark_fraction
+        self.paged = paged
+        self.block_tokens = block_tokens
+        self.preemptions = 0
+        self.recomputed_tokens = 0  # prefill tokens spent again on preempted requests
+
+    def kv_need(self, live: Live) -> int:
+        """KV tokens a request holds from admission: its prefill target and one block of
+        rounding (paged), or its prompt and whole output (reserve)."""
+        if self.paged:
+            return live.target + self.block_tokens
+        return live.spec.prompt_tokens + live.spec.output_tokens
 
     def start_iteration(self, r: Replica, now: float) -> IterationFinished | None:
         """Admit what fits and start the replica's next iteration; ``None`` when it has no work."""
@@ -202,7 +236,7 @@ class Batcher:
             if budget <= 0:
                 break
             cached = live.prefilled
-            n = min(budget, live.spec.prompt_tokens - cached)
+            n = min(budget, live.target - cached)
             chunks.append((live, n))
             budget -= n
             p += n
@@ -211,24 +245,26 @@ class Batcher:
         num_seqs = len(r.prefilling) + r.num_decodes
         served = self.served
 
-        def fits(live: Live) -> bool:  # batch room, then the whole request's KV under the watermark
+        def fits(live: Live) -> bool:  # batch room, then the request's KV under the watermark
             return (budget > 0 and num_seqs < r.spec.max_num_seqs
-                    and self.resize_kv(r, r.kv_tokens + live.spec.prompt_tokens + live.spec.output_tokens,
-                                       now, force=False, watermark=True))
+                    and self.resize_kv(r, r.kv_tokens + self.kv_need(live), now, force=False, watermark=True))
 
-        for live in admit(r.waiting, served, fits):
-            prompt = live.spec.prompt_tokens
-            if self.track_served:
-                served[live.spec.tenant_id] = served.get(live.spec.tenant_id, 0.0) + prompt
-            live.admitted_s = now
-            r.prefilling.append(live)
-            num_seqs += 1
-            n = min(budget, prompt)
-            chunks.append((live, n))
-            budget -= n
-            p += n
-            pairs += n * n
-            kv_p += n
+        for queue in (r.preempted, r.waiting):  # preempted requests first, as vLLM does
+            for live in admit(queue, served, fits):
+                target = live.target
+                if self.track_served and not live.generated:
+                    served[live.spec.tenant_id] = served.get(live.spec.tenant_id, 0.0) + target
+                if math.isnan(live.admitted_s):
+                    live.admitted_s = now
+                live.kv_base = self.kv_need(live)
+                r.prefilling.append(live)
+                num_seqs += 1
+                n = min(budget, target)
+                chunks.append((live, n))
+                budget -= n
+                p += n
+                pairs += n * n
+                kv_p += n
         if not chunks and not r.num_decodes:
             return None
         duration = r.table.latency_s(p, pairs, kv_p, len(chunks), r.num_decodes, r.decode_context_sum)
@@ -255,9 +291,10 @@ class Batcher:
             r.ends = np.concatenate([r.ends, np.zeros(len(r.ends))])
         r.ends[j] = now
         # Every running decode produced one token; its next step sees one more cached token.
-        # KV for a request's whole output is reserved at admission (its max_tokens): decodes grow
-        # into the reservation, so nothing grows here and completions release all of it.
-        kv_delta = 0
+        # Reserve: decodes grow into their admission's reservation. Paged: KV grows by a token
+        # per decode (the block rounding of :meth:`kv_need` covers partial blocks).
+        paged = self.paged
+        kv_delta = r.num_decodes if paged else 0
         tokens = r.num_decodes
         r.decode_context_sum += r.num_decodes
         finished: list[Live] = []
@@ -270,38 +307,96 @@ class Batcher:
             spec = live.spec
             r.num_decodes -= 1
             r.decode_context_sum -= spec.prompt_tokens + spec.output_tokens - 1
-            kv_delta -= spec.prompt_tokens + spec.output_tokens
+            kv_delta -= self._held(live, j)
             if track:
                 r.decoding_by_tenant[spec.tenant_id] -= 1
             finished.append(live)
         prefilling = r.prefilling
         for live, n in r.current:
             live.prefilled += n
-            if live.prefilled < live.spec.prompt_tokens:
+            if live.prefilled < live.target:
                 continue
             prefilling.popleft()  # completed prompts form a prefix of the admission order
-            live.first_token_s = now
             tokens += 1
-            live.first_iter = j
             spec = live.spec
+            target = live.target
+            if not live.generated:
+                live.first_token_s = now
+                live.first_iter = j
+            else:  # the stall of a preemption: from its last token before it to this one
+                live.max_gap_s = max(live.max_gap_s, now - live.preempted_s)
+            live.generated += 1
+            live.decode_iter = j
             if track:
                 served[spec.tenant_id] = served.get(spec.tenant_id, 0.0) + 1
-            if spec.output_tokens == 1:
-                kv_delta -= spec.prompt_tokens + spec.output_tokens
+            remaining = spec.output_tokens - live.generated
+            if remaining <= 0:
+                kv_delta -= live.kv_base
                 finished.append(live)
             else:
                 if track:
                     r.decoding_by_tenant[spec.tenant_id] = r.decoding_by_tenant.get(spec.tenant_id, 0) + 1
                 r.num_decodes += 1
-                r.decode_context_sum += spec.prompt_tokens
-                r.finishing.setdefault(j + spec.output_tokens - 1, []).append(live)
+                r.decode_context_sum += target  # its context: the target, the new token not yet cached
+                r.finishing.setdefault(j + remaining, []).append(live)
         r.tokens_out += tokens
         r.current = []
+        if kv_delta > 0 and not self._fits(r, r.kv_tokens + kv_delta):
+            kv_delta -= self._preempt(r, r.kv_tokens + kv_delta, j, now)
         if kv_delta:
             self.resize_kv(r, r.kv_tokens + kv_delta, now, force=True)
         r.iteration = j + 1
         r.busy = False
         return finished, kv_delta, tokens
+
+    def _held(self, live: Live, j: int) -> int:
+        """KV tokens a decoding request holds at the end of iteration ``j``."""
+        return live.kv_base + (j - live.decode_iter if self.paged else 0)
+
+    def _preempt(self, r: Replica, want: int, j: int, now: float) -> int:
+        """Preempt the newest running requests (recompute: their KV is dropped, they wait at
+        the head of the replica's queue) until ``want`` KV tokens minus what they held fits;
+        returns the tokens freed."""
+        running = [(x, False) for x in r.prefilling]
+        running += [(x, True) for lives in r.finishing.values() for x in lives]
+        running.sort(key=lambda e: (e[0].admitted_s, e[0].spec.arrival_s, e[0].spec.request_id))
+        freed = 0
+        victims: list[Live] = []
+        while running and not self._fits(r, want - freed):
+            victim, decoding = running.pop()  # newest
+            spec = victim.spec
+            if decoding:
+                produced = victim.generated + (j - victim.decode_iter)  # tokens so far
+                r.finishing[victim.decode_iter + spec.output_tokens - victim.generated].remove(victim)
+                r.num_decodes -= 1
+                r.decode_context_sum -= spec.prompt_tokens + produced - 1
+                if self.track_served:
+                    r.decoding_by_tenant[spec.tenant_id] -= 1
+                freed += self._held(victim, j)
+                if produced > 1:
+                    gaps = np.diff(r.ends[victim.decode_iter:j + 1])
+                    victim.max_gap_s = max(victim.max_gap_s, float(gaps.max()))
+                victim.generated = produced
+                victim.preempted_s = now
+            else:  # still prefilling: its chunks so far are lost
+                r.prefilling.remove(victim)
+                freed += victim.kv_base
+            self.recomputed_tokens += victim.prefilled
+            victim.prefilled = 0
+            victim.decode_iter = -1
+            victims.append(victim)
+            self.preemptions += 1
+        for victim in reversed(victims):  # the oldest is readmitted first
+            r.preempted.push(_UNKEYED, victim)
+        return freed
+
+    def _fits(self, r: Replica, tokens: int) -> bool:
+        """Whether the replica's KV can be ``tokens`` tokens with room left for the activations
+        of a full iteration (growth may use the admission watermark, as vLLM's does)."""
+        size = math.ceil(tokens * r.kv_bytes_per_token)
+        act = int(r.spec.max_batched_tokens * r.act_bytes_per_token)
+        return all(size - a.size_bytes <= self.ledger.free_bytes(d) - act
+                   for d, a in zip(r.device_ids, r.kv_allocs, strict=True))
 
     def resize_kv(self, r: Replica, tokens: int, now: float, *, force: bool, watermark: bool = False) -> bool:
         """Set the replica's KV to ``tokens`` tokens on all its devices; False (unchanged) if
@@ -331,10 +426,12 @@ class Batcher:
 def request_outcome(r: Replica, live: Live, now: float, sla_classes: Mapping[str, SlaClass]) -> RequestOutcome:
     """The outcome of a request that finished on ``r`` at ``now``."""
     spec = live.spec
-    k, steps = live.first_iter, spec.output_tokens - 1
+    steps = spec.output_tokens - 1
     if steps > 0:
-        gaps = np.diff(r.ends[k:k + steps + 1])
-        tbt_mean, tbt_max = float((r.ends[k + steps] - r.ends[k]) / steps), float(gaps.max())
+        k = live.decode_iter  # the last decode run: tokens at consecutive iterations from k
+        run = np.diff(r.ends[k:k + spec.output_tokens - live.generated + 1])
+        tbt_mean = float((now - live.first_token_s) / steps)
+        tbt_max = max(live.max_gap_s, float(run.max()) if len(run) else 0.0)
     else:
         tbt_mean = tbt_max = 0.0
     ttft, e2e = live.first_token_s - spec.arrival_s, now - spec.arrival_s

@@ -70,6 +70,9 @@ class SimReport:
     # 0.0 when nothing finished.
     max_wait_s_long: float = 0.0
     max_wait_s: float = 0.0  # worst queueing delay of any finished request (0.0 when none)
+    kv: str = "paged"  # the KV management simulated (SimConfig.kv)
+    preemptions: int = 0  # requests preempted for KV memory (paged), each recomputed
+    recomputed_tokens: int = 0  # prefill tokens computed again because of preemptions
 
 
 class SimObserver(Protocol):

@@ -151,7 +151,7 @@ class SimState:
         out: list[tuple[str, RequestSpec]] = []
         for rid, r in self.replicas.items():
             seen: set[str] = set()
-            groups: list[Iterable[Live]] = [r.prefilling, r.waiting, *r.finishing.values()]
+            groups: list[Iterable[Live]] = [r.prefilling, r.waiting, r.preempted, *r.finishing.values()]
             for group in groups:
                 for live in group:
                     if live.spec.request_id not in seen:
