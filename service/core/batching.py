@@ -22,6 +22,10 @@ class BatchingConfig:
     max_batched_tokens: int = 2048  # token budget of one iteration (a decode counts one)
     kv_reserve_tokens: int = 8192  # KV tokens a replica needs besides its weights to be useful
     chunk_choices_tokens: tuple[int, ...] = (128, 256, 512, 1024, 2048)  # prefill chunk sizes tried per tenant
+    # False: chunked prefill, decodes and prompt chunks in one iteration (vLLM v1, Sarathi).
+    # True: vLLM v0's default: an iteration either prefills whole prompts (when any waiting
+    # request fits; decodes pause) or decodes every running request.
+    prefill_first: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_batched_tokens", "kv_reserve_tokens"):

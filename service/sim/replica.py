@@ -58,6 +58,7 @@ class ReplicaSpec:
     device_ids: tuple[str, ...]  # one device, or several for tensor parallelism
     max_batched_tokens: int = SIM_BATCHING.max_batched_tokens  # token budget of one iteration (a decode counts one)
     max_num_seqs: int = SIM_BATCHING.max_num_seqs  # admitted sequences at most (prefilling plus decoding)
+    prefill_first: bool = SIM_BATCHING.prefill_first  # whole-prompt prefill iterations, decodes paused (vLLM v0)
     tenant_id: str | None = None  # serves only this tenant's requests (None: any tenant of the model)
     guest: bool = False  # added at run time outside the tenant's home devices
 
@@ -74,7 +75,7 @@ class Live:
     """Mutable state of one request inside a replica."""
 
     __slots__ = ("admitted_s", "decode_iter", "estimate", "first_iter", "first_token_s", "generated", "kv_base",
-                 "max_gap_s", "preempted_s", "prefilled", "spec")
+                 "max_gap_s", "preempted_s", "prefilled", "run_start_s", "spec")
 
     def __init__(self, spec: RequestSpec, estimate: int = 0) -> None:
         self.spec = spec
@@ -88,6 +89,7 @@ class Live:
         self.kv_base = 0  # KV tokens held when the current decode run started (paged: target + one block)
         self.max_gap_s = 0.0  # longest gap between two tokens in earlier decode runs (preemption stalls)
         self.preempted_s = math.nan  # when its last token before a preemption was produced
+        self.run_start_s = math.nan  # when the current decode run's first token came
 
     @property
     def target(self) -> int:
@@ -119,6 +121,7 @@ class Replica:
     kv_tokens: int = 0
     tokens_out: int = 0
     busy: bool = False
+    decodes_paused: bool = False  # this iteration prefills only (prefill_first): running decodes wait
     step_pending: bool = False
     current_start_s: float = 0.0
 
@@ -229,6 +232,8 @@ class Batcher:
 
     def start_iteration(self, r: Replica, now: float) -> IterationFinished | None:
         """Admit what fits and start the replica's next iteration; ``None`` when it has no work."""
+        if r.spec.prefill_first:
+            return self._start_prefill_first(r, now)
         budget = r.spec.max_batched_tokens - r.num_decodes
         chunks: list[tuple[Live, int]] = []
         p = pairs = kv_p = 0
@@ -267,14 +272,53 @@ class Batcher:
                 kv_p += n
         if not chunks and not r.num_decodes:
             return None
-        duration = r.table.latency_s(p, pairs, kv_p, len(chunks), r.num_decodes, r.decode_context_sum)
+        return self._run(r, now, chunks, p, pairs, kv_p, r.num_decodes)
+
+    def _start_prefill_first(self, r: Replica, now: float) -> IterationFinished | None:
+        """vLLM v0's scheduling: whole prompts of the requests that fit (token budget, sequence
+        limit, KV), in an iteration of their own; a decode iteration when none does."""
+        budget = r.spec.max_batched_tokens
+        num_seqs = r.num_decodes
+        chunks: list[tuple[Live, int]] = []
+        p = pairs = 0
+        served = self.served
+
+        def fits(live: Live) -> bool:
+            return (live.target <= budget and num_seqs < r.spec.max_num_seqs
+                    and self.resize_kv(r, r.kv_tokens + self.kv_need(live), now, force=False, watermark=True))
+
+        for queue in (r.preempted, r.waiting):
+            for live in admit(queue, served, fits):
+                target = live.target
+                if self.track_served and not live.generated:
+                    served[live.spec.tenant_id] = served.get(live.spec.tenant_id, 0.0) + target
+                if math.isnan(live.admitted_s):
+                    live.admitted_s = now
+                live.kv_base = self.kv_need(live)
+                r.prefilling.append(live)
+                num_seqs += 1
+                chunks.append((live, target))
+                budget -= target
+                p += target
+                pairs += target * target
+        if chunks:
+            return self._run(r, now, chunks, p, pairs, p, 0, decodes_paused=True)
+        if not r.num_decodes:
+            return None
+        return self._run(r, now, [], 0, 0, 0, r.num_decodes)
+
+    def _run(self, r: Replica, now: float, chunks: list[tuple[Live, int]], p: int, pairs: int, kv_p: int,
+             decodes: int, *, decodes_paused: bool = False) -> IterationFinished:
+        """Start an iteration of ``chunks`` prefill work and ``decodes`` decodes."""
+        duration = r.table.latency_s(p, pairs, kv_p, len(chunks), decodes, r.decode_context_sum if decodes else 0)
         start = self.timelines.earliest_window(r.device_ids, now, duration)
         end = start + duration
-        act = int((p + r.num_decodes) * r.act_bytes_per_token)
+        act = int((p + decodes) * r.act_bytes_per_token)
         r.act_allocs = [self.ledger.overflow(d, "activation", r.spec.replica_id, act, at_s=now)
                         for d in r.device_ids]
         r.current = chunks
         r.current_start_s = start
+        r.decodes_paused = decodes_paused
         r.busy = True
         self.timelines.occupy(r.device_ids, end)
         return IterationFinished(time_s=end, replica_id=r.spec.replica_id, iteration=r.iteration)
@@ -282,35 +326,41 @@ class Batcher:
     def finish_iteration(self, r: Replica, now: float) -> tuple[list[Live], int, int]:
         """Account the iteration that ends at ``now``: ``(finished requests in order, KV token
         change, output tokens produced)``. The replica is idle afterwards."""
-        j = r.iteration
         ledger = self.ledger
         for a in r.act_allocs:
             ledger.free(a)
         r.act_allocs = []
-        if j >= len(r.ends):
-            r.ends = np.concatenate([r.ends, np.zeros(len(r.ends))])
-        r.ends[j] = now
-        # Every running decode produced one token; its next step sees one more cached token.
-        # Reserve: decodes grow into their admission's reservation. Paged: KV grows by a token
-        # per decode (the block rounding of :meth:`kv_need` covers partial blocks).
-        paged = self.paged
-        kv_delta = r.num_decodes if paged else 0
-        tokens = r.num_decodes
-        r.decode_context_sum += r.num_decodes
+        # Decode steps are numbered (``r.iteration``; ``r.ends`` holds their end times): a
+        # running request's tokens come at consecutive steps. A prefill-only iteration of
+        # ``prefill_first`` is not a step: running decodes wait through it.
+        paused = r.decodes_paused
+        j = r.iteration - 1 if paused else r.iteration  # the step just ended (or the last one)
         finished: list[Live] = []
         track = self.track_served
         served = self.served
-        if track:
-            for t, n in r.decoding_by_tenant.items():
-                served[t] = served.get(t, 0.0) + n
-        for live in r.finishing.pop(j, ()):
-            spec = live.spec
-            r.num_decodes -= 1
-            r.decode_context_sum -= spec.prompt_tokens + spec.output_tokens - 1
-            kv_delta -= self._held(live, j)
+        paged = self.paged
+        kv_delta = tokens = 0
+        if not paused:
+            if j >= len(r.ends):
+                r.ends = np.concatenate([r.ends, np.zeros(len(r.ends))])
+            r.ends[j] = now
+            # Every running decode produced one token; its next step sees one more cached token.
+            # Reserve: decodes grow into their admission's reservation. Paged: KV grows by a token
+            # per decode (the block rounding of :meth:`kv_need` covers partial blocks).
+            kv_delta = r.num_decodes if paged else 0
+            tokens = r.num_decodes
+            r.decode_context_sum += r.num_decodes
             if track:
-                r.decoding_by_tenant[spec.tenant_id] -= 1
-            finished.append(live)
+                for t, n in r.decoding_by_tenant.items():
+                    served[t] = served.get(t, 0.0) + n
+            for live in r.finishing.pop(j, ()):
+                spec = live.spec
+                r.num_decodes -= 1
+                r.decode_context_sum -= spec.prompt_tokens + spec.output_tokens - 1
+                kv_delta -= self._held(live, j)
+                if track:
+                    r.decoding_by_tenant[spec.tenant_id] -= 1
+                finished.append(live)
         prefilling = r.prefilling
         for live, n in r.current:
             live.prefilled += n
@@ -326,7 +376,8 @@ class Batcher:
             else:  # the stall of a preemption: from its last token before it to this one
                 live.max_gap_s = max(live.max_gap_s, now - live.preempted_s)
             live.generated += 1
-            live.decode_iter = j
+            live.decode_iter = j  # its next tokens come at steps j + 1, j + 2, ...
+            live.run_start_s = now
             if track:
                 served[spec.tenant_id] = served.get(spec.tenant_id, 0.0) + 1
             remaining = spec.output_tokens - live.generated
@@ -345,7 +396,9 @@ class Batcher:
             kv_delta -= self._preempt(r, r.kv_tokens + kv_delta, j, now)
         if kv_delta:
             self.resize_kv(r, r.kv_tokens + kv_delta, now, force=True)
-        r.iteration = j + 1
+        if not paused:
+            r.iteration = j + 1
+        r.decodes_paused = False
         r.busy = False
         return finished, kv_delta, tokens
 
@@ -373,9 +426,8 @@ class Batcher:
                 if self.track_served:
                     r.decoding_by_tenant[spec.tenant_id] -= 1
                 freed += self._held(victim, j)
-                if produced > 1:
-                    gaps = np.diff(r.ends[victim.decode_iter:j + 1])
-                    victim.max_gap_s = max(victim.max_gap_s, float(gaps.max()))
+                if produced > victim.generated:
+                    victim.max_gap_s = max(victim.max_gap_s, _run_max_gap(r, victim, j - victim.decode_iter))
                 victim.generated = produced
                 victim.preempted_s = now
             else:  # still prefilling: its chunks so far are lost
@@ -423,15 +475,23 @@ class Batcher:
         return all(need <= self.ledger.limit_bytes(d) - weights for d in r.device_ids)
 
 
+def _run_max_gap(r: Replica, live: Live, n: int) -> float:
+    """The longest gap between tokens in the request's current decode run: its start token
+    (``run_start_s``) and the ``n`` tokens of steps ``decode_iter + 1 ...``."""
+    if n <= 0:
+        return 0.0
+    k = live.decode_iter
+    first = float(r.ends[k + 1]) - live.run_start_s
+    return max(first, float(np.diff(r.ends[k + 1:k + n + 1]).max())) if n > 1 else first
+
+
 def request_outcome(r: Replica, live: Live, now: float, sla_classes: Mapping[str, SlaClass]) -> RequestOutcome:
     """The outcome of a request that finished on ``r`` at ``now``."""
     spec = live.spec
     steps = spec.output_tokens - 1
     if steps > 0:
-        k = live.decode_iter  # the last decode run: tokens at consecutive iterations from k
-        run = np.diff(r.ends[k:k + spec.output_tokens - live.generated + 1])
         tbt_mean = float((now - live.first_token_s) / steps)
-        tbt_max = max(live.max_gap_s, float(run.max()) if len(run) else 0.0)
+        tbt_max = max(live.max_gap_s, _run_max_gap(r, live, spec.output_tokens - live.generated))
     else:
         tbt_mean = tbt_max = 0.0
     ttft, e2e = live.first_token_s - spec.arrival_s, now - spec.arrival_s
