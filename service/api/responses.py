@@ -45,7 +45,7 @@ class LoopOut(Out):
 
 class Neo4jStatusOut(Out):
     reachable: bool
-    uri: str
+    uri: str | None = Field(description="the server it last connected to; null: none yet")
     error: str | None = Field(description="why it is unreachable; null while it answers")
 
 
@@ -262,7 +262,7 @@ class RequestOut(Out):
 # ---- what-if and inspection ------------------------------------------------------------------------
 class OutcomeOut(Out):
     output_tokens: int
-    violations_by_model: dict[str, int]
+    violations_by_model: dict[str, int] = Field(description="late requests per model uid")
     memory_violations: int
     peak_bytes: dict[str, int] = Field(description="per affected device")
 
@@ -278,8 +278,8 @@ class CandidateWhatIfOut(Out):
 
 
 class PolicyAddOut(Out):
-    model: str
-    compute_units: list[str]
+    model: str = Field(description="the model's uid, tenant_id/model_id")
+    compute_units: list[str] = Field(description="the executors its guest replica would span")
 
 
 class PolicyWhatIfOut(Out):
