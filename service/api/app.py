@@ -23,7 +23,6 @@ from fastapi.responses import JSONResponse
 from neo4j.exceptions import ServiceUnavailable, SessionExpired
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.api.keys import router as keys_router
 from service.api.routers import ROUTERS
 from service.api.schemas import ErrorOut
 from service.api.service import LiveService
@@ -140,7 +139,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                   description="Operator-level scheduling for multi-tenant model serving: tenants, models, "
                               "requests, executor leases, what-if and Cypher inspection. See docs/API.md.")
     install_error_handlers(app)
-    for router in (*ROUTERS, keys_router):
+    for router in ROUTERS:
         app.include_router(router, responses=ERROR_RESPONSES)
     documented = app.openapi
 

@@ -1,8 +1,8 @@
 """Keys beyond the admin's: executor pools, and rotating and revoking tenant and pool keys.
 
 An **executor pool** is what an executor key stands for: the admin creates one
-(``POST /v1/executor-pools``) with the device kinds its executors may register and limits
-(devices in total, memory per device), and gets its key once; Neo4j keeps only the key's
+(``POST /v1/executor-pools``, routes in :mod:`service.api.routers.keys`) with the device kinds
+its executors may register and limits (devices in total, memory per device), and gets its key once; Neo4j keeps only the key's
 SHA-256 (an ``ExecutorPool`` node, as tenant keys live on ``Tenant``). ``SLICESCHED_EXECUTOR_KEY``,
 when set, is the key of the in-memory **bootstrap** pool (catalogue kinds, default limits); it
 never defaults to the admin key. An executor id belongs to the pool that registered it: another
@@ -18,14 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter
-from pydantic import Field
-
-from service.api.deps import AdminPrincipal, AnyPrincipal, Principal, Svc, own_tenant
-from service.api.schemas import ID, Body, Int
-from service.api.state import LiveState, hash_key, new_key
+from service.api.deps import Principal
+from service.api.state import LiveState, hash_key
 from service.domain.cluster import DEVICE_KINDS
 from service.domain.error import ConflictError, ForbiddenError, InvalidInputError, NotFoundError
 
@@ -33,7 +29,6 @@ BOOTSTRAP_POOL = "bootstrap"  # the pool of SLICESCHED_EXECUTOR_KEY (in memory o
 CATALOGUE_KINDS = tuple(DEVICE_KINDS)
 DEFAULT_MAX_DEVICES = 64
 DEFAULT_MAX_MEM_BYTES = 2**40  # 1 TiB per device
-KIND = r"^[A-Za-z0-9][A-Za-z0-9 _.:()-]{0,63}$"
 
 
 @dataclass
@@ -78,6 +73,14 @@ class ExecutorPools:
         if found is None:
             raise NotFoundError(f"no executor pool {pool_id!r}")
         return found
+
+    def changeable(self, pool_id: str) -> ExecutorPool:
+        """The pool whose key may be rotated or revoked: any but the bootstrap pool (a 409)."""
+        pool = self.pool(pool_id)
+        if pool_id == BOOTSTRAP_POOL:
+            raise ConflictError("the bootstrap pool's key is SLICESCHED_EXECUTOR_KEY: change or unset it there and "
+                                "restart the service")
+        return pool
 
     def pool_of_key(self, key: str) -> str | None:
         return self.by_key_hash.get(hash_key(key))
@@ -133,101 +136,3 @@ class ExecutorPools:
         lease = state.leases.get(lease_id)
         if p.role == "executor" and lease is not None and self.owner.get(lease.executor_id, "") != p.pool_id:
             raise NotFoundError(f"no live lease {lease_id!r}")
-
-
-# ---- routes ----------------------------------------------------------------------------------------
-router = APIRouter()
-
-
-class ExecutorPoolIn(Body):
-    pool_id: str = Field(pattern=ID)
-    allowed_kinds: list[Annotated[str, Field(pattern=KIND)]] | None = Field(
-        None, min_length=1, max_length=32,
-        description="device kinds its executors may register (default: the catalogue's: cpu, A100-80GB, ...)")
-    max_devices: Int = Field(DEFAULT_MAX_DEVICES, ge=1, le=4096,
-                             description="devices its executors may register together")
-    max_mem_bytes: Int = Field(DEFAULT_MAX_MEM_BYTES, ge=1, le=2**50,
-                               description="memory one device may declare")
-
-
-@router.post("/v1/executor-pools", status_code=201, tags=["keys"])
-async def create_executor_pool(body: ExecutorPoolIn, svc: Svc, _: AdminPrincipal) -> dict[str, Any]:
-    """Admin: a pool of executors with its own key (shown once) and device limits."""
-    pools = svc.pools
-    if body.pool_id in pools.pools or body.pool_id == BOOTSTRAP_POOL:
-        raise ConflictError(f"executor pool {body.pool_id!r} exists")
-    key = new_key(f"pool-{body.pool_id}")
-    pool = ExecutorPool(body.pool_id, hash_key(key), tuple(dict.fromkeys(body.allowed_kinds or CATALOGUE_KINDS)),
-                        body.max_devices, body.max_mem_bytes)
-    assert svc.repo is not None
-    await svc.db(svc.repo.upsert_executor_pool, pool.pool_id, key_hash=pool.key_hash,
-                            allowed_kinds=list(pool.allowed_kinds), max_devices=pool.max_devices,
-                            max_mem_bytes=pool.max_mem_bytes)  # persisted first: a key never outlives a crash unrecorded
-    pools.add(pool)
-    return {**pool.public([]), "api_key": key}
-
-
-@router.get("/v1/executor-pools", tags=["keys"])
-async def list_executor_pools(svc: Svc, _: AdminPrincipal) -> list[dict[str, Any]]:
-    pools = svc.pools
-    return [pool.public(pools.executors_of(pid, svc.state)) for pid, pool in sorted(pools.pools.items())]
-
-
-@router.post("/v1/executor-pools/{pool_id}/keys/rotate", tags=["keys"])
-async def rotate_pool_key(pool_id: str, svc: Svc, _: AdminPrincipal) -> dict[str, Any]:
-    """Admin: a new key for the pool (shown once); the old one is refused from now on. The
-    pool's executors keep their ids: restart them with the new key."""
-    _changeable(svc.pools, pool_id)
-    key = new_key(f"pool-{pool_id}")
-    assert svc.repo is not None
-    await svc.db(svc.repo.set_executor_pool_key, pool_id, hash_key(key))
-    svc.pools.set_key(pool_id, hash_key(key))
-    return {"pool_id": pool_id, "api_key": key}
-
-
-@router.post("/v1/executor-pools/{pool_id}/keys/revoke", tags=["keys"])
-async def revoke_pool_key(pool_id: str, svc: Svc, _: AdminPrincipal) -> dict[str, Any]:
-    """Admin: the pool's key is refused from now on and its executors are dropped (their
-    leases go back to the queue)."""
-    pools = _changeable(svc.pools, pool_id)
-    assert svc.repo is not None
-    await svc.db(svc.repo.set_executor_pool_key, pool_id, None)
-    pools.set_key(pool_id, None)
-    dropped = pools.executors_of(pool_id, svc.state)
-    for executor_id in dropped:
-        svc.persist(svc.state.drop_executor(executor_id))
-    if dropped:
-        await svc.replan()
-    return {"pool_id": pool_id, "revoked": True, "executors_dropped": dropped}
-
-
-def _changeable(pools: ExecutorPools, pool_id: str) -> ExecutorPools:
-    pools.pool(pool_id)
-    if pool_id == BOOTSTRAP_POOL:
-        raise ConflictError("the bootstrap pool's key is SLICESCHED_EXECUTOR_KEY: change or unset it there and "
-                            "restart the service")
-    return pools
-
-
-@router.post("/v1/tenants/{tenant_id}/keys/rotate", tags=["keys"])
-async def rotate_tenant_key(tenant_id: str, svc: Svc, p: AnyPrincipal) -> dict[str, Any]:
-    """Admin, or the tenant itself: a new key (shown once); the old one is refused from now on."""
-    own_tenant(p, tenant_id)
-    svc.state.tenant(tenant_id)
-    key = new_key(tenant_id)
-    assert svc.repo is not None
-    await svc.db(svc.repo.set_tenant_key, tenant_id, hash_key(key))
-    svc.state.set_tenant_key(tenant_id, hash_key(key))
-    return {"tenant_id": tenant_id, "api_key": key}
-
-
-@router.post("/v1/tenants/{tenant_id}/keys/revoke", tags=["keys"])
-async def revoke_tenant_key(tenant_id: str, svc: Svc, p: AnyPrincipal) -> dict[str, Any]:
-    """Admin, or the tenant itself: the key is refused from now on; the tenant's models and
-    requests stay (queued requests still run). A rotation issues a new key."""
-    own_tenant(p, tenant_id)
-    svc.state.tenant(tenant_id)
-    assert svc.repo is not None
-    await svc.db(svc.repo.set_tenant_key, tenant_id, None)
-    svc.state.set_tenant_key(tenant_id, None)
-    return {"tenant_id": tenant_id, "revoked": True}

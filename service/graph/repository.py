@@ -68,9 +68,9 @@ class Table:
 def _plain(value: Any) -> Any:
     """Neo4j values to plain Python for printing and JSON."""
     if isinstance(value, neo4j.graph.Node):
-        return {"labels": sorted(value.labels), **dict(value)}
+        return {"labels": sorted(value.labels), **_plain(dict(value))}
     if isinstance(value, neo4j.graph.Relationship):
-        return {"type": value.type, **dict(value)}
+        return {"type": value.type, **_plain(dict(value))}
     if isinstance(value, neo4j.graph.Path):
         return [_plain(n) for n in value.nodes]
     if isinstance(value, list):

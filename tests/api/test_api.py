@@ -298,6 +298,8 @@ def test_openapi_documents_every_error_and_405_names_the_allowed_methods(client:
     for path, operations in doc["paths"].items():
         for method, op in operations.items():
             for status in ("400", "401", "403", "404", "409", "422", "503"):
+                if (path, status) == ("/readyz", "503"):  # not ready: the readiness report (test_openapi)
+                    continue
                 assert op["responses"][status]["content"] == {"application/json": {"schema": error}}, (path, method)
     assert doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"] == {"text/plain": {"schema": {"type": "string"}}}
     r = client.delete("/v1/requests", headers=auth(ADMIN))  # two routes on the path: GET (list) and POST (submit)

@@ -10,13 +10,14 @@ from fastapi.responses import JSONResponse
 
 from service.api import leasing
 from service.api.deps import ExecutorPrincipal, Svc
+from service.api.responses import CompleteOut, LeaseFailedOut, LeaseRenewedOut, PollOut
 from service.api.schemas import CompleteIn, FailIn, PollIn
 from service.api.state import Completion
 
 router = APIRouter(tags=["leases"])
 
 
-@router.post("/v1/leases/poll", response_class=JSONResponse)
+@router.post("/v1/leases/poll", response_class=JSONResponse, responses={200: {"model": PollOut}})
 async def poll(body: PollIn, svc: Svc, p: ExecutorPrincipal) -> JSONResponse:
     """Long poll: the next leases for the executor's devices, waiting up to ``wait_s`` for work."""
     svc.pools.check_owner(p, body.executor_id)
@@ -24,13 +25,13 @@ async def poll(body: PollIn, svc: Svc, p: ExecutorPrincipal) -> JSONResponse:
     return JSONResponse({"leases": leases})  # plain JSON: the hot path skips response encoding
 
 
-@router.post("/v1/leases/{lease_id}/renew")
+@router.post("/v1/leases/{lease_id}/renew", response_model=LeaseRenewedOut)
 async def renew(lease_id: str, svc: Svc, p: ExecutorPrincipal) -> dict[str, Any]:
     svc.pools.check_lease(p, svc.state, lease_id)
     return {"lease_id": lease_id, "expires_in_s": svc.state.renew(lease_id)}
 
 
-@router.post("/v1/leases/complete", response_class=JSONResponse)
+@router.post("/v1/leases/complete", response_class=JSONResponse, responses={200: {"model": CompleteOut}})
 async def complete(body: CompleteIn, svc: Svc, p: ExecutorPrincipal) -> JSONResponse:
     """Completions of leases; each is accepted only if its lease is live (exactly once)."""
     svc.pools.check_owner(p, body.executor_id)
@@ -40,7 +41,7 @@ async def complete(body: CompleteIn, svc: Svc, p: ExecutorPrincipal) -> JSONResp
     return JSONResponse({"accepted": accepted, "rejected": rejected})
 
 
-@router.post("/v1/leases/{lease_id}/fail")
+@router.post("/v1/leases/{lease_id}/fail", response_model=LeaseFailedOut)
 async def fail(lease_id: str, body: FailIn, svc: Svc, p: ExecutorPrincipal) -> dict[str, Any]:
     svc.pools.check_owner(p, body.executor_id)
     svc.pools.check_lease(p, svc.state, lease_id)

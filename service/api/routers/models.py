@@ -8,12 +8,13 @@ from fastapi import APIRouter
 
 from service.api import registration, reports
 from service.api.deps import AnyPrincipal, Svc, require, scoped_tenant
+from service.api.responses import ModelOut
 from service.api.schemas import ModelIn
 
 router = APIRouter(tags=["models"])
 
 
-@router.post("/v1/models", status_code=201)
+@router.post("/v1/models", status_code=201, response_model=ModelOut)
 async def create_model(body: ModelIn, svc: Svc, p: AnyPrincipal) -> dict[str, Any]:
     """Register one of the built-in runnable models; its operator graph is traced into the GMG."""
     tenant_id = scoped_tenant(p, body.tenant_id)
@@ -21,7 +22,7 @@ async def create_model(body: ModelIn, svc: Svc, p: AnyPrincipal) -> dict[str, An
     return reports.model_public(model)
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", response_model=list[ModelOut])
 async def list_models(svc: Svc, p: AnyPrincipal, tenant_id: str | None = None) -> list[dict[str, Any]]:
     if p.role == "tenant":  # a tenant sees its own; an admin every tenant's, or the one it names
         tenant_id = scoped_tenant(p, tenant_id)
@@ -31,6 +32,6 @@ async def list_models(svc: Svc, p: AnyPrincipal, tenant_id: str | None = None) -
             if tenant_id is None or m.tenant_id == tenant_id]
 
 
-@router.get("/v1/models/{model_id}")
+@router.get("/v1/models/{model_id}", response_model=ModelOut)
 async def get_model(model_id: str, svc: Svc, p: AnyPrincipal, tenant_id: str | None = None) -> dict[str, Any]:
     return reports.model_public(svc.state.model(scoped_tenant(p, tenant_id), model_id))

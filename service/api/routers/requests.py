@@ -8,6 +8,7 @@ from fastapi import APIRouter, Header, Query
 
 from service.api import intake, reports
 from service.api.deps import AnyPrincipal, Svc, TenantScope, scoped_tenant
+from service.api.responses import AcceptedBatchOut, AcceptedOut, RequestOut
 from service.api.schemas import RequestBatchIn, RequestIn
 from service.api.state import STATUSES
 from service.domain.error import InvalidInputError
@@ -19,7 +20,7 @@ IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_lengt
                                                           "first answer and creates nothing")]
 
 
-@router.post("/v1/requests", status_code=202)
+@router.post("/v1/requests", status_code=202, response_model=AcceptedOut)
 async def submit(body: RequestIn, svc: Svc, p: AnyPrincipal, idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
     """Submit a request; it is in Neo4j when this answers. With an ``Idempotency-Key``, a retry
     returns the first request (409 if the body differs) and never creates a second."""
@@ -28,7 +29,7 @@ async def submit(body: RequestIn, svc: Svc, p: AnyPrincipal, idempotency_key: Id
     return reports.accepted_public(answer)
 
 
-@router.post("/v1/requests/batch", status_code=202)
+@router.post("/v1/requests/batch", status_code=202, response_model=AcceptedBatchOut)
 async def submit_batch(body: RequestBatchIn, svc: Svc, p: AnyPrincipal,
                        idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
     """Submit up to 1,000 requests at once: all are accepted, or none (the error names the first
@@ -45,12 +46,12 @@ async def submit_batch(body: RequestBatchIn, svc: Svc, p: AnyPrincipal,
     return {"accepted": [reports.accepted_public(r) for r in answers]}
 
 
-@router.get("/v1/requests/{request_id}")
+@router.get("/v1/requests/{request_id}", response_model=RequestOut)
 async def get_request(request_id: str, svc: Svc, tenant: TenantScope) -> dict[str, Any]:
     return reports.request_public(svc.state.request(request_id, tenant))
 
 
-@router.get("/v1/requests")
+@router.get("/v1/requests", response_model=list[RequestOut])
 async def list_requests(svc: Svc, tenant: TenantScope,
                         status: Annotated[str | None, Query(json_schema_extra={"enum": list(STATUSES)})] = None,
                         limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> list[dict[str, Any]]:
@@ -61,7 +62,7 @@ async def list_requests(svc: Svc, tenant: TenantScope,
     return out[-limit:]
 
 
-@router.post("/v1/requests/{request_id}/cancel")
+@router.post("/v1/requests/{request_id}/cancel", response_model=RequestOut)
 async def cancel(request_id: str, svc: Svc, tenant: TenantScope) -> dict[str, Any]:
     """Cancel a request; the cancel is in Neo4j when this answers (409 if it already finished)."""
     req = svc.state.request(request_id, tenant)

@@ -8,22 +8,23 @@ from fastapi import APIRouter
 
 from service.api import registration, reports
 from service.api.deps import AdminPrincipal, AnyPrincipal, Svc, scoped_tenant
+from service.api.responses import TenantCreatedOut, TenantOut
 from service.api.schemas import TenantIn
 
 router = APIRouter(tags=["tenants"])
 
 
-@router.post("/v1/tenants", status_code=201)
+@router.post("/v1/tenants", status_code=201, response_model=TenantCreatedOut)
 async def create_tenant(body: TenantIn, svc: Svc, _: AdminPrincipal) -> dict[str, Any]:
     key = await registration.create_tenant(svc, body.tenant_id, body.sla_class, body.weight, body.priority)
     return {**reports.tenant_public(svc, body.tenant_id), "api_key": key}
 
 
-@router.get("/v1/tenants")
+@router.get("/v1/tenants", response_model=list[TenantOut])
 async def list_tenants(svc: Svc, _: AdminPrincipal) -> list[dict[str, Any]]:
     return [reports.tenant_public(svc, t) for t in sorted(svc.state.tenants)]
 
 
-@router.get("/v1/tenants/{tenant_id}")
+@router.get("/v1/tenants/{tenant_id}", response_model=TenantOut)
 async def get_tenant(tenant_id: str, svc: Svc, p: AnyPrincipal) -> dict[str, Any]:
     return reports.tenant_public(svc, scoped_tenant(p, tenant_id))

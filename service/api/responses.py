@@ -1,0 +1,298 @@
+"""What the HTTP API answers on success (pydantic): the response model of every route, so the OpenAPI
+document has a schema for each answer and a handler cannot leak a key it does not declare.
+
+Models list the keys in the order they are answered; ``None`` is answered as ``null`` (keys are
+never left out), except a stage's ``url``, present only for a stage on another executor. Errors
+are :class:`service.api.schemas.ErrorOut`. Open-ended parts (a Cypher row, per-name counters)
+are typed as mappings or ``Any`` and nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.domain.request import RequestStatus
+
+
+class Out(BaseModel):
+    """An answer: no keys but the declared ones (a key a handler adds without declaring it is a 500
+    in the tests, not a silent drop)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---- ops -------------------------------------------------------------------------------------------
+class HealthOut(Out):
+    status: Literal["ok", "degraded"] = Field(description="degraded: not ready (see /readyz)")
+    ready: bool
+    neo4j: Literal["up", "down"]
+    placement: str = Field(description="the placement policy: container or slice")
+    queue: str = Field(description="the queue policy")
+
+
+class LoopOut(Out):
+    """A background loop's health."""
+
+    last_ok_s_ago: float | None = Field(description="seconds since its last successful tick; null: none yet")
+    ticks: int
+    failures: int
+    last_error: str | None
+    running: bool
+    stuck: bool
+
+
+class Neo4jStatusOut(Out):
+    reachable: bool
+    uri: str | None = Field(description="the server it last connected to; null: none yet")
+    error: str | None = Field(description="why it is unreachable; null while it answers")
+
+
+class ReadinessOut(Out):
+    ready: bool
+    neo4j: Neo4jStatusOut
+    loops: dict[str, LoopOut] = Field(description="by loop name")
+    stuck_loops: list[str]
+    gmg_pending_writes: int
+    gmg_dropped_writes: int
+    unplaced_models: int = Field(description="models the last re-plan found no home for (names: /v1/stats)")
+
+
+class WriteLagOut(Out):
+    p50: float | None = Field(description="seconds; null before the first write")
+    p99: float | None
+    rows: int = Field(description="rows written")
+    pending: int = Field(description="rows waiting")
+
+
+class ReplicaStatOut(Out):
+    replica_id: str
+    model: str = Field(description="the model's uid, tenant_id/model_id")
+    devices: list[str]
+    guest: bool
+    draining: bool
+    leases: int
+
+
+class StatsOut(Out):
+    counters: dict[str, int]
+    gmg_write_lag_s: WriteLagOut
+    replicas: list[ReplicaStatOut]
+    decisions: list[str] = Field(description="the scheduler's last 50 decisions, oldest first")
+    iteration_s: dict[str, float] = Field(description="measured mean iteration time per model family")
+    unplaced_models: dict[str, str] = Field(description="model uid -> why the last re-plan found it no home")
+    loops: dict[str, LoopOut]
+    scheduler_steps: int
+    scheduler_step_s_total: float
+    token_budget_mae: float | None = Field(description="mean absolute error of the token budget; null: none yet")
+
+
+# ---- tenants, models, keys -------------------------------------------------------------------------
+class TenantOut(Out):
+    tenant_id: str
+    sla_class: str
+    weight: float
+    priority: int
+    models: list[str] = Field(description="its model ids, sorted")
+
+
+class TenantCreatedOut(TenantOut):
+    api_key: str = Field(description="the tenant's key, shown once")
+
+
+class TenantKeyOut(Out):
+    tenant_id: str
+    api_key: str = Field(description="the new key, shown once")
+
+
+class TenantKeyRevokedOut(Out):
+    tenant_id: str
+    revoked: bool
+
+
+class ModelOut(Out):
+    tenant_id: str
+    model_id: str
+    family: str
+    seed: int
+    replicas: int = Field(description="home replicas wanted")
+    num_params: int
+    weight_bytes: int
+    max_context: int = Field(description="tokens, prompt and output together")
+    vocab_size: int
+
+
+class ExecutorPoolOut(Out):
+    pool_id: str
+    allowed_kinds: list[str]
+    max_devices: int
+    max_mem_bytes: int
+    key: Literal["active", "revoked"]
+    executors: list[str] = Field(description="live executors it registered")
+
+
+class ExecutorPoolCreatedOut(ExecutorPoolOut):
+    api_key: str = Field(description="the pool's key, shown once")
+
+
+class PoolKeyOut(Out):
+    pool_id: str
+    api_key: str = Field(description="the new key, shown once")
+
+
+class PoolKeyRevokedOut(Out):
+    pool_id: str
+    revoked: bool
+    executors_dropped: list[str]
+
+
+# ---- devices, executors, replicas, leases ----------------------------------------------------------
+class DeviceOut(Out):
+    device_id: str = Field(description="global: executor_id/local name")
+    executor_id: str
+    host_id: str
+    kind: str
+    mem_bytes: int
+    free_bytes: int
+    replicas: list[str] = Field(description="replicas with weights on it")
+
+
+class ExecutorRegisteredOut(Out):
+    executor_id: str
+    lease_ttl_s: float
+    heartbeat_s: float
+    devices: dict[str, str] = Field(description="the executor's device name -> the global device id")
+
+
+class HeartbeatOut(Out):
+    renewed: list[str] = Field(description="lease ids renewed")
+    cancel: list[str] = Field(description="lease ids to stop: their requests ended")
+    drain: bool
+
+
+class ExecutorRemovedOut(Out):
+    executor_id: str
+    removed: bool
+
+
+class StageOut(Out):
+    device_id: str = Field(description="the executor's own name for the device")
+    global_device_id: str
+    layers: list[int] = Field(min_length=2, max_length=2, description="[first, end): the layers it runs")
+    url: str | None = Field(None, description="only for a stage on another executor: its stage server (null: none)")
+
+
+class PinnedReplicaOut(Out):
+    replica_id: str
+    device_ids: list[str]
+    stages: list[StageOut]
+
+
+class LeaseOut(Out):
+    lease_id: str
+    request_id: str
+    tenant_id: str
+    model_id: str
+    family: str
+    seed: int
+    replica_id: str
+    stages: list[StageOut]
+    prompt_tokens: list[int]
+    max_tokens: int
+    expires_in_s: float
+
+
+class PollOut(Out):
+    leases: list[LeaseOut] = Field(description="empty: no work came within wait_s")
+
+
+class LeaseRenewedOut(Out):
+    lease_id: str
+    expires_in_s: float
+
+
+class RejectedOut(Out):
+    lease_id: str
+    reason: str
+
+
+class CompleteOut(Out):
+    accepted: list[str] = Field(description="lease ids whose results are durable")
+    rejected: list[RejectedOut]
+
+
+class LeaseFailedOut(Out):
+    lease_id: str
+    failed: bool
+
+
+# ---- requests --------------------------------------------------------------------------------------
+class AcceptedOut(Out):
+    request_id: str
+    status: RequestStatus
+    token_budget: int
+    prompt_tokens: int = Field(description="the prompt's length in tokens")
+
+
+class AcceptedBatchOut(Out):
+    accepted: list[AcceptedOut] = Field(description="in the order submitted")
+
+
+class RequestOut(Out):
+    request_id: str
+    tenant_id: str
+    model_id: str
+    status: RequestStatus
+    prompt_tokens: int = Field(description="the prompt's length in tokens")
+    max_tokens: int
+    sla_class: str
+    token_budget: int
+    attempts: int
+    output_tokens: list[int]
+    queued_s: float | None
+    ttft_s: float | None
+    e2e_s: float | None
+    arrival: float = Field(description="epoch seconds")
+    finished_at: float | None = Field(description="epoch seconds; null while it runs")
+    error: str | None
+    text: str = Field(description="the output tokens decoded (byte-level)")
+
+
+# ---- what-if and inspection ------------------------------------------------------------------------
+class OutcomeOut(Out):
+    output_tokens: int
+    violations_by_model: dict[str, int] = Field(description="late requests per model uid")
+    memory_violations: int
+    peak_bytes: dict[str, int] = Field(description="per affected device")
+
+
+class CandidateWhatIfOut(Out):
+    """A candidate placement's prediction, with and without it."""
+
+    horizon_s: float
+    compute_units: list[str] = Field(description="the executors the devices belong to")
+    baseline: OutcomeOut | None
+    with_change: OutcomeOut | None = Field(description="null: the placement does not fit")
+    feasible: bool
+
+
+class PolicyAddOut(Out):
+    model: str = Field(description="the model's uid, tenant_id/model_id")
+    compute_units: list[str] = Field(description="the executors its guest replica would span")
+
+
+class PolicyWhatIfOut(Out):
+    """What one step of the slice policy would decide now (nothing applied)."""
+
+    placement: Literal["slice"]
+    horizon_s: float
+    whatifs: int = Field(description="simulations run to decide")
+    add: list[PolicyAddOut]
+    drain: list[str] = Field(description="replica ids")
+    notes: list[str]
+
+
+class InspectOut(Out):
+    columns: list[str]
+    rows: list[list[Any]] = Field(description="one list per row, in column order (nodes and relationships as maps)")

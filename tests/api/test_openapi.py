@@ -1,0 +1,113 @@
+"""The OpenAPI document describes every success answer, and the real answers are what it says: each
+route's response model takes them as they are (no undeclared key) and gives back the same JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+from pydantic import TypeAdapter
+
+from service.api.routers import ROUTERS
+from tests.api.conftest import ADMIN, EXECUTOR, auth
+
+
+def test_every_operation_documents_a_success_schema(client: TestClient) -> None:
+    doc = client.get("/openapi.json").json()
+    components = doc["components"]["schemas"]
+    operations = [(path, method, op) for path, ops in doc["paths"].items() for method, op in ops.items()]
+    assert len(operations) >= 32
+    for path, method, op in operations:
+        success = [r for status, r in op["responses"].items() if status.startswith("2")]
+        assert len(success) == 1, (method, path)
+        ((media, content),) = success[0]["content"].items()
+        assert media == ("text/plain" if path == "/metrics" else "application/json"), (method, path)
+        schema = content["schema"]
+        ref = schema.get("$ref") or schema.get("items", {}).get("$ref")
+        assert schema and (ref is None or components[ref.rsplit("/", 1)[1]]["properties"]), (method, path)
+    assert doc["paths"]["/readyz"]["get"]["responses"]["503"]["content"]["application/json"]["schema"] == \
+        {"$ref": "#/components/schemas/ReadinessOut"}  # not ready is a readiness report, not an error
+
+
+def declared(method: str, path: str) -> TypeAdapter[Any]:
+    """The model a route declares for its success answer (``responses`` where it answers plain JSON)."""
+    for route in (route for router in ROUTERS for route in router.routes):
+        if isinstance(route, APIRoute) and route.path == path and method in route.methods:
+            model = route.response_model or route.responses[200]["model"]
+            return TypeAdapter(model)
+    raise AssertionError(f"no route {method} {path}")
+
+
+def test_real_answers_validate_against_their_declared_model(make_client: Callable[..., TestClient], uid: str) -> None:
+    client = make_client(lease_ttl_s=30.0, heartbeat_s=10.0)  # the executors stay registered on a slow machine
+    answers: list[tuple[str, str, httpx.Response]] = []
+
+    def call(method: str, template: str, path: str | None = None, key: str = ADMIN, **kw: Any) -> Any:
+        r = client.request(method, path or template, headers=auth(key), **kw)
+        assert 200 <= r.status_code < 300, (method, path or template, r.text)
+        answers.append((method, template, r))
+        return r.json()
+
+    tenant = f"o{uid}"
+    key = call("POST", "/v1/tenants", json={"tenant_id": tenant})["api_key"]
+    call("GET", "/v1/tenants/{tenant_id}", f"/v1/tenants/{tenant}")
+    call("GET", "/v1/tenants")
+    call("POST", "/v1/models", json={"model_id": "m", "family": "tiny"}, key=key)
+    call("GET", "/v1/models", key=key)
+    call("GET", "/v1/models/{model_id}", "/v1/models/m", key=key)
+    lead, other = f"o{uid}a", f"o{uid}b"
+    for executor, stage_url in ((lead, None), (other, "http://127.0.0.1:9")):
+        call("POST", "/v1/executors", key=EXECUTOR, json={
+            "executor_id": executor, "host_id": "h", "stage_url": stage_url,
+            "devices": [{"device_id": "cpu:0", "mem_bytes": 2 << 30}, {"device_id": "cpu:1", "mem_bytes": 2 << 30}]})
+    pinned = call("POST", "/v1/replicas", json={"tenant_id": tenant, "model_id": "m",
+                                                "device_ids": [f"{lead}/cpu:1", f"{other}/cpu:1"]})
+    assert "url" not in pinned["stages"][0] and pinned["stages"][1]["url"] == "http://127.0.0.1:9"
+    call("GET", "/v1/devices")
+    first = call("POST", "/v1/requests", json={"model_id": "m", "prompt": "hi", "max_tokens": 2}, key=key)
+    call("POST", "/v1/requests/batch", key=key, json={"requests": [
+        {"model_id": "m", "prompt_tokens": [1, 2], "max_tokens": 2}, {"model_id": "m", "prompt": "x", "max_tokens": 1}]})
+    leases = [lease for executor in (lead, other) for lease in call(
+        "POST", "/v1/leases/poll", key=EXECUTOR, json={"executor_id": executor, "max_leases": 8})["leases"]]
+    assert len(leases) == 3
+    done, failed = leases[0], leases[1]
+    executor_of = {lease["lease_id"]: lease["stages"][0]["global_device_id"].split("/")[0] for lease in leases}
+    call("POST", "/v1/executors/{executor_id}/heartbeat", f"/v1/executors/{executor_of[done['lease_id']]}/heartbeat",
+         key=EXECUTOR, json={"running": [done["lease_id"]]})
+    call("POST", "/v1/leases/{lease_id}/renew", f"/v1/leases/{done['lease_id']}/renew", key=EXECUTOR)
+    call("POST", "/v1/leases/complete", key=EXECUTOR, json={"executor_id": executor_of[done["lease_id"]], "results": [
+        {"lease_id": done["lease_id"], "output_tokens": [104, 105], "ttft_s": 0.01, "e2e_s": 0.02},
+        {"lease_id": "nope", "output_tokens": [1], "ttft_s": 0.01, "e2e_s": 0.02}]})
+    call("POST", "/v1/leases/{lease_id}/fail", f"/v1/leases/{failed['lease_id']}/fail", key=EXECUTOR,
+         json={"executor_id": executor_of[failed["lease_id"]], "reason": "test"})
+    request = call("GET", "/v1/requests/{request_id}", f"/v1/requests/{first['request_id']}", key=key)
+    assert {"error", "finished_at", "queued_s"} <= set(request)  # answered as null while unset, not left out
+    call("GET", "/v1/requests", key=key)
+    call("POST", "/v1/requests/{request_id}/cancel", f"/v1/requests/{leases[2]['request_id']}/cancel", key=key)
+    call("POST", "/v1/whatif", json={"tenant_id": tenant, "model_id": "m", "device_ids": [f"{other}/cpu:0"],
+                                     "horizon_s": 5})
+    call("POST", "/v1/whatif", json={"placement": "slice", "horizon_s": 5})
+    call("POST", "/v1/inspect", json={"query": "MATCH (t:Tenant {tenant_id: $t}) RETURN t, 1 AS one",
+                                      "params": {"t": tenant}})
+    call("GET", "/healthz")
+    call("GET", "/readyz")
+    call("GET", "/v1/stats")
+    pool = f"p{uid}"
+    call("POST", "/v1/executor-pools", json={"pool_id": pool, "allowed_kinds": ["cpu"]})
+    call("GET", "/v1/executor-pools")
+    call("POST", "/v1/executor-pools/{pool_id}/keys/rotate", f"/v1/executor-pools/{pool}/keys/rotate")
+    call("POST", "/v1/executor-pools/{pool_id}/keys/revoke", f"/v1/executor-pools/{pool}/keys/revoke")
+    call("DELETE", "/v1/executors/{executor_id}", f"/v1/executors/{other}", key=EXECUTOR)
+    new_key = call("POST", "/v1/tenants/{tenant_id}/keys/rotate", f"/v1/tenants/{tenant}/keys/rotate", key=key)
+    call("POST", "/v1/tenants/{tenant_id}/keys/revoke", f"/v1/tenants/{tenant}/keys/revoke", key=new_key["api_key"])
+
+    for method, template, r in answers:
+        adapter = declared(method, template)
+        body = r.json()
+        again = adapter.dump_python(adapter.validate_python(body), mode="json", exclude_unset=True)
+        assert again == body, (method, template)
+    documented = {(m.upper(), p) for p, ops in client.get("/openapi.json").json()["paths"].items() for m in ops}
+    assert documented - {(m, t) for m, t, _ in answers} == {("GET", "/metrics")}  # text, checked in test_api
