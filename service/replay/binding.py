@@ -69,9 +69,9 @@ def parse_binding(text: str) -> TraceBinding:
     """Parse ``FILE[:TENANT[@OFFSET_S][*RATE_SCALE]]``; a relative FILE is taken from the
     working directory (a named trace from the data folder)."""
     file, sep, tail = text.rpartition(":")
-    if not sep or not file or "/" in tail or tail.endswith((".csv", ".jsonl", ".json")):
-        file, tail = text, ""
-    if not file:
+    if not sep or "/" in tail or tail.endswith((".csv", ".jsonl", ".json")):
+        file, sep, tail = text, "", ""
+    if not file or (sep and not tail):
         raise InvalidInputError(f"--trace {text!r}: expected {SYNTAX}")
     source = file if file in TRACE_FILES else str(Path(file).resolve())
     if file not in TRACE_FILES and not Path(source).is_file():

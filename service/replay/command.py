@@ -57,8 +57,9 @@ def add_parser(sub: Any) -> None:
 
 
 def _bindings(specs: list[str], deal: str | None) -> tuple[list[TraceBinding], str]:
-    """The ``--trace`` bindings and the dealing they ask for ("mix", "per-tenant", "session" or
-    "round-robin")."""
+    """The ``--trace`` bindings and the dealing they ask for: "session" or "round-robin" (one file
+    dealt to all tenants) or "per-tenant" (each tenant its own source: a bound file, the mix's
+    trace or the mix's generator)."""
     from service.replay.binding import parse_binding
 
     bindings = [parse_binding(t) for t in specs if t != "synthetic"]
@@ -77,7 +78,7 @@ def _bindings(specs: list[str], deal: str | None) -> tuple[list[TraceBinding], s
     twice = sorted({t for t in tenants if tenants.count(t) > 1 and t is not None})
     if twice:
         raise InvalidInputError(f"--trace binds tenant(s) {', '.join(twice)} more than once")
-    return bindings, "per-tenant" if bindings else "mix"
+    return bindings, "per-tenant"
 
 
 def _sources(mix: Any, bindings: list[TraceBinding], dealing: str) -> dict[str, dict[str, Any]]:
