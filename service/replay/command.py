@@ -21,14 +21,26 @@ import numpy as np
 
 from service.console import print_table
 from service.domain.error import InvalidInputError
-from service.domain.request import RequestSpec, Workload
+from service.domain.request import Workload
+from service.replay.binding import DEAL_MODES, TraceBinding
+from service.replay.context import CONTEXT_MODES, ContextCounts
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("replay", help="replay a workload against queue/placement policies on a simulated cluster")
-    p.add_argument("--trace", default="synthetic",
-                   help="'synthetic' (the mix's own arrivals and lengths) or an Azure CSV / Mooncake JSONL file "
-                        "whose requests are dealt to the mix's tenants")
+    p.add_argument("--trace", action="append", default=[], metavar="FILE[:TENANT[@OFFSET_S][*RATE_SCALE]]",
+                   help="replay a trace file (Azure CSV, Mooncake JSONL, or a named trace: azure-code, azure-conv, "
+                        "mooncake from $SLICESCHED_DATA). FILE:TENANT gives that tenant of the mix exactly the "
+                        "file's requests (its model and SLA class kept), the file's first request at OFFSET_S "
+                        "(default 0) and its rate times RATE_SCALE (default 1), e.g. code.csv:acme@30*2; "
+                        "repeatable, one per tenant; unbound tenants keep the mix's own workload. A FILE without "
+                        ":TENANT is dealt to all tenants and needs --deal. Default: the mix's own workload")
+    p.add_argument("--deal", choices=DEAL_MODES,
+                   help="deal one --trace FILE to all tenants: 'session' keeps each session (Mooncake: shared "
+                        "prefix) in one tenant; 'round-robin' deals requests in turn")
+    p.add_argument("--context", choices=CONTEXT_MODES, default="clamp",
+                   help="requests longer than their model's context: 'clamp' cuts the prompt from the front and "
+                        "caps the output (as engines with max_model_len do); 'reject' drops them (both counted)")
     p.add_argument("--cluster", default="8xA100-nvlink", help="built-in cluster spec or a YAML/JSON file")
     p.add_argument("--tenants", default="a100-4tenants", help="built-in tenant mix or a YAML/JSON file")
     p.add_argument("--policy", action="append", default=[], metavar="QUEUE/PLACEMENT",
@@ -44,15 +56,58 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _deal(trace: list[RequestSpec], mix: Any, horizon_s: float) -> Workload:
-    """Deal a trace's requests to the mix's tenants in turn (each keeps its model and SLA class)."""
-    tenants = mix.tenants
-    out = []
-    for i, r in enumerate(x for x in trace if x.arrival_s < horizon_s):
-        t = tenants[i % len(tenants)]
-        out.append(RequestSpec(f"{t.tenant_id}:{i}", t.tenant_id, t.model, r.arrival_s, r.prompt_tokens,
-                               r.output_tokens, t.sla_class, r.prefix_hashes))
-    return Workload(f"{mix.name}+trace", out, horizon_s=horizon_s)
+def _bindings(specs: list[str], deal: str | None) -> tuple[list[TraceBinding], str]:
+    """The ``--trace`` bindings and the dealing they ask for: "session" or "round-robin" (one file
+    dealt to all tenants) or "per-tenant" (each tenant its own source: a bound file, the mix's
+    trace or the mix's generator)."""
+    from service.replay.binding import parse_binding
+
+    bindings = [parse_binding(t) for t in specs if t != "synthetic"]
+    unbound = [b for b in bindings if b.tenant_id is None]
+    if unbound:
+        if len(bindings) > 1:
+            raise InvalidInputError("a --trace FILE dealt to all tenants cannot be combined with other --trace "
+                                    "sources; bind each file to a tenant instead (FILE:TENANT)")
+        if deal is None:
+            raise InvalidInputError(f"--trace {unbound[0].source}: name the tenant it feeds (FILE:TENANT) or deal "
+                                    "it to all tenants with --deal session or --deal round-robin")
+        return bindings, deal
+    if deal is not None:
+        raise InvalidInputError("--deal applies to a single --trace FILE given without a tenant")
+    tenants = [b.tenant_id for b in bindings]
+    twice = sorted({t for t in tenants if tenants.count(t) > 1 and t is not None})
+    if twice:
+        raise InvalidInputError(f"--trace binds tenant(s) {', '.join(twice)} more than once")
+    return bindings, "per-tenant"
+
+
+def _sources(mix: Any, bindings: list[TraceBinding], dealing: str) -> dict[str, dict[str, Any]]:
+    """Where each tenant's requests come from, for the report."""
+    if dealing in DEAL_MODES:
+        return {t.tenant_id: {**bindings[0].describe(), "dealt": dealing} for t in mix.tenants}
+    return {t.tenant_id: dict(t.trace) if t.trace is not None
+            else {"source": "mix", "arrivals": t.arrivals["kind"], "lengths": t.lengths["kind"]}
+            for t in mix.tenants}
+
+
+def _dealt_workload(binding: TraceBinding, mix: Any, *, mode: Any, context: Any, skip_bad: bool, load: float,
+                    horizon_s: float) -> tuple[Workload, ContextCounts]:
+    from service.replay.binding import deal, read_source, retime
+    from service.replay.context import fit_context
+
+    requests = retime(read_source(binding.source, skip_bad).requests, offset_s=binding.offset_s,
+                      rate_scale=binding.rate_scale * load, horizon_s=horizon_s)
+    fitted, counts = fit_context(deal(requests, mix.tenants, mode, source=binding.source), context)
+    return Workload(f"{mix.name}+trace", fitted, horizon_s=horizon_s), counts
+
+
+def _sla_targets(mix: Any) -> dict[str, dict[str, float | None]]:
+    """The SLA classes the mix's tenants use (a missing target as None)."""
+    used = {t.sla_class for t in mix.tenants}
+    return {name: {k: (None if v == float("inf") else v) for k, v in
+                   (("ttft_s", c.ttft_s), ("ttft_per_prompt_token_s", c.ttft_per_prompt_token_s),
+                    ("tbt_s", c.tbt_s), ("e2e_s", c.e2e_s))}
+            for name, c in mix.sla_classes.items() if name in used}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,15 +115,19 @@ def run(args: argparse.Namespace) -> int:
 
     from learned.roofline import RooflineCostModel
     from service.cluster.spec import load_cluster_spec
-    from service.replay.mix import build_workload, load_mix
+    from service.replay.binding import read_source
+    from service.replay.mix import load_mix, sample_workload
     from service.replay.report import plot_latency_cdfs, plot_load_sweep, plot_timeline
     from service.replay.runner import PolicyName, ReplayConfig, check_fits, run_policy, sustained_load
-    from service.workload.readers import read_trace
 
     policies = [PolicyName.parse(p) for p in (args.policy or ["fifo/container", "fifo/slice"])]
     cluster = load_cluster_spec(args.cluster)
     mix = load_mix(args.tenants)
     check_fits(cluster, mix)
+    bindings, dealing = _bindings(args.trace, args.deal)
+    for b in bindings:
+        if b.tenant_id is not None:
+            mix = mix.bind_trace(b.tenant_id, b.describe())
     try:
         loads = [float(x) for x in args.load_sweep.split(",")] if args.load_sweep else [args.load]
     except ValueError:
@@ -79,28 +138,27 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInputError("--duration must be positive")
     config = ReplayConfig(cluster, mix, RooflineCostModel(), seed=args.seed, duration_s=args.duration,
                           interval_s=args.interval)
-    trace = None
-    bad_lines = 0
-    if args.trace != "synthetic":
-        result = read_trace(args.trace, "auto", skip_bad=args.skip_bad)
-        trace, bad_lines = result.requests, result.num_bad
+    # read (and check) every trace file before anything runs; they stay cached for the loads
+    files = {b.source for b in bindings} | {t.trace["source"] for t in mix.tenants if t.trace is not None}
+    bad_lines = sum(read_source(f, args.skip_bad).num_bad for f in sorted(files))
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise InvalidInputError(f"--out {out} exists and is not a folder")
 
     started = time.perf_counter()
     results = []
+    context_by_load = []
     timelines: dict[str, Any] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                   TimeElapsedColumn()) as bar:
         for load in loads:
-            if trace is None:
-                workload = build_workload(mix, np.random.default_rng(args.seed), duration_s=config.horizon_s,
-                                          load_scale=load)
+            if dealing in DEAL_MODES:
+                workload, counts = _dealt_workload(bindings[0], mix, mode=dealing, context=args.context,
+                                                   skip_bad=args.skip_bad, load=load, horizon_s=config.horizon_s)
             else:
-                scaled = [RequestSpec(r.request_id, r.tenant_id, r.model, r.arrival_s / load, r.prompt_tokens,
-                                      r.output_tokens) for r in trace]
-                workload = _deal(scaled, mix, config.horizon_s)
+                workload, counts = sample_workload(mix, np.random.default_rng(args.seed), duration_s=config.horizon_s,
+                                                   load_scale=load, context=args.context, skip_bad=args.skip_bad)
+            context_by_load.append({"load": load, **counts.summary()})
             for policy in policies:
                 task = bar.add_task(f"{policy} x{load:g} ({workload.num_requests} requests)", total=1.0)
                 def advance(_label: str, frac: float, task: Any = task) -> None:
@@ -113,9 +171,12 @@ def run(args: argparse.Namespace) -> int:
                     timelines[str(policy)] = spans
 
     report = {
-        "config": {"cluster": cluster.name, "tenants": mix.name, "trace": args.trace, "seed": args.seed,
-                   "duration_s": config.horizon_s, "loads": loads, "interval_s": args.interval,
-                   "policies": [str(p) for p in policies], "cost_model": "roofline", "bad_trace_lines": bad_lines},
+        "config": {"cluster": cluster.name, "tenants": mix.name, "trace": args.trace or "synthetic",
+                   "seed": args.seed, "duration_s": config.horizon_s, "loads": loads, "interval_s": args.interval,
+                   "policies": [str(p) for p in policies], "cost_model": "roofline", "bad_trace_lines": bad_lines,
+                   "sla_classes": _sla_targets(mix)},
+        "workload": {"dealing": dealing, "sources": _sources(mix, bindings, dealing),
+                     "context": {"mode": args.context, "by_load": context_by_load}},
         "results": [r.summary() for r in results],
         "sustained_load_at_9pct": {str(p): sustained_load([r for r in results if r.policy == str(p)])
                                    for p in policies} if len(loads) > 1 else None,
@@ -141,6 +202,9 @@ def run(args: argparse.Namespace) -> int:
             for r in results]
     print_table(["policy", "load", "requests", "tokens/s", "SLA viol.", "e2e p50 s", "e2e p99 s", "util",
                  "mem viol.", "guests"], rows, title=f"replay of {mix.name} on {cluster.name}")
+    fitted = ", ".join(f"x{c['load']:g}: {c['clamped']} clamped, {c['rejected']} rejected of {c['requests']}"
+                       for c in context_by_load)
+    print(f"dealing: {dealing}; context ({args.context}) {fitted}")
     print(f"wrote {out / 'report.json'} and plots in {report['wall_s']:.0f}s")
     if args.record:
         _record(report)

@@ -4,6 +4,8 @@ A mix is YAML (or JSON)::
 
     name: four-tenants
     duration_s: 600
+    sla_classes:                       # optional: adds classes or overrides the built-in ones
+      interactive: {ttft_s: 0.5, ttft_per_prompt_token_s: 0.0004, tbt_s: 0.1, e2e_s: 60}
     tenants:
       - tenant_id: chat
         model: llama2-13b              # a built-in model (slicesched model list)
@@ -12,6 +14,9 @@ A mix is YAML (or JSON)::
         weight: 2.0                    # for weighted fair share
         arrivals: {kind: servegen, source: reason/deepseek-r1, client: 3, rate_scale: 1.0}
         lengths: {kind: trace, source: azure-conv}
+      - tenant_id: coder
+        model: llama2-7b
+        trace: {source: azure-code, offset_s: 0, rate_scale: 1.0}   # instead of arrivals and lengths
 
 Arrival kinds: ``poisson`` (``rate_rps``), ``gamma`` (``rate_rps``, ``cv``: burstiness),
 ``servegen`` (a ServeGen client's per-window rate curve and fitted gap law: ``source`` folder
@@ -22,14 +27,24 @@ Length kinds: ``lognormal`` (``prompt_median``, ``prompt_sigma``, ``output_media
 ``servegen`` (the arrival client's own length PMFs). Lengths are clamped so that prompt plus
 output fits the model's context.
 
+A tenant with ``trace`` replays a request trace file as it is: its requests are exactly the
+file's, in order (arrivals and lengths together), with the file's own time origin moved to
+``offset_s`` and its rate multiplied by ``rate_scale``; ``source`` is a named trace or a path
+relative to the data folder (see :mod:`service.replay.binding`). Such requests are then fitted
+to the model's context by the replay's ``--context`` mode (:mod:`service.replay.context`).
+
+An SLA class (:class:`~service.sim.sla.SlaClass`) has ``ttft_s`` (base), ``ttft_per_prompt_token_s``
+(allowance per prompt token, default 0), ``tbt_s`` (TPOT: mean time between output tokens) and
+``e2e_s`` (end-to-end deadline); a target left out is no target.
+
 Public data is read in place from ``$SLICESCHED_DATA`` (default ``../shared/data`` beside the
 project); the built-in ``synthetic-3`` mix needs none.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -40,20 +55,14 @@ from service.document import builtin_documents, load_document
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec, Workload
 from service.models.family import MODEL_CONFIGS
-from service.sim.sla import SLA_CLASSES
+from service.replay.binding import TRACE_FILES as TRACE_FILES
+from service.replay.binding import data_dir as data_dir
+from service.replay.binding import read_source, tenant_requests
+from service.replay.context import ContextCounts, ContextMode, fit_context
+from service.sim.sla import SLA_CLASSES, SlaClass
 
-TRACE_FILES = {
-    "azure-code": "azure-llm-2023/AzureLLMInferenceTrace_code.csv",
-    "azure-conv": "azure-llm-2023/AzureLLMInferenceTrace_conv.csv",
-    "mooncake": "mooncake-synthetic/synthetic_trace.jsonl",
-}
 ARRIVAL_KINDS = ("poisson", "gamma", "servegen", "trace")
 LENGTH_KINDS = ("lognormal", "trace", "servegen")
-
-
-def data_dir() -> Path:
-    root = Path(__file__).resolve().parents[2]
-    return Path(os.environ.get("SLICESCHED_DATA", root.parent / "shared" / "data"))
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,7 @@ class TenantSpec:
     weight: float = 1.0
     arrivals: dict[str, Any] = field(default_factory=lambda: {"kind": "poisson", "rate_rps": 1.0})
     lengths: dict[str, Any] = field(default_factory=lambda: {"kind": "lognormal"})
+    trace: dict[str, Any] | None = None  # {source, offset_s, rate_scale}: requests replayed from a file
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,7 @@ class TenantMix:
     name: str
     duration_s: float
     tenants: tuple[TenantSpec, ...]
+    sla_classes: dict[str, SlaClass] = field(default_factory=lambda: dict(SLA_CLASSES))  # built-ins + the mix's
 
     @property
     def models(self) -> set[str]:
@@ -79,6 +90,14 @@ class TenantMix:
 
     def tenant(self, tenant_id: str) -> TenantSpec:
         return next(t for t in self.tenants if t.tenant_id == tenant_id)
+
+    def bind_trace(self, tenant_id: str, trace: dict[str, Any]) -> TenantMix:
+        """The mix with ``tenant_id``'s requests replayed from ``trace`` ({source, offset_s, rate_scale})."""
+        if all(t.tenant_id != tenant_id for t in self.tenants):
+            raise InvalidInputError(f"--trace: no tenant {tenant_id!r} in mix {self.name} "
+                                    f"(tenants: {', '.join(t.tenant_id for t in self.tenants)})")
+        return replace(self, tenants=tuple(replace(t, trace=dict(trace)) if t.tenant_id == tenant_id else t
+                                           for t in self.tenants))
 
 
 def builtin_mixes() -> list[str]:
@@ -103,6 +122,7 @@ def parse_mix(data: Any, source: str = "mix") -> TenantMix:
         raise InvalidInputError(f"{source}: duration_s must be a number") from None
     if not duration > 0:
         raise InvalidInputError(f"{source}: duration_s must be positive")
+    sla_classes = {**SLA_CLASSES, **_parse_sla_classes(data.get("sla_classes"), source)}
     tenants: list[TenantSpec] = []
     for i, raw in enumerate(tenants_raw):
         where = f"{source}: tenants[{i}]"
@@ -115,8 +135,8 @@ def parse_mix(data: Any, source: str = "mix") -> TenantMix:
         if model not in MODEL_CONFIGS:
             raise InvalidInputError(f"{where} ({tid}): unknown model {model!r} (built-in: {', '.join(MODEL_CONFIGS)})")
         sla = raw.get("sla_class", "standard")
-        if sla not in SLA_CLASSES:
-            raise InvalidInputError(f"{where} ({tid}): unknown SLA class {sla!r} ({', '.join(SLA_CLASSES)})")
+        if sla not in sla_classes:
+            raise InvalidInputError(f"{where} ({tid}): unknown SLA class {sla!r} ({', '.join(sla_classes)})")
         arrivals = dict(raw.get("arrivals") or {"kind": "poisson", "rate_rps": 1.0})
         lengths = dict(raw.get("lengths") or {"kind": "lognormal"})
         if arrivals.get("kind") not in ARRIVAL_KINDS:
@@ -128,27 +148,71 @@ def parse_mix(data: Any, source: str = "mix") -> TenantMix:
         for spec in (arrivals, lengths):
             if spec["kind"] == "trace" and spec.get("source") not in TRACE_FILES:
                 raise InvalidInputError(f"{where} ({tid}): trace source must be one of {list(TRACE_FILES)}")
+        trace = _parse_tenant_trace(raw.get("trace"), f"{where} ({tid})")
         try:
             tenants.append(TenantSpec(tid, str(model), str(sla), int(raw.get("priority", 0)),
-                                      float(raw.get("weight", 1.0)), arrivals, lengths))
+                                      float(raw.get("weight", 1.0)), arrivals, lengths, trace))
         except (TypeError, ValueError) as exc:
             raise InvalidInputError(f"{where} ({tid}): {exc}") from None
         if tenants[-1].weight <= 0:
             raise InvalidInputError(f"{where} ({tid}): weight must be positive")
-    return TenantMix(str(data.get("name", source)), duration, tuple(tenants))
+    return TenantMix(str(data.get("name", source)), duration, tuple(tenants), sla_classes)
+
+
+_SLA_FIELDS = ("ttft_s", "ttft_per_prompt_token_s", "tbt_s", "e2e_s")
+
+
+def _parse_sla_classes(raw: Any, source: str) -> dict[str, SlaClass]:
+    """A mix's ``sla_classes`` mapping; a target left out (or null) is no target."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidInputError(f"{source}: sla_classes must be a mapping of class name to targets")
+    out = {}
+    for name, fields in raw.items():
+        where = f"{source}: sla_classes.{name}"
+        if not isinstance(fields, dict):
+            raise InvalidInputError(f"{where} must be a mapping with some of {', '.join(_SLA_FIELDS)}")
+        unknown = set(fields) - set(_SLA_FIELDS)
+        if unknown:
+            raise InvalidInputError(f"{where}: unknown field(s) {sorted(unknown)} (known: {', '.join(_SLA_FIELDS)})")
+        values: dict[str, float] = {}
+        for key, value in fields.items():
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise InvalidInputError(f"{where}.{key} must be a number >= 0, got {value!r}")
+            values[key] = float(value)
+        out[str(name)] = SlaClass(str(name), **values)
+    return out
+
+
+def _parse_tenant_trace(raw: Any, where: str) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("source"), str):
+        raise InvalidInputError(f"{where}: trace must be a mapping with a string 'source' (a named trace "
+                                f"{list(TRACE_FILES)} or a path relative to the data folder)")
+    if Path(raw["source"]).is_absolute():
+        raise InvalidInputError(f"{where}: trace source must be a named trace or a path relative to the data "
+                                "folder, not an absolute path")
+    unknown = set(raw) - {"source", "offset_s", "rate_scale"}
+    if unknown:
+        raise InvalidInputError(f"{where}: unknown trace field(s) {sorted(unknown)}")
+    try:
+        offset, scale = float(raw.get("offset_s", 0.0)), float(raw.get("rate_scale", 1.0))
+    except (TypeError, ValueError):
+        raise InvalidInputError(f"{where}: trace offset_s and rate_scale must be numbers") from None
+    if not (offset >= 0 and math.isfinite(offset) and scale > 0 and math.isfinite(scale)):
+        raise InvalidInputError(f"{where}: trace offset_s must be >= 0 and rate_scale positive")
+    return {"source": raw["source"], "offset_s": offset, "rate_scale": scale}
 
 
 # ---- building workloads ------------------------------------------------------------------------
 @cache
 def _trace_pairs(source: str) -> tuple[np.ndarray, np.ndarray]:
     """(arrival_s, [prompt, output]) of a public trace, read once per process."""
-    from service.workload.readers import read_azure, read_mooncake
-
-    path = data_dir() / TRACE_FILES[source]
-    if not path.is_file():
-        raise InvalidInputError(f"trace {source!r} not found at {path} (set SLICESCHED_DATA to the public data folder)")
-    reader = read_mooncake if source == "mooncake" else read_azure
-    reqs = reader(path, tenant_id="t", model="llama2-7b").requests
+    reqs = read_source(source).requests
     arrivals = np.array([r.arrival_s for r in reqs])
     lengths = np.array([[r.prompt_tokens, r.output_tokens] for r in reqs], dtype=np.int64)
     return arrivals, lengths
@@ -211,12 +275,30 @@ def _lengths(rng: np.random.Generator, t: TenantSpec, n: int, servegen: Any) -> 
 
 def build_workload(mix: TenantMix, rng: np.random.Generator, *, duration_s: float | None = None,
                    load_scale: float = 1.0) -> Workload:
-    """Sample the mix's requests; ``load_scale`` multiplies every tenant's arrival rate."""
+    """Sample the mix's requests; ``load_scale`` multiplies every tenant's arrival rate. Trace
+    tenants' requests are clamped to their model's context (see :func:`sample_workload`)."""
+    return sample_workload(mix, rng, duration_s=duration_s, load_scale=load_scale)[0]
+
+
+def sample_workload(mix: TenantMix, rng: np.random.Generator, *, duration_s: float | None = None,
+                    load_scale: float = 1.0, context: ContextMode = "clamp",
+                    skip_bad: bool = False) -> tuple[Workload, ContextCounts]:
+    """Sample the mix's requests and fit them to their models' context.
+
+    Generated lengths are drawn to fit (output at most a quarter of the context); a tenant with a
+    ``trace`` gets its file's requests, fitted by ``context`` (clamped or rejected, counted).
+    ``skip_bad`` skips malformed lines of trace files.
+    """
     if not load_scale > 0:
         raise InvalidInputError("load_scale must be positive")
     horizon = duration_s or mix.duration_s
     requests: list[RequestSpec] = []
     for t in mix.tenants:
+        if t.trace is not None:
+            requests += tenant_requests(read_source(t.trace["source"], skip_bad).requests, t,
+                                        offset_s=t.trace["offset_s"], rate_scale=t.trace["rate_scale"] * load_scale,
+                                        horizon_s=horizon)
+            continue
         times, servegen = _arrivals(rng, t, horizon, load_scale)
         lengths = _lengths(rng, t, len(times), servegen)
         max_ctx = MODEL_CONFIGS[t.model].max_seq_len
@@ -224,5 +306,7 @@ def build_workload(mix: TenantMix, rng: np.random.Generator, *, duration_s: floa
             out = int(min(max(output, 1), max_ctx // 4))
             pr = int(min(max(prompt, 1), max_ctx - out))
             requests.append(RequestSpec(f"{t.tenant_id}:{i}", t.tenant_id, t.model, float(at), pr, out, t.sla_class))
-    requests.sort(key=lambda r: (r.arrival_s, r.request_id))
-    return Workload(mix.name, requests, horizon_s=horizon)
+    # ties by tenant, then in the tenant's own order (a trace's equal timestamps keep the file's order)
+    requests.sort(key=lambda r: (r.arrival_s, r.tenant_id, int(r.request_id.rpartition(":")[2])))
+    fitted, counts = fit_context(requests, context)
+    return Workload(mix.name, fitted, horizon_s=horizon), counts

@@ -31,6 +31,7 @@ class PolicyResult:
     goodput_rps: float  # requests finished within the horizon and within SLA / horizon
     sla_violation_rate: float  # late, dropped or unfinished requests / all requests
     sla_violation_rate_by_tenant: dict[str, float]
+    sla_violation_rate_by_class: dict[str, float]  # by the requests' SLA class
     ttft_s: dict[str, float]  # p50, p99
     tbt_s: dict[str, float]  # p50, p99 of each request's mean time between tokens
     e2e_s: dict[str, float]  # p50, p99
@@ -65,18 +66,22 @@ def summarise(policy: str, load_scale: float, workload: Workload, report: SimRep
     tenants = workload.tenants()
     late: dict[str, int] = dict.fromkeys(tenants, 0)
     total: dict[str, int] = dict.fromkeys(tenants, 0)
+    classes = sorted({r.sla_class for r in workload.requests})
+    late_by_class: dict[str, int] = dict.fromkeys(classes, 0)
+    total_by_class: dict[str, int] = dict.fromkeys(classes, 0)
     tokens = 0
     good = 0
     ttft, tbt, e2e = [], [], []
     e2e_by_tenant: dict[str, list[float]] = {t: [] for t in tenants}
     for req in workload.requests:
         total[req.tenant_id] += 1
+        total_by_class[req.sla_class] += 1
         o = outcomes.get(req.request_id)
+        if o is None or o.dropped or math.isnan(o.finish_s) or not o.sla_met:
+            late[req.tenant_id] += 1
+            late_by_class[req.sla_class] += 1
         if o is None or o.dropped or math.isnan(o.finish_s):
-            late[req.tenant_id] += 1
             continue
-        if not o.sla_met:
-            late[req.tenant_id] += 1
         if o.finish_s <= horizon_s:
             tokens += o.num_output_tokens
             good += int(o.sla_met)
@@ -93,6 +98,7 @@ def summarise(policy: str, load_scale: float, workload: Workload, report: SimRep
         token_throughput_tps=tokens / horizon_s, goodput_rps=good / horizon_s,
         sla_violation_rate=sum(late.values()) / max(1, n),
         sla_violation_rate_by_tenant={t: late[t] / max(1, total[t]) for t in tenants},
+        sla_violation_rate_by_class={c: late_by_class[c] / max(1, total_by_class[c]) for c in classes},
         ttft_s=_pcts(ttft), tbt_s=_pcts(tbt), e2e_s=_pcts(e2e),
         e2e_s_by_tenant={t: _pcts(v) for t, v in e2e_by_tenant.items()},
         max_wait_s_long=report.max_wait_s_long, device_utilisation=util,

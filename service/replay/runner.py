@@ -132,9 +132,7 @@ def chunk_tokens(config: ReplayConfig, model: str, sla_class: str, tp: int) -> i
     """Token budget of one iteration for a tenant (chunked prefill, as Sarathi-Serve tunes it):
     the largest chunk whose iteration, with 32 decodes riding along, stays within half the
     tenant's time-per-output-token target, so prompts do not stall running decodes."""
-    from service.sim.sla import SLA_CLASSES
-
-    target = 0.5 * SLA_CLASSES[sla_class].tbt_s
+    target = 0.5 * config.mix.sla_classes[sla_class].tbt_s
     table = IterationCostTable(MODEL_CONFIGS[model], config.cost_model, config.cluster.devices[0])
     choices = config.batching.chunk_choices_tokens
     best = choices[0]
@@ -186,7 +184,8 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
     homes = home_replicas(config, workload)
     cluster = SimulatedCluster(
         config.cluster, homes, config.cost_model,
-        rng=np.random.default_rng(config.seed), config=config.sim, queue_policy=queue,
+        rng=np.random.default_rng(config.seed), sla_classes=config.mix.sla_classes, config=config.sim,
+        queue_policy=queue,
         estimator=fitted_estimator(config) if queue.needs_estimate or policy.queue != "fifo" else None,
         tenant_priority=priority, tenant_weight=weight, observers=[spans])
     view = SimClusterView(cluster, batching=config.batching, tenant_chunks=tenant_chunks(config, homes))

@@ -496,7 +496,7 @@ def request_outcome(r: Replica, live: Live, now: float, sla_classes: Mapping[str
         tbt_mean = tbt_max = 0.0
     ttft, e2e = live.first_token_s - spec.arrival_s, now - spec.arrival_s
     sla = sla_classes.get(spec.sla_class) or sla_classes["standard"]
-    slack = sla.slack_s(ttft, tbt_mean, e2e)
+    slack = sla.slack_s(ttft, tbt_mean, e2e, spec.prompt_tokens)
     return RequestOutcome(spec.request_id, spec.tenant_id, spec.model, r.spec.replica_id, spec.sla_class,
                           spec.arrival_s, live.admitted_s, live.first_token_s, now, spec.output_tokens,
                           ttft, tbt_mean, tbt_max, e2e, slack, slack >= 0.0)

@@ -1,26 +1,34 @@
 """SLA classes: the latency targets a request is held to, by name.
 
 A request meets its SLA when its time to first token, its mean time between tokens (time per
-output token, as serving SLOs state it; a single slow iteration does not fail a request) and
-its end-to-end latency are all at or under the class's targets. Slack is target minus achieved
-(seconds; negative means violated).
+output token, TPOT, as serving SLOs state it; a single slow iteration does not fail a request)
+and its end-to-end latency are all at or under the class's targets. The TTFT target may grow
+with the prompt (a base plus a per-prompt-token allowance: a long prompt cannot be prefilled as
+fast as a short one); ``math.inf`` means no target. Slack is target minus achieved (seconds;
+negative means violated).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
 class SlaClass:
     name: str
-    ttft_s: float  # time to first token, from arrival
-    tbt_s: float  # mean gap between consecutive output tokens
-    e2e_s: float  # arrival to last token
+    ttft_s: float = math.inf  # time to first token, from arrival: the base target
+    tbt_s: float = math.inf  # TPOT: mean gap between consecutive output tokens
+    e2e_s: float = math.inf  # end-to-end deadline, arrival to last token
+    ttft_per_prompt_token_s: float = 0.0  # added to the TTFT target per prompt token
 
-    def slack_s(self, ttft_s: float, tbt_mean_s: float, e2e_s: float) -> float:
+    def ttft_target_s(self, prompt_tokens: int) -> float:
+        """The TTFT target for a prompt of ``prompt_tokens`` tokens."""
+        return self.ttft_s + self.ttft_per_prompt_token_s * prompt_tokens
+
+    def slack_s(self, ttft_s: float, tbt_mean_s: float, e2e_s: float, prompt_tokens: int = 0) -> float:
         """The smallest of the three slacks (negative: the SLA is missed)."""
-        return min(self.ttft_s - ttft_s, self.tbt_s - tbt_mean_s, self.e2e_s - e2e_s)
+        return min(self.ttft_target_s(prompt_tokens) - ttft_s, self.tbt_s - tbt_mean_s, self.e2e_s - e2e_s)
 
 
 SLA_CLASSES: dict[str, SlaClass] = {
