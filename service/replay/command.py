@@ -24,6 +24,7 @@ from service.domain.error import InvalidInputError
 from service.domain.request import Workload
 from service.replay.binding import DEAL_MODES, TraceBinding
 from service.replay.context import CONTEXT_MODES, ContextCounts
+from service.sim.config import KV_MODES, SimConfig
 
 
 def add_parser(sub: Any) -> None:
@@ -50,6 +51,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--load", type=float, default=1.0, help="offered load as a multiple of the mix's rates")
     p.add_argument("--load-sweep", help="comma-separated load multiples, e.g. 0.5,1,1.5,2")
     p.add_argument("--interval", type=float, default=5.0, help="scheduling step in simulated seconds")
+    p.add_argument("--kv", choices=KV_MODES, default="paged",
+                   help="KV management: paged (blocks grow with the tokens, the newest request preempted and "
+                        "recomputed when memory runs out; default) or reserve (prompt plus whole output reserved "
+                        "at admission)")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed trace rows (counted and reported)")
     p.add_argument("--out", required=True, help="output folder (report.json and plots)")
     p.add_argument("--record", action="store_true", help="also write the run and its results to Neo4j")
@@ -137,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     if args.duration is not None and not args.duration > 0:
         raise InvalidInputError("--duration must be positive")
     config = ReplayConfig(cluster, mix, RooflineCostModel(), seed=args.seed, duration_s=args.duration,
-                          interval_s=args.interval)
+                          interval_s=args.interval, sim=SimConfig(kv=args.kv))
     # read (and check) every trace file before anything runs; they stay cached for the loads
     files = {b.source for b in bindings} | {t.trace["source"] for t in mix.tenants if t.trace is not None}
     bad_lines = sum(read_source(f, args.skip_bad).num_bad for f in sorted(files))
@@ -173,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
     report = {
         "config": {"cluster": cluster.name, "tenants": mix.name, "trace": args.trace or "synthetic",
                    "seed": args.seed, "duration_s": config.horizon_s, "loads": loads, "interval_s": args.interval,
-                   "policies": [str(p) for p in policies], "cost_model": "roofline", "bad_trace_lines": bad_lines,
+                   "policies": [str(p) for p in policies], "cost_model": "roofline", "kv": args.kv,
+                   "bad_trace_lines": bad_lines,
                    "sla_classes": _sla_targets(mix)},
         "workload": {"dealing": dealing, "sources": _sources(mix, bindings, dealing),
                      "context": {"mode": args.context, "by_load": context_by_load}},

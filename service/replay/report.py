@@ -42,6 +42,8 @@ class PolicyResult:
     idle_s_total: float  # device-seconds without work within the run
     peak_mem_bytes: dict[str, int]
     memory_violations: int
+    preemptions: int = 0  # requests preempted for KV memory (paged KV), each recomputed
+    recomputed_tokens: int = 0  # prefill tokens computed again because of preemptions
     num_guest_replicas: int = 0  # replicas the slice policy added
     num_whatifs: int = 0
     wall_s: float = 0.0
@@ -104,7 +106,8 @@ def summarise(policy: str, load_scale: float, workload: Workload, report: SimRep
         max_wait_s_long=report.max_wait_s_long, device_utilisation=util,
         mean_utilisation=float(np.mean(list(util.values()))) if util else 0.0, idle_s_total=idle,
         peak_mem_bytes={d: r.peak_mem_bytes for d, r in report.devices.items()},
-        memory_violations=len(report.violations), e2e_samples_s=e2e,
+        memory_violations=len(report.violations), preemptions=report.preemptions,
+        recomputed_tokens=report.recomputed_tokens, e2e_samples_s=e2e,
     )
 
 

@@ -101,19 +101,23 @@ def _small_cluster(mem_bytes: int) -> ClusterSpec:
 
 
 def _recount(sim: SimulatedCluster) -> dict[str, int]:
-    """Per-device bytes from first principles: weights, KV of every admitted request (its prompt
-    plus its whole output, reserved at admission), current iteration activations, placed slices
-    and in-flight transfers."""
+    """Per-device bytes from first principles: weights, KV of every admitted request (reserve:
+    its prompt plus its whole output, reserved at admission; paged: the tokens it has cached —
+    its prompt and every output token but the newest — and one block of rounding), current iteration activations, placed slices and in-flight transfers."""
     from service.sim.iteration import activation_bytes_per_token, kv_bytes_per_token, weight_bytes
 
+    paged, block = sim.config.kv == "paged", sim.config.kv_block_tokens
     total = dict.fromkeys((d.device_id for d in sim.spec.devices), 0)
     for r in sim.state.replicas.values():
         tokens = 0
+        last_step = r.iteration - 1
         for live in r.prefilling:
-            tokens += live.spec.prompt_tokens + live.spec.output_tokens
+            tokens += live.target + block if paged else live.spec.prompt_tokens + live.spec.output_tokens
         for lives in r.finishing.values():
             for live in lives:
-                tokens += live.spec.prompt_tokens + live.spec.output_tokens
+                produced = live.generated + last_step - live.decode_iter
+                tokens += (live.spec.prompt_tokens + produced - 1 + block if paged
+                           else live.spec.prompt_tokens + live.spec.output_tokens)
         batch_tokens = sum(n for _, n in r.current) + (r.num_decodes if r.busy else 0)
         for d in r.device_ids:
             total[d] += -(-weight_bytes(r.config) // r.tp)
