@@ -119,7 +119,8 @@ class SimulatedCluster:
         track = self.queue_policy is not None and self.queue_policy.fair_share
         self._batcher = Batcher(state.ledger, state.timelines, state.served, track_served=track,
                                 kv_watermark_fraction=self.config.kv_watermark_fraction,
-                                paged=self.config.kv == "paged", block_tokens=self.config.kv_block_tokens)
+                                paged=self.config.kv == "paged", block_tokens=self.config.kv_block_tokens,
+                                record_token_gaps=self.config.record_token_gaps)
         router = self.router
         self._routing = Routing(state, self._batcher,
                                 choose=None if router is None else (lambda req, ids: router(req, ids, self)),
@@ -260,6 +261,13 @@ class SimulatedCluster:
     def in_flight(self) -> list[tuple[str, RequestSpec]]:
         """(replica_id, request) of every request routed to a replica and not finished."""
         return self.state.in_flight()
+
+    @property
+    def token_gaps(self) -> list[tuple[float, int]]:
+        """``(seconds, tokens)``: the time between consecutive output tokens of a request, for
+        every token but the first, weighted by how many tokens had that gap (recorded only with
+        ``SimConfig.record_token_gaps``; empty otherwise)."""
+        return self._batcher.token_gaps or []
 
     def kv_tokens(self, replica_id: str) -> int:
         """KV tokens the replica holds now (for tests and the scheduler's view)."""

@@ -23,6 +23,7 @@ class SimConfig:
     # vLLM does) or "reserve" (a request's prompt plus whole output reserved at admission).
     kv: str = "paged"
     kv_block_tokens: int = 16  # tokens per KV block (paged): each sequence rounds up to a block
+    record_token_gaps: bool = False  # keep every inter-token gap (``SimulatedCluster.token_gaps``): for TBT percentiles
 
     def __post_init__(self) -> None:
         if self.kv not in KV_MODES:

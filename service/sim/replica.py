@@ -27,7 +27,7 @@ import copy
 import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 import numpy as np
@@ -122,6 +122,7 @@ class Replica:
     tokens_out: int = 0
     busy: bool = False
     decodes_paused: bool = False  # this iteration prefills only (prefill_first): running decodes wait
+    run_starts: list[tuple[float, int]] = field(default_factory=list)  # decode runs begun since the last step: (time, n)
     step_pending: bool = False
     current_start_s: float = 0.0
 
@@ -157,6 +158,7 @@ class Replica:
         other.ends = self.ends.copy()
         other.kv_allocs = list(self.kv_allocs)
         other.act_allocs = list(self.act_allocs)
+        other.run_starts = list(self.run_starts)
         return other
 
 
@@ -208,11 +210,11 @@ class Batcher:
     reserved at admission."""
 
     __slots__ = ("block_tokens", "kv_watermark_fraction", "ledger", "paged", "preemptions", "recomputed_tokens",
-                 "served", "timelines", "track_served")
+                 "served", "timelines", "token_gaps", "track_served")
 
     def __init__(self, ledger: MemoryLedger, timelines: DeviceTimelines, served: dict[str, float], *,
                  track_served: bool, kv_watermark_fraction: float, paged: bool = False,
-                 block_tokens: int = 16) -> None:
+                 block_tokens: int = 16, record_token_gaps: bool = False) -> None:
         self.ledger = ledger
         self.timelines = timelines
         self.served = served
@@ -222,6 +224,8 @@ class Batcher:
         self.block_tokens = block_tokens
         self.preemptions = 0
         self.recomputed_tokens = 0  # prefill tokens spent again on preempted requests
+        # (gap seconds, tokens): every output token but a request's first, when recording
+        self.token_gaps: list[tuple[float, int]] | None = [] if record_token_gaps else None
 
     def kv_need(self, live: Live) -> int:
         """KV tokens a request holds from admission: its prefill target and one block of
@@ -349,6 +353,8 @@ class Batcher:
             # per decode (the block rounding of :meth:`kv_need` covers partial blocks).
             kv_delta = r.num_decodes if paged else 0
             tokens = r.num_decodes
+            if self.token_gaps is not None and tokens:
+                self._record_gaps(r, j, now)
             r.decode_context_sum += r.num_decodes
             if track:
                 for t, n in r.decoding_by_tenant.items():
@@ -378,6 +384,8 @@ class Batcher:
             live.generated += 1
             live.decode_iter = j  # its next tokens come at steps j + 1, j + 2, ...
             live.run_start_s = now
+            if self.token_gaps is not None and remaining_after(live) > 0:
+                r.run_starts.append((now, 1))
             if track:
                 served[spec.tenant_id] = served.get(spec.tenant_id, 0.0) + 1
             remaining = spec.output_tokens - live.generated
@@ -401,6 +409,20 @@ class Batcher:
         r.decodes_paused = False
         r.busy = False
         return finished, kv_delta, tokens
+
+    def _record_gaps(self, r: Replica, j: int, now: float) -> None:
+        """The gaps of this step's tokens: since the previous step for running decodes, since
+        their first token for decode runs begun after it."""
+        gaps = self.token_gaps
+        assert gaps is not None
+        fresh = 0
+        for start, n in r.run_starts:
+            gaps.append((now - start, n))
+            fresh += n
+        r.run_starts = []
+        old = r.num_decodes - fresh
+        if old > 0 and j > 0:
+            gaps.append((now - float(r.ends[j - 1]), old))
 
     def _held(self, live: Live, j: int) -> int:
         """KV tokens a decoding request holds at the end of iteration ``j``."""
@@ -473,6 +495,11 @@ class Batcher:
                 + self.kv_watermark_fraction * self.ledger.capacity_bytes(r.device_ids[0]))
         weights = -(-weight_bytes(r.config) // r.tp)
         return all(need <= self.ledger.limit_bytes(d) - weights for d in r.device_ids)
+
+
+def remaining_after(live: Live) -> int:
+    """Output tokens still to come after the ones it has generated."""
+    return live.spec.output_tokens - live.generated
 
 
 def _run_max_gap(r: Replica, live: Live, n: int) -> float:
