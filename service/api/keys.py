@@ -23,9 +23,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 from pydantic import Field
 
+from service.api.credential import hash_key, new_key
 from service.api.deps import AdminPrincipal, AnyPrincipal, Principal, Svc, own_tenant
 from service.api.schemas import ID, Body, Int
-from service.api.state import LiveState, hash_key, new_key
+from service.api.state import LiveState
 from service.domain.cluster import DEVICE_KINDS
 from service.domain.error import ConflictError, ForbiddenError, InvalidInputError, NotFoundError
 

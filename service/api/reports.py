@@ -8,7 +8,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from service.api.deps import Principal, require, scoped_tenant
-from service.api.state import LiveModel, LiveRequest
+from service.api.records import LiveModel, LiveRequest
 from service.domain import tokenizer
 from service.domain.error import ForbiddenError, InvalidInputError, NotFoundError
 from service.graph.repository import Table

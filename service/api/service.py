@@ -28,16 +28,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from service.api.keys import ExecutorPools
 from service.api.live_view import LIVE_CLUSTER, LiveClusterView, LiveSnapshot, live_spec
 from service.api.metrics import LiveMetrics
+from service.api.records import LIVE_FAMILIES, TERMINAL, LiveModel, LiveRequest, Write
 from service.api.settings import ServiceSettings
-from service.api.state import (
-    LIVE_FAMILIES,
-    TERMINAL,
-    Completion,
-    LiveModel,
-    LiveRequest,
-    LiveState,
-    Write,
-)
+from service.api.state import LiveState
 from service.api.supervisor import Supervisor
 from service.api.writer import GmgWriter
 from service.core.placement import TenantDemand, candidate_groups, container_replicas, make_placement_policy
@@ -47,6 +40,7 @@ from service.core.slot import InputDep, Slot, SlotQuery
 from service.domain.cluster import ClusterSpec
 from service.domain.error import ConflictError, DatabaseUnavailableError, InvalidInputError, Neo4jServerError
 from service.domain.request import RequestSpec, RequestStatus
+from service.domain.wire import Completion
 from service.graph.catalog import QueryCatalog
 from service.graph.connection import Neo4jSettings, open_driver
 from service.graph.repository import GraphRepository

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from service.api import leasing
 from service.api.deps import ExecutorPrincipal, Svc
 from service.api.schemas import CompleteIn, FailIn, PollIn
-from service.api.state import Completion
+from service.domain.wire import Completion
 
 router = APIRouter(tags=["leases"])
 
