@@ -108,9 +108,9 @@ def main() -> None:
     cluster.submit(sorted(fitted, key=lambda r: r.arrival_s))
     horizon = max(r.arrival_s for r in fitted)
     wall0 = time.perf_counter()
-    for k in range(1, 11):
-        cluster.run(until=horizon * k / 10)
-        print(f"[{NAME}] {k * 10:3d}% simulated {cluster.now_s:7.1f}s / {horizon:.1f}s, "
+    for tenth in range(1, 11):
+        cluster.run(until=horizon * tenth / 10)
+        print(f"[{NAME}] {tenth * 10:3d}% simulated {cluster.now_s:7.1f}s / {horizon:.1f}s, "
               f"wall {time.perf_counter() - wall0:5.1f}s", flush=True)
     cluster.run()
     report = cluster.report()

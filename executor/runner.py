@@ -15,9 +15,9 @@ scheduler's memory model assumes. :class:`~executor.batcher.ContinuousBatcher` r
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -36,13 +36,6 @@ class Stage:
     start: int
     end: int
     url: str | None = None
-
-    @staticmethod
-    def from_dict(raw: Mapping[str, Any]) -> Stage:
-        """A stage from its API form ``{"device_id": ..., "layers": [start, end], "url"?: ...}``."""
-        start, end = raw["layers"]
-        url = raw.get("url")
-        return Stage(str(raw["device_id"]), int(start), int(end), str(url) if url else None)
 
 
 def check_stages(stages: Sequence[Stage], n_layers: int) -> None:

@@ -281,7 +281,7 @@ PASSTHROUGH: list[tuple[tuple[str, ...], str, str]] = [
     (("cost-model", "evaluate"), "learned.evaluate:evaluate_main", "held-out accuracy of every cost model"),
     (("profile",), "executor.profiler:profile_main", "time the project's operators on this CPU"),
     (("serve",), "service.api.serve:serve_main", "run the HTTP scheduling API (docs/API.md)"),
-    (("executor",), "executor.daemon:main", "run an executor daemon for this node's devices"),
+    (("executor",), "executor.command:main", "run an executor daemon for this node's devices"),
 ]
 
 

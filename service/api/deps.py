@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
-from service.api.state import hash_key
+from service.api.credential import hash_key
 from service.domain.error import ForbiddenError, InvalidInputError, NotFoundError, UnauthorizedError
 
 if TYPE_CHECKING:

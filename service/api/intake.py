@@ -6,8 +6,8 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
+from service.api.records import LiveRequest
 from service.api.schemas import RequestIn
-from service.api.state import LiveRequest
 from service.domain import tokenizer
 from service.domain.error import InvalidInputError
 

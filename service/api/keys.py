@@ -20,8 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from service.api.credential import hash_key
 from service.api.deps import Principal
-from service.api.state import LiveState, hash_key
+from service.api.state import LiveState
 from service.domain.cluster import DEVICE_KINDS
 from service.domain.error import ConflictError, ForbiddenError, InvalidInputError, NotFoundError
 

@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from service.domain.wire import LeaseGrant
+
 if TYPE_CHECKING:
     from service.api.service import LiveService
 
@@ -25,11 +27,12 @@ async def poll_leases(svc: LiveService, executor_id: str, max_leases: int, wait_
             leases = []
             for lease, replica, req in grants:
                 model = state.models[req.model_uid]
-                stages = state.stages(replica, executor_id, model.config.n_layers)
-                leases.append({"lease_id": lease.lease_id, "request_id": req.request_id, "tenant_id": req.tenant_id,
-                               "model_id": req.model_id, "family": model.family, "seed": model.seed,
-                               "replica_id": replica.replica_id, "stages": stages, "prompt_tokens": req.prompt,
-                               "max_tokens": req.max_tokens, "expires_in_s": svc.settings.lease_ttl_s})
+                leases.append(LeaseGrant(
+                    lease_id=lease.lease_id, request_id=req.request_id, replica_id=replica.replica_id,
+                    family=model.family, seed=model.seed,
+                    stages=state.stages(replica, executor_id, model.config.n_layers),
+                    prompt_tokens=tuple(req.prompt), max_tokens=req.max_tokens, tenant_id=req.tenant_id,
+                    model_id=req.model_id, expires_in_s=svc.settings.lease_ttl_s).to_json())
             return leases
         remaining = deadline - loop.time()
         if remaining <= 0:

@@ -23,8 +23,8 @@ import httpx
 import numpy as np
 
 from service.api.metrics import sla_met
+from service.api.records import LiveRequest
 from service.api.stack import LiveStack
-from service.api.state import LiveRequest
 from service.domain.request import RequestStatus, Workload
 from service.graph.connection import Neo4jSettings
 from service.workload.synthetic import TenantLoad, synthetic_workload

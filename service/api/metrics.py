@@ -17,7 +17,8 @@ from prometheus_client.registry import Collector
 from service.sim.sla import SLA_CLASSES
 
 if TYPE_CHECKING:
-    from service.api.state import LiveRequest, LiveState
+    from service.api.records import LiveRequest
+    from service.api.state import LiveState
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any
 
+from service.api.credential import hash_key, new_key
 from service.api.deps import Principal
-from service.api.state import LiveModel, hash_key, new_key
+from service.api.records import LiveModel
 from service.domain.error import ConflictError, InvalidInputError
 
 if TYPE_CHECKING:
@@ -96,4 +97,5 @@ async def pin_replica(svc: LiveService, tenant_id: str, model_id: str, device_id
     replica = state.add_replica(model.uid, tuple(device_ids), guest=False, pinned=True)
     await svc.replan()
     return {"replica_id": replica.replica_id, "device_ids": list(replica.device_ids),
-            "stages": state.stages(replica, state.devices[replica.device_ids[0]].executor_id, model.config.n_layers)}
+            "stages": [s.to_json() for s in state.stages(replica, state.devices[replica.device_ids[0]].executor_id,
+                                                         model.config.n_layers)]}

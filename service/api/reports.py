@@ -8,10 +8,10 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from service.api.deps import Principal, require, scoped_tenant
-from service.api.state import LiveModel, LiveRequest
+from service.api.records import LiveModel, LiveRequest
 from service.domain import tokenizer
 from service.domain.error import ForbiddenError, InvalidInputError, NotFoundError
-from service.graph.repository import Table
+from service.graph.inspection import Table
 
 if TYPE_CHECKING:
     from service.api.service import LiveService

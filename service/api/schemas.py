@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from service.api.state import LIVE_FAMILIES
+from service.api.records import LIVE_FAMILIES
 from service.sim.sla import SLA_CLASSES
 
 ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"

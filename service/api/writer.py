@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from service.api.state import Write
+from service.api.records import Write
 from service.graph.repository import GraphRepository
 
 log = logging.getLogger("slicesched.writer")

@@ -20,17 +20,13 @@ import torch
 from torch import Tensor
 
 from executor.batcher import generate_alone
-from executor.daemon import (
-    Completion,
-    ExecutorDaemon,
-    Lease,
-    Settings,
-    Worker,
-    describe_devices,
-    main,
-)
+from executor.command import describe_devices, main
+from executor.daemon import ExecutorDaemon
 from executor.runner import Stage, StagedModel, load_staged
+from executor.settings import Settings
+from executor.worker import Lease, Worker
 from service.domain.error import NotFoundError, RegisterRefused
+from service.domain.wire import Completion
 from service.models.family import build_model, model_config
 
 ONE = [{"device_id": "cpu:0", "layers": [0, 2]}]

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from service.api.state import Completion, LiveModel, LiveState, hash_key
+from service.api.credential import hash_key
+from service.api.records import LiveModel
+from service.api.state import LiveState
 from service.core.queue import make_queue_policy
 from service.domain.error import ConflictError, InvalidInputError, NotFoundError
+from service.domain.wire import Completion
 
 
 class Clock:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.api.state import STATUSES, LiveRequest
+from service.api.records import STATUSES, LiveRequest
 from service.domain.request import TERMINAL_STATUSES, RequestStatus
 
 

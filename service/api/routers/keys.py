@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 from pydantic import Field
 
+from service.api.credential import hash_key, new_key
 from service.api.deps import AdminPrincipal, AnyPrincipal, Svc, own_tenant
 from service.api.keys import BOOTSTRAP_POOL, CATALOGUE_KINDS, DEFAULT_MAX_DEVICES, DEFAULT_MAX_MEM_BYTES, ExecutorPool
 from service.api.responses import (
@@ -19,7 +20,6 @@ from service.api.responses import (
     TenantKeyRevokedOut,
 )
 from service.api.schemas import ID, Body, Int
-from service.api.state import hash_key, new_key
 from service.domain.error import ConflictError
 
 KIND = r"^[A-Za-z0-9][A-Za-z0-9 _.:()-]{0,63}$"

@@ -12,7 +12,7 @@ from service.api import leasing
 from service.api.deps import ExecutorPrincipal, Svc
 from service.api.responses import CompleteOut, LeaseFailedOut, LeaseRenewedOut, PollOut
 from service.api.schemas import CompleteIn, FailIn, PollIn
-from service.api.state import Completion
+from service.domain.wire import Completion
 
 router = APIRouter(tags=["leases"])
 

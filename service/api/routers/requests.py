@@ -8,9 +8,9 @@ from fastapi import APIRouter, Header, Query
 
 from service.api import intake, reports
 from service.api.deps import AnyPrincipal, Svc, TenantScope, scoped_tenant
+from service.api.records import STATUSES
 from service.api.responses import AcceptedBatchOut, AcceptedOut, RequestOut
 from service.api.schemas import RequestBatchIn, RequestIn
-from service.api.state import STATUSES
 from service.domain.error import InvalidInputError
 
 router = APIRouter(tags=["requests"])

@@ -1,0 +1,45 @@
+"""How the executor daemon reaches the service: its settings and the backoff between retries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from executor.batcher import Clock
+
+
+class Backoff:
+    """Exponential backoff after failures: ``ready`` says whether to try again now."""
+
+    def __init__(self, clock: Clock, *, base_s: float = 0.5, max_s: float = 10.0) -> None:
+        self.clock = clock
+        self.base_s, self.max_s = base_s, max_s
+        self._delay = 0.0
+        self._next = 0.0
+
+    def ready(self) -> bool:
+        return self.clock() >= self._next
+
+    def failed(self) -> float:
+        """Record a failure; returns the delay before the next attempt."""
+        self._delay = min(self.max_s, self._delay * 2 or self.base_s)
+        self._next = self.clock() + self._delay
+        return self._delay
+
+    def succeeded(self) -> None:
+        self._delay, self._next = 0.0, 0.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    server: str  # base URL of the service
+    key: str  # executor (or admin) key
+    executor_id: str
+    host_id: str
+    devices: tuple[dict[str, Any], ...]  # [{device_id, kind, mem_bytes}] as registered
+    max_batch: int = 8
+    poll_wait_s: float = 2.0  # long-poll wait while idle
+    busy_poll_s: float = 0.05  # while running, poll (without waiting) at most this often
+    timeout_s: float = 10.0  # per call, on top of a long poll's wait
+    retry_base_s: float = 0.5  # first delay after a transient failure (doubling up to 10 s)
+    stage_url: str | None = None  # this node's stage server, for drivers on other nodes (executor.remote)

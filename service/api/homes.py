@@ -1,0 +1,149 @@
+"""Home replicas of the live service: each served model's whole devices (container placement),
+re-planned when models or devices change, and the cluster's shape written to the GMG."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from service.api.live_view import LIVE_CLUSTER, live_spec
+from service.api.neo4j_gate import Neo4jGate
+from service.api.notify import Signal
+from service.api.records import LIVE_FAMILIES, LiveModel
+from service.core.placement import TenantDemand, container_replicas
+from service.domain.cluster import ClusterSpec
+from service.domain.error import DatabaseUnavailableError, InvalidInputError
+from service.models.family import MODEL_CONFIGS
+from service.sim.iteration import weight_bytes
+
+log = logging.getLogger("slicesched.service")
+
+
+class HomePlanner(Neo4jGate):
+    """Where each model lives by default (a part of :class:`~service.api.service.LiveService`)."""
+
+    work: Signal  # notified when leases may be granted
+    _gmg_dirty: bool  # the cluster's devices and weights in the GMG await a re-write
+    _replan_lock: asyncio.Lock  # one re-plan at a time: they rewrite the same devices
+
+    @staticmethod
+    def check_devices(devices: list[tuple[str, str, int]]) -> None:
+        """Refuse, before anything is registered, devices that could never host a model:
+        ``(name, kind, mem_bytes)`` each."""
+        smallest = min(weight_bytes(MODEL_CONFIGS[f]) for f in LIVE_FAMILIES)
+        small = [name for name, _, mem in devices if mem < smallest]
+        if small:
+            raise InvalidInputError(f"device(s) {', '.join(small)} have less memory than the smallest runnable "
+                                    f"model's weights ({smallest} bytes): nothing was registered")
+
+    async def replan(self) -> None:
+        """(Re)compute home replicas after models or devices changed, and put the weights in the
+        GMG. A model that fits nowhere is reported in :attr:`unplaced`, never fails the re-plan;
+        when Neo4j cannot take the cluster's new shape now, the watcher writes it later."""
+        async with self._replan_lock:
+            self._replan()
+            await self._write_cluster()
+
+    def _replan(self) -> None:
+        state = self.state
+        devices = sorted(state.devices.values(), key=lambda d: d.device_id)
+        models = sorted(state.models.values(), key=lambda m: m.uid)
+        wanted = self._homes(models, devices) if devices and models else []
+        current = {r.replica_id: r for r in state.replicas.values() if not r.guest and not r.pinned}
+        keep = set()
+        for uid, device_ids in wanted:
+            rid = f"{uid}@{'+'.join(device_ids)}"
+            keep.add(rid)
+            if rid in current:
+                current[rid].draining = False
+            else:
+                state.add_replica(uid, device_ids, guest=False)
+        for rid, r in current.items():
+            if rid not in keep:
+                r.draining = True
+        self._gmg_dirty = True
+        self.work.notify()
+
+    async def _write_cluster(self) -> None:
+        """The live devices and where each model's weights reside, into the GMG."""
+        assert self.repo is not None
+        self._gmg_dirty = False
+        devices = sorted(self.state.devices.values(), key=lambda d: d.device_id)
+        spec = live_spec([(d.device_id, d.executor_id, d.kind, d.mem_bytes) for d in devices])
+        on: dict[str, list[str]] = {uid: [] for uid in self.state.models}
+        for r in self.state.replicas.values():
+            on.setdefault(r.model_uid, []).extend(r.device_ids)
+        try:
+            if devices:
+                await self.db(self.repo.apply_cluster, spec)
+            for uid, device_ids in on.items():
+                await self.db(self.repo.set_weight_residence, uid, sorted(set(device_ids)), cluster=LIVE_CLUSTER)
+        except DatabaseUnavailableError:
+            self._gmg_dirty = True  # the watcher writes it when Neo4j is back
+            log.warning("the cluster's shape could not be written to the GMG now; it will be when Neo4j answers")
+
+    def _homes(self, models: list[LiveModel], devices: list[Any]) -> list[tuple[str, tuple[str, ...]]]:
+        """Home devices per model. A device too small for every model hosts none; a model whose
+        weights fit no executor's devices is left out and reported; when whole-device homes are
+        impossible, each model gets the device with the most room that holds it."""
+        unplaced: dict[str, str] = {}
+        smallest = min(m.weight_bytes for m in models)
+        usable = [d for d in devices if d.mem_bytes >= smallest]
+        per_executor: dict[str, int] = {}
+        for d in usable:
+            per_executor[d.executor_id] = per_executor.get(d.executor_id, 0) + d.mem_bytes
+        room = max(per_executor.values(), default=0)
+        fitting = []
+        for m in models:
+            if m.weight_bytes > room:
+                unplaced[m.uid] = (f"its weights ({m.weight_bytes / 2**20:.1f} MiB) fit on no executor's devices "
+                                   f"(largest: {room / 2**20:.1f} MiB)")
+            else:
+                fitting.append(m)
+        out: list[tuple[str, tuple[str, ...]]] = []
+        if fitting:
+            try:
+                out = self._container_homes(live_spec([(d.device_id, d.executor_id, d.kind, d.mem_bytes)
+                                                       for d in usable]), fitting, usable)
+            except InvalidInputError as exc:
+                log.warning("whole-device homes impossible (%s): each model on the roomiest device that holds it", exc)
+                out = self._greedy_homes(fitting, usable, unplaced)
+        for uid, why in unplaced.items():
+            if self.unplaced.get(uid) != why:
+                log.warning("model %s has no home: %s", uid, why)
+        self.unplaced = unplaced
+        return out
+
+    def _container_homes(self, spec: ClusterSpec, models: list[LiveModel],
+                         devices: list[Any]) -> list[tuple[str, tuple[str, ...]]]:
+        demands = [TenantDemand(m.uid, m.family, self.state.tenant(m.tenant_id).weight) for m in models]
+        fits = min(len(models), len(devices))
+        by_weight = sorted(demands, key=lambda t: (-t.device_s_per_s, t.tenant_id))
+        placed = container_replicas(spec, by_weight[:fits], weight_bytes=lambda f: weight_bytes(MODEL_CONFIGS[f]),
+                                    reserve_bytes=lambda f: 0)
+        out = [(uid, devs) for uid, _, devs in placed]
+        load: dict[str, int] = {d.device_id: 0 for d in devices}
+        for _, devs in out:
+            for d in devs:
+                load[d] += 1
+        for extra in by_weight[fits:]:  # more models than devices: share the least loaded one
+            d = min(load, key=lambda x: (load[x], x))
+            load[d] += 1
+            out.append((extra.tenant_id, (d,)))
+            log.warning("%s shares device %s: more models than devices", extra.tenant_id, d)
+        return out
+
+    @staticmethod
+    def _greedy_homes(models: list[LiveModel], devices: list[Any],
+                      unplaced: dict[str, str]) -> list[tuple[str, tuple[str, ...]]]:
+        free = {d.device_id: d.mem_bytes for d in devices}
+        out: list[tuple[str, tuple[str, ...]]] = []
+        for m in sorted(models, key=lambda m: (-m.weight_bytes, m.uid)):
+            best = max(free, key=lambda d: (free[d], d), default=None)
+            if best is None or free[best] < m.weight_bytes:
+                unplaced[m.uid] = f"no single device has room for its weights ({m.weight_bytes / 2**20:.1f} MiB)"
+                continue
+            free[best] -= m.weight_bytes
+            out.append((m.uid, (best,)))
+        return out

@@ -1,0 +1,164 @@
+"""The live service's placement loop: the scheduler's step on a snapshot of the live state
+(guest replicas judged by the what-if simulator, with Cypher candidate slots), its decision
+applied, and the what-if answers of the admin API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import replace
+from typing import Any
+
+from service.api.homes import HomePlanner
+from service.api.live_view import LiveClusterView, LiveSnapshot, live_spec
+from service.api.records import TERMINAL
+from service.core.placement import candidate_groups, make_placement_policy
+from service.core.scheduler import ClusterView, Decision, DeviceInfo, ReplicaChange, ReplicaInfo, Scheduler
+from service.core.slot import InputDep, Slot, SlotQuery
+from service.domain.error import InvalidInputError, InvariantError
+from service.domain.request import RequestSpec, RequestStatus
+
+log = logging.getLogger("slicesched.service")
+
+
+class SchedulingLoop(HomePlanner):
+    """``Scheduler.step`` on the live state (a part of :class:`~service.api.service.LiveService`)."""
+
+    started: float  # monotonic
+    scheduler: Scheduler
+    changed: asyncio.Event  # set on arrivals and completions (the scheduler's trigger)
+    decisions: list[str]
+    step_s: list[float]  # wall time of each scheduler step (what-ifs included)
+    _busy_mark: dict[str, tuple[float, float]]
+
+    def snapshot(self, window_s: float = 20.0) -> LiveSnapshot:
+        """The live state as the scheduler sees it. Compute units: an executor daemon runs one
+        iteration at a time, so all its devices share one compute stream; the scheduler sees one
+        device per executor (memory: its devices together) and a placement on it is put on the
+        executor's device with the most free memory."""
+        state = self.state
+        now_wall = time.time()
+        now = time.monotonic()
+        family = {uid: m.family for uid, m in state.models.items()}
+        unit_of = {d.device_id: d.executor_id for d in state.devices.values()}
+        replicas = []
+        first_home: dict[str, str] = {}
+        for r in sorted(state.replicas.values(), key=lambda r: (r.guest, r.replica_id)):
+            if not r.guest and not r.draining:
+                first_home.setdefault(r.model_uid, r.replica_id)
+        for r in state.replicas.values():
+            waiting = state.waiting(r.model_uid) if first_home.get(r.model_uid) == r.replica_id else 0
+            idle = 0.0 if r.leases else now - r.last_active
+            units = tuple(dict.fromkeys(unit_of[d] for d in r.device_ids))
+            replicas.append(ReplicaInfo(r.replica_id, state.models[r.model_uid].tenant_id, r.model_uid,
+                                        family[r.model_uid], units, waiting, len(r.leases), r.guest, r.draining, idle))
+        devices, rows, devices_of = [], [], {}
+        for e in state.executors.values():
+            members = [state.devices[d] for d in e.device_ids if d in state.devices]
+            if not members:
+                continue
+            devices_of[e.executor_id] = tuple(d.device_id for d in members)
+            hosting = tuple(r.replica_id for r in state.replicas.values() if set(r.device_ids) & set(e.device_ids))
+            devices.append(DeviceInfo(e.executor_id, e.executor_id, sum(state.free_bytes(d.device_id) for d in members),
+                                      self._utilisation(e.executor_id), hosting))
+            rows.append((e.executor_id, e.executor_id, members[0].kind, sum(d.mem_bytes for d in members)))
+        start = now_wall - window_s
+        recent = []
+        for req in state.requests.values():
+            if (req.status in TERMINAL and req.arrival < start) or req.status == RequestStatus.CANCELLED:
+                continue
+            recent.append(RequestSpec(req.request_id, req.model_uid, family[req.model_uid],
+                                      max(0.0, req.arrival - start), len(req.prompt), req.token_budget,
+                                      req.sla_class))
+        return LiveSnapshot(now - self.started, live_spec(rows), tuple(replicas), tuple(devices),
+                            {r.replica_id: r.max_batch for r in state.replicas.values()}, tuple(recent), window_s,
+                            dict(state.iteration_s), devices_of)
+
+    def _utilisation(self, executor_id: str) -> float:
+        e = self.state.executors[executor_id]
+        now = time.monotonic()
+        t0, b0 = self._busy_mark.get(executor_id, (self.started, 0.0))
+        return min(1.0, (e.busy_s - b0) / (now - t0) / max(1, len(e.device_ids))) if now > t0 else 0.0
+
+    def _cypher_candidates(self, view: ClusterView, model_uid: str, k: int) -> list[tuple[str, ...]]:
+        """Candidate units from the Cypher candidate-slot search over the live devices in the GMG:
+        the query runs on real devices; each answer counts for its executor (compute unit)."""
+        if self.repo is None or not isinstance(view, LiveClusterView):
+            raise InvariantError("the Cypher candidate search needs the GMG and a live view")
+        repo = self.repo
+        devices_of = view.snap.devices_of
+        n_devices = sum(len(ds) for ds in devices_of.values())
+
+        def search(q: SlotQuery) -> list[Slot]:
+            deps = tuple(InputDep(devices_of[d.device_id][0] if d.device_id in devices_of else d.device_id,
+                                  d.end_s, d.bytes) for d in q.input_deps)
+            slots = repo.find_candidate_slots(replace(q, input_deps=deps, k=max(q.k, n_devices)))
+            best: dict[str, Slot] = {}
+            for slot in slots:  # best first
+                unit = view.unit_of(slot.device_id)
+                if unit is not None and unit not in best:
+                    best[unit] = replace(slot, device_id=unit)
+            return list(best.values())[: q.k]
+
+        return candidate_groups(view, model_uid, k, search=search)
+
+    async def _schedule_tick(self) -> None:
+        """Wait (up to a few seconds) for arrivals or completions, then step the slice policy."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), 5.0)
+        if not self.changed.is_set():
+            return
+        self.changed.clear()
+        if self.settings.placement == "slice" and self.state.replicas:
+            await self.step()
+
+    async def step(self) -> Decision:
+        """One ``Scheduler.step`` on a snapshot (in a worker thread), then apply its decision."""
+        snap = self.snapshot()
+        for eid, e in self.state.executors.items():
+            self._busy_mark[eid] = (time.monotonic(), e.busy_s)
+        started = time.perf_counter()
+        view = LiveClusterView(snap, target=self.state)
+        decision = await asyncio.to_thread(self.scheduler.step, snap.now_s, view)
+        self.step_s.append(time.perf_counter() - started)
+        view.apply(decision)  # on the event loop: the state is not shared with worker threads
+        return await self._applied(decision)
+
+    async def _applied(self, decision: Decision) -> Decision:
+        """Log an applied decision and publish what changed (leases, the GMG)."""
+        for note in decision.notes:
+            log.info("scheduler: %s", note)
+            self.decisions.append(note)
+        if decision.add or decision.drain:
+            self.work.notify()
+            await self._write_cluster()
+        return decision
+
+    def policy_what_if(self, horizon_s: float) -> dict[str, Any]:
+        """What one step of the slice policy would decide on the current state (nothing applied)."""
+        policy = make_placement_policy("slice", find_devices=self._cypher_candidates, horizon_s=horizon_s)
+        snap = self.snapshot()
+        decision = policy.step(snap.now_s, LiveClusterView(snap))
+        return {"placement": "slice", "horizon_s": horizon_s, "whatifs": decision.num_whatifs,
+                "add": [{"model": c.model_uid, "compute_units": list(c.device_ids)} for c in decision.add],
+                "drain": decision.drain, "notes": decision.notes}
+
+    def what_if(self, model_uid: str, device_ids: tuple[str, ...], horizon_s: float) -> dict[str, Any]:
+        if model_uid not in self.state.models:
+            raise InvalidInputError(f"no model {model_uid!r}")
+        unknown = [d for d in device_ids if d not in self.state.devices]
+        if unknown or not device_ids:
+            raise InvalidInputError(f"unknown devices {unknown or 'none given'}")
+        view = LiveClusterView(self.snapshot())
+        units = tuple(dict.fromkeys(u for d in device_ids if (u := view.unit_of(d)) is not None))
+        baseline, changed = view.what_if(ReplicaChange(model_uid, self.state.models[model_uid].family, units),
+                                         horizon_s)
+
+        def plain(o: Any) -> dict[str, Any] | None:
+            return None if o is None else {"output_tokens": o.output_tokens, "violations_by_model": o.violations_by_tenant,
+                                           "memory_violations": o.memory_violations, "peak_bytes": o.peak_bytes}
+
+        return {"horizon_s": horizon_s, "compute_units": list(units), "baseline": plain(baseline),
+                "with_change": plain(changed), "feasible": changed is not None}

@@ -1,0 +1,108 @@
+"""The live service's records in the GMG: requests (durable before they are answered), leases
+as Slices, completions and ends in one transaction each, restart recovery and retention, and
+key hashes (never keys)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from neo4j import ManagedTransaction
+
+from service.domain.error import InvalidInputError, NotFoundError
+from service.graph.store import GraphStore, check_id
+
+
+class LiveStore(GraphStore):
+    QUERIES: tuple[str, ...] = ("create_request", "update_requests", "create_slices", "end_slices", "live_tenants", "live_models",
+               "live_requests", "delete_old_live_slices", "complete_leases", "finish_requests", "close_open_slices",
+               "request_results", "upsert_executor_pool", "set_executor_pool_key", "set_tenant_key",
+               "live_executor_pools")
+
+    def create_requests(self, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Persist accepted requests (with their prompts) in one transaction; all or nothing.
+        A row with an idempotency key its tenant used before creates nothing; the answer maps
+        each such key to the earlier request (uid, body_sha, status, token_budget, prompt_tokens)."""
+        def work(tx: ManagedTransaction) -> dict[str, dict[str, Any]]:
+            out = self._tx_run(tx, "create_request", rows=rows)
+            matched = int(out[0]["matched"]) if out else 0
+            if matched != len(rows):
+                raise InvalidInputError(f"{len(rows) - matched} of {len(rows)} requests name an unknown model")
+            return {str(e["idempotency_key"]): e for e in out[0]["existing"]} if out else {}
+
+        with self.driver.session(database=self.database) as s:
+            return s.execute_write(work)
+
+    def complete_leases(self, rows: list[dict[str, Any]]) -> set[str]:
+        """Results of completed leases, each with its request's final state and its done Slice, in
+        one transaction; returns the uids of the requests completed (a finished one is left out)."""
+        if not rows:
+            return set()
+        rows = sorted(rows, key=lambda r: str(r["slice"]["uid"]))  # one lock order with create_slices
+        out = self._write("complete_leases", rows=rows)
+        return set(out[0]["completed"]) if out else set()
+
+    def request_results(self, uids: list[str]) -> dict[str, dict[str, Any]]:
+        """Status and result of requests as Neo4j holds them, by uid (absent: unknown)."""
+        return {str(r["uid"]): r for r in self._read("request_results", uids=list(uids))}
+
+    def finish_requests(self, rows: list[dict[str, Any]]) -> set[str]:
+        """Requests ending without a result (cancelled, failed), with their lease's end, in one
+        transaction; returns the uids finished now (one finished before is left out)."""
+        if not rows:
+            return set()
+        out = self._write("finish_requests", rows=rows)
+        return set(out[0]["finished"]) if out else set()
+
+    def close_open_slices(self, end_wall: float) -> int:
+        """Restart reconciliation: close the live Slices a previous process left open."""
+        out = self._write("close_open_slices", end_wall=float(end_wall))
+        return int(out[0]["closed"]) if out else 0
+
+    def update_requests(self, rows: list[dict[str, Any]]) -> int:
+        """Batched request updates; rows of requests already finished change nothing."""
+        out = self._write("update_requests", rows=rows)
+        return int(out[0]["updated"]) if out else 0
+
+    def create_slices(self, rows: list[dict[str, Any]]) -> int:
+        rows = sorted(rows, key=lambda r: str(r["uid"]))  # one lock order with complete_leases: no deadlock
+        out = self._write("create_slices", rows=rows)
+        return int(out[0]["created"]) if out else 0
+
+    def end_slices(self, rows: list[dict[str, Any]]) -> int:
+        out = self._write("end_slices", rows=rows)
+        return int(out[0]["ended"]) if out else 0
+
+    def live_tenants(self) -> list[dict[str, Any]]:
+        return self._read("live_tenants")
+
+    def live_models(self) -> list[dict[str, Any]]:
+        return self._read("live_models")
+
+    def live_requests(self, since: float) -> list[dict[str, Any]]:
+        return [r["request"] for r in self._read("live_requests", since=float(since))]
+
+    def delete_old_live_slices(self, before_wall: float, *, chunk: int = 10_000) -> int:
+        """Delete live Slices that ended before ``before_wall`` (epoch s), in bounded chunks."""
+        total = 0
+        while True:
+            out = self._write("delete_old_live_slices", before_wall=float(before_wall), limit=chunk)
+            deleted = int(out[0]["deleted"]) if out else 0
+            total += deleted
+            if deleted < chunk:
+                return total
+
+    def live_executor_pools(self) -> list[dict[str, Any]]:
+        return self._read("live_executor_pools")
+
+    # ---- keys (hashes only) ---------------------------------------------------------------------
+    def upsert_executor_pool(self, pool_id: str, **props: Any) -> None:
+        self._write("upsert_executor_pool", pool_id=check_id("pool", pool_id), props=props)
+
+    def set_tenant_key(self, tenant_id: str, key_hash: str | None) -> None:
+        """A tenant's new key hash, or ``None``: revoked. :class:`NotFoundError` for no tenant."""
+        if not self._write("set_tenant_key", tenant_id=tenant_id, key_hash=key_hash):
+            raise NotFoundError(f"no tenant {tenant_id!r}")
+
+    def set_executor_pool_key(self, pool_id: str, key_hash: str | None) -> None:
+        if not self._write("set_executor_pool_key", pool_id=pool_id, key_hash=key_hash):
+            raise NotFoundError(f"no executor pool {pool_id!r}")

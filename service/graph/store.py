@@ -1,0 +1,82 @@
+"""The GMG store's plumbing: catalog queries run with checked parameters in managed
+transactions, the schema, and the id rules every part of :class:`~service.graph.repository.GraphRepository`
+shares."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import neo4j
+from neo4j import Driver, ManagedTransaction
+
+from service.domain.error import InvalidInputError
+from service.graph.catalog import Query, QueryCatalog
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+
+
+def check_id(kind: str, value: str) -> str:
+    """Tenant and model ids become parts of uids: keep them short and free of '/'."""
+    if not isinstance(value, str) or not _ID.match(value):
+        raise InvalidInputError(
+            f"invalid {kind} id {value!r}: use 1-64 letters, digits, '_', '.', ':' or '-', starting with a letter or digit",
+            culprit=str(value),
+        )
+    return value
+
+
+def model_uid(tenant_id: str, model_id: str) -> str:
+    return f"{check_id('tenant', tenant_id)}/{check_id('model', model_id)}"
+
+
+class GraphStore:
+    """Runs catalog queries by name; ``REQUIRED``: the queries the whole repository needs,
+    checked against the catalog when it is built."""
+
+    QUERIES: tuple[str, ...] = ("constraints", "indexes", "create_experiment")
+    REQUIRED: tuple[str, ...] = QUERIES
+
+    def __init__(self, driver: Driver, catalog: QueryCatalog | None = None, *, database: str = "neo4j") -> None:
+        self.driver = driver
+        self.catalog = catalog or QueryCatalog.load()
+        self.catalog.require(self.REQUIRED)
+        self.database = database
+
+    def _q(self, name: str, params: Mapping[str, Any]) -> tuple[Query, dict[str, Any]]:
+        q = self.catalog.get(name)
+        q.check_params(params)
+        return q, dict(params)
+
+    def _tx_run(self, tx: ManagedTransaction, name: str, **params: Any) -> list[dict[str, Any]]:
+        q, p = self._q(name, params)
+        return [r.data() for r in tx.run(q.text, p)]
+
+    def _write(self, name: str, **params: Any) -> list[dict[str, Any]]:
+        with self.driver.session(database=self.database) as s:
+            return s.execute_write(lambda tx: self._tx_run(tx, name, **params))
+
+    def _read(self, name: str, **params: Any) -> list[dict[str, Any]]:
+        with self.driver.session(database=self.database, default_access_mode=neo4j.READ_ACCESS) as s:
+            return s.execute_read(lambda tx: self._tx_run(tx, name, **params))
+
+    # ---- schema and experiment records -----------------------------------------------------------
+    def apply_schema(self) -> int:
+        """Create constraints and indexes if absent; returns the number of statements run."""
+        n = 0
+        with self.driver.session(database=self.database) as s:
+            for q in self.catalog.by_category("schema"):
+                for stmt in q.statements:
+                    s.run(stmt).consume()
+                    n += 1
+            s.run("CALL db.awaitIndexes(300)").consume()
+        return n
+
+    def create_experiment(self, uid: str, *, kind: str, config: Mapping[str, Any], results: Any) -> str:
+        """Persist a run (replay, benchmark) with its config and results as JSON properties."""
+        rows = self._write("create_experiment", uid=uid, kind=kind,
+                           config_json=json.dumps(config, default=float),
+                           results_json=json.dumps(results, default=float))
+        return str(rows[0]["uid"])
