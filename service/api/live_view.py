@@ -6,8 +6,9 @@ can run in a worker thread). Its what-ifs run the simulator on a **mirror**: a s
 cluster of the registered devices and current replicas that replays the last ``window_s`` of
 arrivals (plus every request still unfinished, from the window's start) to rebuild queues and
 batches, then forks as replay does (:class:`~service.sim.view.SimClusterView`). Iteration
-costs come from the roofline of the device kind plus a per-iteration overhead calibrated from
-the executors' observations (mean measured iteration time per model family).
+costs come from the service's cost model (``--cost-model``, default the learned one) plus a
+per-iteration overhead calibrated from the executors' observations (mean measured iteration
+time per model family), which replaces the model's own host overhead for that family.
 
 Naming: the view's "tenant" of a replica is its model uid (``tenant/model``): placement
 policies reason per served model, and a tenant may have several.
@@ -20,9 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from learned.roofline import RooflineCostModel
 from service.core.batching import LIVE_BATCHING, BatchingConfig
-from service.core.cost import IterationOverhead
+from service.core.cost import CostModel, IterationOverhead
 from service.core.scheduler import DeviceInfo, ReplicaChange, ReplicaInfo, WhatIfOutcome
 from service.core.slot import ClusterState
 from service.domain.cluster import DEVICE_KINDS, ClusterSpec, Device, Link
@@ -66,8 +66,10 @@ class LiveSnapshot:
 
 
 class LiveClusterView:
-    def __init__(self, snap: LiveSnapshot, *, batching: BatchingConfig = LIVE_BATCHING, seed: int = 0) -> None:
+    def __init__(self, snap: LiveSnapshot, *, cost_model: CostModel, batching: BatchingConfig = LIVE_BATCHING,
+                 seed: int = 0) -> None:
         self.snap = snap
+        self.cost_model = cost_model
         self.batching = batching
         self.seed = seed
         self._built: SimClusterView | None = None
@@ -81,7 +83,7 @@ class LiveClusterView:
                          for family, s in snap.iteration_s.items()}
             replicas = [ReplicaSpec(r.replica_id, r.model, r.device_ids, max_num_seqs=snap.max_batch[r.replica_id],
                                     tenant_id=r.tenant_id, guest=r.guest) for r in snap.replicas if not r.draining]
-            mirror = SimulatedCluster(snap.spec, replicas, RooflineCostModel(), rng=np.random.default_rng(self.seed),
+            mirror = SimulatedCluster(snap.spec, replicas, self.cost_model, rng=np.random.default_rng(self.seed),
                                       overheads=overheads)
             mirror.submit(sorted(snap.recent, key=lambda r: r.arrival_s))
             mirror.run(until=snap.window_s)

@@ -25,6 +25,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from learned.artifact import load_cost_model
 from service.api.keys import ExecutorPools
 from service.api.live_view import LIVE_CLUSTER, LiveClusterView, LiveSnapshot, live_spec
 from service.api.metrics import LiveMetrics
@@ -89,6 +90,7 @@ class Signal:
 class LiveService:
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
+        self.cost_model = load_cost_model(settings.cost_model).model  # the what-if mirror's; never a fallback
         self.started = time.monotonic()
         self.state = LiveState(make_queue_policy(settings.queue), clock=time.monotonic, wall=time.time,
                                lease_ttl_s=settings.lease_ttl_s, max_attempts=settings.max_attempts,
@@ -762,7 +764,8 @@ class LiveService:
         for eid, e in self.state.executors.items():
             self._busy_mark[eid] = (time.monotonic(), e.busy_s)
         started = time.perf_counter()
-        decision = await asyncio.to_thread(lambda: self.scheduler.step(snap.now_s, LiveClusterView(snap)))
+        view = LiveClusterView(snap, cost_model=self.cost_model)
+        decision = await asyncio.to_thread(lambda: self.scheduler.step(snap.now_s, view))
         self.step_s.append(time.perf_counter() - started)
         return await self.apply(decision)
 
@@ -808,7 +811,7 @@ class LiveService:
 
         policy = SlicePlacementPolicy(horizon_s=horizon_s, find_devices=self._cypher_candidates)  # type: ignore[arg-type]
         snap = self.snapshot()
-        decision = policy.step(snap.now_s, LiveClusterView(snap))
+        decision = policy.step(snap.now_s, LiveClusterView(snap, cost_model=self.cost_model))
         return {"placement": "slice", "horizon_s": horizon_s, "whatifs": decision.num_whatifs,
                 "add": [{"model": c.tenant_id, "compute_units": list(c.device_ids)} for c in decision.add],
                 "drain": decision.drain, "notes": decision.notes}
@@ -830,7 +833,7 @@ class LiveService:
         if unknown or not device_ids:
             raise InvalidInputError(f"unknown devices {unknown or 'none given'}")
         units = tuple(dict.fromkeys(self.state.devices[d].executor_id for d in device_ids))
-        view = LiveClusterView(self.snapshot())
+        view = LiveClusterView(self.snapshot(), cost_model=self.cost_model)
         baseline, changed = view.what_if(ReplicaChange(model_uid, self.state.models[model_uid].family, units),
                                          horizon_s)
 

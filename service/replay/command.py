@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from learned.choice import add_cost_model_argument
 from service.console import print_table
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec, Workload
@@ -41,6 +42,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--skip-bad", action="store_true", help="skip malformed trace rows (counted and reported)")
     p.add_argument("--out", required=True, help="output folder (report.json and plots)")
     p.add_argument("--record", action="store_true", help="also write the run and its results to Neo4j")
+    add_cost_model_argument(p)
     p.set_defaults(func=run)
 
 
@@ -58,7 +60,7 @@ def _deal(trace: list[RequestSpec], mix: Any, horizon_s: float) -> Workload:
 def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from learned.roofline import RooflineCostModel
+    from learned.artifact import load_cost_model
     from service.cluster.spec import load_cluster_spec
     from service.replay.mix import build_workload, load_mix
     from service.replay.report import plot_latency_cdfs, plot_load_sweep, plot_timeline
@@ -77,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInputError("loads must be positive")
     if args.duration is not None and not args.duration > 0:
         raise InvalidInputError("--duration must be positive")
-    config = ReplayConfig(cluster, mix, RooflineCostModel(), seed=args.seed, duration_s=args.duration,
+    cost = load_cost_model(args.cost_model)
+    config = ReplayConfig(cluster, mix, cost.model, seed=args.seed, duration_s=args.duration,
                           interval_s=args.interval)
     trace = None
     bad_lines = 0
@@ -115,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     report = {
         "config": {"cluster": cluster.name, "tenants": mix.name, "trace": args.trace, "seed": args.seed,
                    "duration_s": config.horizon_s, "loads": loads, "interval_s": args.interval,
-                   "policies": [str(p) for p in policies], "cost_model": "roofline", "bad_trace_lines": bad_lines},
+                   "policies": [str(p) for p in policies], "cost_model": cost.describe(), "bad_trace_lines": bad_lines},
         "results": [r.summary() for r in results],
         "sustained_load_at_9pct": {str(p): sustained_load([r for r in results if r.policy == str(p)])
                                    for p in policies} if len(loads) > 1 else None,
