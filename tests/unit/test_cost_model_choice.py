@@ -149,3 +149,22 @@ def test_train_command_makes_a_loadable_artifact(tmp_path: Path, tiny: tuple[Tra
     assert str(loaded.artifact) == printed["artifact"] and loaded.sha256 == printed["sha256"]
     assert train_main(args) == 0  # present: not retrained
     assert "artifact exists" in capsys.readouterr().err
+
+
+def test_live_service_takes_its_cost_model_from_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         tiny: tuple[TrainingInputs, Path, Path]) -> None:
+    from service.api.service import LiveService
+    from service.api.settings import ServiceSettings
+    from service.domain.error import InvalidInputError
+
+    monkeypatch.setenv("SLICESCHED_COST_MODEL", "table")
+    assert ServiceSettings.from_env(admin_key="a" * 20).cost_model == "table"
+    with pytest.raises(InvalidInputError, match="unknown cost model"):
+        ServiceSettings(admin_key="a" * 20, cost_model="magic")
+    inputs, cache, _ = tiny
+    monkeypatch.setattr("learned.artifact.default_inputs", lambda: inputs)
+    monkeypatch.setenv("SLICESCHED_COST_MODEL_DIR", str(cache))
+    assert LiveService(ServiceSettings(admin_key="a" * 20, cost_model="gnn")).cost_model.name == "gnn"
+    monkeypatch.setenv("SLICESCHED_COST_MODEL_DIR", str(tmp_path / "empty"))
+    with pytest.raises(MissingArtifactError, match="slicesched cost-model train"):
+        LiveService(ServiceSettings(admin_key="a" * 20))  # the default: learned, never the roofline
