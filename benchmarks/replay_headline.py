@@ -29,6 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _record
+from learned.choice import add_cost_model_argument
 
 DEFAULT_MIX = "a100-4tenants"
 
@@ -41,6 +42,7 @@ def main() -> int:
     p.add_argument("--queue-loads", default="1.2,1.5",
                    help="loads for the queue-policy comparison (1.2: the coder tenant queues but stays stable; "
                         "1.5: it is overloaded, the starvation check)")
+    add_cost_model_argument(p)
     args = p.parse_args()
     # 600 s even when quick: a shorter window misses a100-6tenants' two late tenants, whose
     # ServeGen clients are quiet for the first 300 s and then burst
@@ -52,8 +54,8 @@ def main() -> int:
 
     import numpy as np
 
+    from learned.artifact import load_cost_model
     from learned.estimator import calibration_study
-    from learned.roofline import RooflineCostModel
     from service.cluster.spec import load_cluster_spec
     from service.replay.mix import build_workload, data_dir, load_mix
     from service.replay.report import plot_latency_cdfs, plot_load_sweep, plot_timeline
@@ -62,7 +64,8 @@ def main() -> int:
 
     cluster = load_cluster_spec("8xA100-nvlink")
     mix = load_mix(args.mix)
-    config = ReplayConfig(cluster, mix, RooflineCostModel(), seed=args.seed, duration_s=duration)
+    cost = load_cost_model(args.cost_model)
+    config = ReplayConfig(cluster, mix, cost.model, seed=args.seed, duration_s=duration)
     record_name = "replay_headline" if args.mix == DEFAULT_MIX else f"replay_headline-{Path(args.mix).stem}"
     plots = args.out / record_name
     plots.mkdir(parents=True, exist_ok=True)
@@ -141,7 +144,7 @@ def main() -> int:
     best_ratio = max(x["throughput_ratio"] for x in per_load)
     _record.write(record_name, args, {
         "cluster": cluster.name, "mix": mix.name, "duration_s": duration, "loads": loads,
-        "queue_loads": queue_loads, "cost_model": "roofline", "interval_s": config.interval_s,
+        "queue_loads": queue_loads, "cost_model": cost.describe(), "interval_s": config.interval_s,
     }, {
         "slice_vs_container": {"per_load": per_load, "sustained_load_at_9pct": sustained,
                                "sustained_bracketed": bracketed,

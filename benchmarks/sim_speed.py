@@ -2,7 +2,8 @@
 
 Replays the Azure LLM inference 2023 conversation trace (19,366 requests, ~1 h) on the
 8xA100-nvlink cluster with one llama2-7b replica per GPU (least-loaded routing), costed by the
-analytic roofline model, and reports wall time and simulated seconds per wall second.
+default learned cost model (``--cost-model``; ``roofline-like`` is the simulator's own analytic
+model the earlier records used), and reports wall time and simulated seconds per wall second.
 ``--quick`` replays the first 2,000 requests.
 """
 
@@ -17,7 +18,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._record import SHARED_DATA, parser, write
+from learned.artifact import load_cost_model
+from learned.choice import KINDS
 from service.cluster.spec import load_cluster_spec
+from service.core.cost import CostModel
 from service.domain.request import Workload
 from service.sim.analytic import RooflineLike
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
@@ -35,11 +39,20 @@ def read_trace(path: Path, limit: int | None) -> Workload:
 
 
 def main() -> None:
-    args = parser(NAME, __doc__.splitlines()[0]).parse_args()
+    p = parser(NAME, __doc__.splitlines()[0])
+    p.add_argument("--cost-model", choices=[*KINDS, "roofline-like"], default=None,
+                   help="default $SLICESCHED_COST_MODEL or learned (see `slicesched replay --help`)")
+    args = p.parse_args()
     workload = read_trace(TRACE, 2000 if args.quick else None)
     spec = load_cluster_spec(CLUSTER)
     replicas = [ReplicaSpec(f"{MODEL}-{i}", MODEL, (d.device_id,)) for i, d in enumerate(spec.devices)]
-    cluster = SimulatedCluster(spec, replicas, RooflineLike(), rng=np.random.default_rng(args.seed))
+    model: CostModel
+    if args.cost_model == "roofline-like":
+        model, described = RooflineLike(), {"kind": "roofline-like", "artifact": None, "sha256": None}
+    else:
+        cost = load_cost_model(args.cost_model)
+        model, described = cost.model, cost.describe()
+    cluster = SimulatedCluster(spec, replicas, model, rng=np.random.default_rng(args.seed))
     cluster.submit(workload)
     horizon_s = workload.duration_s
     wall0 = time.perf_counter()
@@ -73,7 +86,7 @@ def main() -> None:
         "num_memory_violations": len(report.violations),
     }
     config = {"trace": str(TRACE.name), "cluster": CLUSTER, "model": MODEL,
-              "replicas": "one per GPU (8), least-loaded routing", "cost_model": "RooflineLike",
+              "replicas": "one per GPU (8), least-loaded routing", "cost_model": described,
               "max_batched_tokens": replicas[0].max_batched_tokens, "max_num_seqs": replicas[0].max_num_seqs}
     write(NAME, args, config, results)
 

@@ -1,4 +1,4 @@
-"""Held-out accuracy of the three cost models, and the ``cost-model train|evaluate`` commands.
+"""Held-out accuracy of the three cost models, and the ``cost-model evaluate`` command.
 
 Splits of the Vidur MLP profiles (each test case = one transformer layer's non-attention
 operator chain, target = the sum of its per-operator medians):
@@ -32,16 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from learned.gnn import GnnConfig, GnnCostModel, GraphSample, artifact_dir, train_gnn
+from learned.gnn import GnnConfig, GnnCostModel, GraphSample, train_gnn
 from learned.profile import (
     OpTiming,
     ProfileStore,
-    file_digest,
     layer_chains,
     read_vidur_attention,
     read_vidur_compute,
     timing_features,
-    vidur_mlp_files,
 )
 from learned.roofline import RooflineCostModel, device_of_kind
 from learned.table import ProfileTableCostModel
@@ -180,11 +178,6 @@ def load_vidur(data_dir: Path, *, attention: bool = True) -> list[OpTiming]:
     return rows
 
 
-def vidur_digests(data_dir: Path) -> list[str]:
-    files = [*vidur_mlp_files(data_dir / VIDUR_ROOT / "compute"), data_dir / ATTENTION_CSV]
-    return [file_digest(p) for p in files if p.exists()]
-
-
 def _print_progress(prefix: str) -> Callable[[dict[str, float]], None]:
     def show(line: dict[str, float]) -> None:
         print(f"[{prefix}] epoch {int(line['epoch']):3d}  loss {line['loss']:.4f}  "
@@ -207,39 +200,6 @@ def _gnn_args(p: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace) -> GnnConfig:
     return replace(GnnConfig(), epochs=args.epochs, hidden=args.hidden, seed=args.seed, threads=args.threads,
                    device_features=not args.device_invariant)
-
-
-def train_main(argv: Sequence[str] | None = None) -> int:
-    """``slicesched cost-model train``: train the GNN and save it under its artifact hash."""
-    p = argparse.ArgumentParser(prog="slicesched cost-model train", description=train_main.__doc__)
-    _gnn_args(p)
-    p.add_argument("--split", default="all", choices=["all", *SPLITS],
-                   help="train on this split's training part (all: every row)")
-    p.add_argument("--artifacts", type=Path, default=Path("artifacts") / "cost_models", help="artifact root")
-    p.add_argument("--force", action="store_true", help="retrain even if the artifact exists")
-    args = p.parse_args(argv)
-    config = _config(args)
-    if args.profile is not None:
-        rows, digests = ProfileStore(args.profile).load(), [file_digest(args.profile)]
-    else:
-        rows, digests = load_vidur(args.data_dir), vidur_digests(args.data_dir)
-    if args.split.startswith("device"):
-        config = replace(config, device_features=False)
-    if args.split != "all":
-        if args.profile is not None:
-            p.error("--split applies to the Vidur data only")
-        rows = vidur_split(args.split, rows).train
-    target = artifact_dir(args.artifacts, digests, config, extra=args.split)
-    if (target / "model.json").exists() and not args.force:
-        print(f"artifact exists: {target}")
-        return 0
-    model, report = train_gnn(training_samples(rows, seed=config.seed), config,
-                              progress=_print_progress(args.split),
-                              meta={"split": args.split, "data_digests": digests, "rows": len(rows)})
-    model.save(target)
-    print(json.dumps({"artifact": str(target), "train_seconds": round(report.seconds, 1),
-                      "final_train_mape_pct": round(100 * report.epochs[-1]["mape_train"], 2)}))
-    return 0
 
 
 def evaluate_all(data_dir: Path, splits: Sequence[str], config: GnnConfig, *, profile: Path | None = None,

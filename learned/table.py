@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -123,6 +124,31 @@ class ProfileTableCostModel:
             tables[key] = _Table(None, np.log(np.asarray(toks, dtype=float)),
                                  tuple(_Curve.of(by_tokens[k]) for k in toks))
         return ProfileTableCostModel(tables, fallback=fallback, dtype_bytes=dtype_bytes)
+
+    def to_doc(self) -> dict[str, Any]:
+        """A JSON-able copy (tables and the fallback's parameters); :meth:`from_doc` reads it."""
+        def curve(c: _Curve) -> list[list[float]]:
+            return [c.x.tolist(), c.log_p50.tolist(), c.cv.tolist()]
+
+        return {
+            "dtype_bytes": self._dtype_bytes, "fallback": asdict(self._fallback),
+            "tables": [{"key": list(k), "tokens": None if t.tokens_curve is None else curve(t.tokens_curve),
+                        "log_tokens": t.log_tokens.tolist(), "context": [curve(c) for c in t.context_curves]}
+                       for k, t in self._tables.items()],
+        }
+
+    @staticmethod
+    def from_doc(doc: dict[str, Any]) -> ProfileTableCostModel:
+        def curve(c: list[list[float]]) -> _Curve:
+            return _Curve(np.asarray(c[0], dtype=float), np.asarray(c[1], dtype=float), np.asarray(c[2], dtype=float))
+
+        tables = {(str(e["key"][0]), str(e["key"][1]), str(e["key"][2]), int(e["key"][3]), int(e["key"][4])):
+                  _Table(None if e["tokens"] is None else curve(e["tokens"]), np.asarray(e["log_tokens"], dtype=float),
+                         tuple(curve(c) for c in e["context"])) for e in doc["tables"]}
+        f = doc["fallback"]
+        fallback = RooflineCostModel(f["compute_efficiency"], f["memory_efficiency"], f["launch_overhead_s"],
+                                     (f["spread"][0], f["spread"][1]), f["overhead_by_kind"], f["name"])
+        return ProfileTableCostModel(tables, fallback=fallback, dtype_bytes=int(doc["dtype_bytes"]))
 
     @property
     def device_kinds(self) -> set[str]:

@@ -277,7 +277,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
 # (command words, "module:function" taking argv, help). The words select the entry before
 # argparse sees the rest, so each subsystem parses (and documents) its own options.
 PASSTHROUGH: list[tuple[tuple[str, ...], str, str]] = [
-    (("cost-model", "train"), "learned.evaluate:train_main", "train the GNN cost model on operator profiles"),
+    (("cost-model", "train"), "learned.artifact:train_main",
+     "train the default cost-model artifact (table, GNN, host overheads) into the cache"),
     (("cost-model", "evaluate"), "learned.evaluate:evaluate_main", "held-out accuracy of every cost model"),
     (("profile",), "executor.profiler:profile_main", "time the project's operators on this CPU"),
     (("serve",), "service.api.serve:serve_main", "run the HTTP scheduling API (docs/API.md)"),

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from service.graph.connection import Neo4jSettings
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# The default (learned) cost model needs a trained artifact; tests that exercise it train a small
+# one into a tmp cache (tests/unit/test_cost_model_choice.py). Everything else, and every service
+# a test starts, prices iterations with the roofline as before.
+os.environ.setdefault("SLICESCHED_COST_MODEL", "roofline")
 
 
 def data_absent(path: Path = SHARED_DATA) -> bool:

@@ -6,8 +6,9 @@ can run in a worker thread). Its what-ifs run the simulator on a **mirror**: a s
 cluster of the registered devices and current replicas that replays the last ``window_s`` of
 arrivals (plus every request still unfinished, from the window's start) to rebuild queues and
 batches, then forks as replay does (:class:`~service.sim.view.SimClusterView`). Iteration
-costs come from the roofline of the device kind plus a per-iteration overhead calibrated from
-the executors' observations (mean measured iteration time per model family).
+costs come from the service's cost model (``--cost-model``, default the learned one) plus a
+per-iteration overhead calibrated from the executors' observations (mean measured iteration
+time per model family), which replaces the model's own host overhead for that family.
 
 Compute units: an executor daemon runs one iteration at a time, so the view shows one device
 per executor (``snap.devices_of`` maps a unit to its devices); decisions are made on units and
@@ -25,9 +26,8 @@ from typing import Protocol
 
 import numpy as np
 
-from learned.roofline import RooflineCostModel
 from service.core.batching import LIVE_BATCHING, BatchingConfig
-from service.core.cost import IterationOverhead
+from service.core.cost import CostModel, IterationOverhead
 from service.core.scheduler import Applied, Decision, DeviceInfo, ReplicaChange, ReplicaInfo, WhatIfOutcome
 from service.core.slot import ClusterState
 from service.domain.cluster import DEVICE_KINDS, ClusterSpec, Device, Link
@@ -78,11 +78,13 @@ class DecisionTarget(Protocol):
 
 
 class LiveClusterView:
-    """``target``: where :meth:`apply` puts decisions (none: a read-only view, for previews)."""
+    """``target``: where :meth:`apply` puts decisions (none: a read-only view, for previews);
+    ``cost_model`` costs the mirror's iterations."""
 
-    def __init__(self, snap: LiveSnapshot, *, target: DecisionTarget | None = None,
+    def __init__(self, snap: LiveSnapshot, *, cost_model: CostModel, target: DecisionTarget | None = None,
                  batching: BatchingConfig = LIVE_BATCHING, seed: int = 0) -> None:
         self.snap = snap
+        self.cost_model = cost_model
         self.target = target
         self.batching = batching
         self.seed = seed
@@ -97,7 +99,7 @@ class LiveClusterView:
                          for family, s in snap.iteration_s.items()}
             replicas = [ReplicaSpec(r.replica_id, r.family, r.device_ids, max_num_seqs=snap.max_batch[r.replica_id],
                                     tenant_id=r.model_uid, guest=r.guest) for r in snap.replicas if not r.draining]
-            mirror = SimulatedCluster(snap.spec, replicas, RooflineCostModel(), rng=np.random.default_rng(self.seed),
+            mirror = SimulatedCluster(snap.spec, replicas, self.cost_model, rng=np.random.default_rng(self.seed),
                                       overheads=overheads)
             mirror.submit(sorted(snap.recent, key=lambda r: r.arrival_s))
             mirror.run(until=snap.window_s)

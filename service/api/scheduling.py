@@ -14,6 +14,7 @@ from typing import Any
 from service.api.homes import HomePlanner
 from service.api.live_view import LiveClusterView, LiveSnapshot, live_spec
 from service.api.records import TERMINAL
+from service.core.cost import CostModel
 from service.core.placement import candidate_groups, make_placement_policy
 from service.core.scheduler import ClusterView, Decision, DeviceInfo, ReplicaChange, ReplicaInfo, Scheduler
 from service.core.slot import InputDep, Slot, SlotQuery
@@ -28,6 +29,7 @@ class SchedulingLoop(HomePlanner):
 
     started: float  # monotonic
     scheduler: Scheduler
+    cost_model: CostModel  # the what-if mirror's
     changed: asyncio.Event  # set on arrivals and completions (the scheduler's trigger)
     decisions: list[str]
     step_s: list[float]  # wall time of each scheduler step (what-ifs included)
@@ -120,7 +122,7 @@ class SchedulingLoop(HomePlanner):
         for eid, e in self.state.executors.items():
             self._busy_mark[eid] = (time.monotonic(), e.busy_s)
         started = time.perf_counter()
-        view = LiveClusterView(snap, target=self.state)
+        view = LiveClusterView(snap, cost_model=self.cost_model, target=self.state)
         decision = await asyncio.to_thread(self.scheduler.step, snap.now_s, view)
         self.step_s.append(time.perf_counter() - started)
         view.apply(decision)  # on the event loop: the state is not shared with worker threads
@@ -140,7 +142,7 @@ class SchedulingLoop(HomePlanner):
         """What one step of the slice policy would decide on the current state (nothing applied)."""
         policy = make_placement_policy("slice", find_devices=self._cypher_candidates, horizon_s=horizon_s)
         snap = self.snapshot()
-        decision = policy.step(snap.now_s, LiveClusterView(snap))
+        decision = policy.step(snap.now_s, LiveClusterView(snap, cost_model=self.cost_model))
         return {"placement": "slice", "horizon_s": horizon_s, "whatifs": decision.num_whatifs,
                 "add": [{"model": c.model_uid, "compute_units": list(c.device_ids)} for c in decision.add],
                 "drain": decision.drain, "notes": decision.notes}
@@ -151,7 +153,7 @@ class SchedulingLoop(HomePlanner):
         unknown = [d for d in device_ids if d not in self.state.devices]
         if unknown or not device_ids:
             raise InvalidInputError(f"unknown devices {unknown or 'none given'}")
-        view = LiveClusterView(self.snapshot())
+        view = LiveClusterView(self.snapshot(), cost_model=self.cost_model)
         units = tuple(dict.fromkeys(u for d in device_ids if (u := view.unit_of(d)) is not None))
         baseline, changed = view.what_if(ReplicaChange(model_uid, self.state.models[model_uid].family, units),
                                          horizon_s)

@@ -26,6 +26,7 @@ import logging
 import time
 from typing import Any
 
+from learned.artifact import load_cost_model
 from service.api.durable import DurableWrites
 from service.api.keys import ExecutorPools
 from service.api.metrics import LiveMetrics
@@ -53,6 +54,7 @@ class LiveService(DurableWrites, SchedulingLoop):
 
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
+        self.cost_model = load_cost_model(settings.cost_model).model  # the what-if mirror's; never a fallback
         self.started = time.monotonic()
         self.state = LiveState(make_queue_policy(settings.queue), clock=time.monotonic, wall=time.time,
                                lease_ttl_s=settings.lease_ttl_s, max_attempts=settings.max_attempts,

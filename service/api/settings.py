@@ -7,6 +7,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from learned.choice import DEFAULT_KIND, kind_from
 from service.core.placement import PLACEMENT_POLICIES
 from service.core.queue import QUEUE_POLICIES
 from service.domain.error import InvalidInputError
@@ -34,8 +35,10 @@ class ServiceSettings:
     call_timeout_s: float = 10.0  # a call that reached Neo4j but has no answer by then: 503, outcome unknown
     max_pending_writes: int = 500_000  # GMG mirror rows kept during an outage (coalesced per object)
     neo4j: Neo4jSettings = field(default_factory=Neo4jSettings.from_env)
+    cost_model: str = DEFAULT_KIND  # the what-if mirror's iteration costs (learned.choice.KINDS)
 
     def __post_init__(self) -> None:
+        kind_from(self.cost_model)  # a known kind, else InvalidInputError
         if self.queue not in QUEUE_POLICIES:
             raise InvalidInputError(f"unknown queue policy {self.queue!r} (known: {', '.join(QUEUE_POLICIES)})")
         if self.placement not in PLACEMENT_POLICIES:
@@ -71,6 +74,7 @@ class ServiceSettings:
             "db_timeout_s": float(env.get("SLICESCHED_DB_TIMEOUT_S", "2")),
             "call_timeout_s": float(env.get("SLICESCHED_CALL_TIMEOUT_S", "10")),
             "max_pending_writes": int(env.get("SLICESCHED_MAX_PENDING_WRITES", "500000")),
+            "cost_model": kind_from(None),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return ServiceSettings(**values)  # type: ignore[arg-type]

@@ -102,6 +102,23 @@ class IterationOverhead:
 NO_OVERHEAD = IterationOverhead()
 
 
+@runtime_checkable
+class StackedCostModel(Protocol):
+    """A cost model that prices a repeated block (a model's layers) without unrolling it."""
+
+    def predict_stack(self, prefix: Sequence[OpFeatures], block: Sequence[OpFeatures], repeats: int,
+                      suffix: Sequence[OpFeatures], device: Device) -> Latency:
+        """Same answer as ``predict(prefix + block * repeats + suffix, device)``."""
+        ...
+
+
+@runtime_checkable
+class HostOverheadModel(Protocol):
+    """A cost model that also knows the host-side time per iteration on a device."""
+
+    def iteration_overhead(self, device: Device) -> IterationOverhead: ...
+
+
 def features_of(op: OperatorSpec, graph: OperatorGraph) -> OpFeatures:
     """Shape-level features of a traced operator."""
     acts = [graph.tensors[t] for t in op.inputs if graph.tensors[t].kind != "weight"]

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from learned.choice import add_cost_model_argument
 from service.console import print_table
 from service.domain.error import InvalidInputError
 from service.domain.request import Workload
@@ -58,6 +59,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--skip-bad", action="store_true", help="skip malformed trace rows (counted and reported)")
     p.add_argument("--out", required=True, help="output folder (report.json and plots)")
     p.add_argument("--record", action="store_true", help="also write the run and its results to Neo4j")
+    add_cost_model_argument(p)
     p.set_defaults(func=run)
 
 
@@ -118,7 +120,7 @@ def _sla_targets(mix: Any) -> dict[str, dict[str, float | None]]:
 def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from learned.roofline import RooflineCostModel
+    from learned.artifact import load_cost_model
     from service.cluster.spec import load_cluster_spec
     from service.replay.binding import read_source
     from service.replay.mix import load_mix, sample_workload
@@ -141,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInputError("loads must be positive")
     if args.duration is not None and not args.duration > 0:
         raise InvalidInputError("--duration must be positive")
-    config = ReplayConfig(cluster, mix, RooflineCostModel(), seed=args.seed, duration_s=args.duration,
+    cost = load_cost_model(args.cost_model)
+    config = ReplayConfig(cluster, mix, cost.model, seed=args.seed, duration_s=args.duration,
                           interval_s=args.interval, sim=SimConfig(kv=args.kv))
     # read (and check) every trace file before anything runs; they stay cached for the loads
     files = {b.source for b in bindings} | {t.trace["source"] for t in mix.tenants if t.trace is not None}
@@ -178,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     report = {
         "config": {"cluster": cluster.name, "tenants": mix.name, "trace": args.trace or "synthetic",
                    "seed": args.seed, "duration_s": config.horizon_s, "loads": loads, "interval_s": args.interval,
-                   "policies": [str(p) for p in policies], "cost_model": "roofline", "kv": args.kv,
+                   "policies": [str(p) for p in policies], "cost_model": cost.describe(), "kv": args.kv,
                    "bad_trace_lines": bad_lines,
                    "sla_classes": _sla_targets(mix)},
         "workload": {"dealing": dealing, "sources": _sources(mix, bindings, dealing),

@@ -20,7 +20,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service.core.cost import NO_OVERHEAD, CostModel, IterationOverhead, OpFeatures
+from service.core.cost import (
+    NO_OVERHEAD,
+    CostModel,
+    HostOverheadModel,
+    IterationOverhead,
+    OpFeatures,
+    StackedCostModel,
+)
 from service.domain.cluster import Device, Link
 from service.domain.opgraph import DTYPE_BYTES
 from service.models.family import ModelConfig
@@ -83,6 +90,13 @@ class BatchFeatures:
 
 def iteration_ops(config: ModelConfig, batch: BatchFeatures) -> list[OpFeatures]:
     """The operators of one iteration, in execution order (layers unrolled)."""
+    head, layer, tail = iteration_parts(config, batch)
+    return head + layer * config.n_layers + tail
+
+
+def iteration_parts(config: ModelConfig, batch: BatchFeatures
+                    ) -> tuple[list[OpFeatures], list[OpFeatures], list[OpFeatures]]:
+    """(head, one layer, tail) of :func:`iteration_ops`; the layer runs ``config.n_layers`` times."""
     c = config
     dt = dtype_bytes(c)
     d, f, v, h, dh = c.d_model, c.d_ff, c.vocab_size, c.n_heads, c.head_dim
@@ -147,7 +161,7 @@ def iteration_ops(config: ModelConfig, batch: BatchFeatures) -> list[OpFeatures]
         head += [pointwise("elementwise", 1, dh // 2), pointwise("elementwise", 1, dh),
                  pointwise("elementwise", 1, dh)]
     tail = [norm(), linear(d, v, False, rows=max(1, batch.logits_rows))]
-    return head + layer * c.n_layers + tail
+    return head, layer, tail
 
 
 def allreduce_s(num_bytes: float, num_devices: int, link: Link | None) -> float:
@@ -173,15 +187,19 @@ class IterationCostTable:
 
     Tensor parallelism over ``tp_degree`` devices divides the single-device latency by the
     degree and adds two ring all-reduces of the residual stream per layer over ``link``.
-    ``overhead`` adds the host-side time per iteration that operator profiles do not see.
+    ``overhead`` adds the host-side time per iteration that operator profiles do not see; None
+    takes it from the cost model when it is a :class:`HostOverheadModel`, else none.
     ``num_queries`` and ``num_misses`` count lookups and cost-model calls.
     """
 
     def __init__(self, config: ModelConfig, cost_model: CostModel, device: Device, *,
-                 tp_degree: int = 1, link: Link | None = None, overhead: IterationOverhead = NO_OVERHEAD) -> None:
+                 tp_degree: int = 1, link: Link | None = None, overhead: IterationOverhead | None = None) -> None:
         if tp_degree > 1 and link is None:
             raise ValueError("tp_degree > 1 needs the link between the devices")
         self.config, self.cost_model, self.device = config, cost_model, device
+        if overhead is None:
+            overhead = cost_model.iteration_overhead(device) if isinstance(cost_model, HostOverheadModel) \
+                else NO_OVERHEAD
         self.overhead = overhead
         self.tp_degree, self.link = tp_degree, link
         self._memo: dict[tuple[int, ...], float] = {}
@@ -226,8 +244,15 @@ class IterationCostTable:
 
     def exact_s(self, batch: BatchFeatures) -> float:
         """Unmemoised latency of ``batch`` (no bucketing)."""
-        compute_s = sum(n * self.cost_model.predict(iteration_ops(self.config, b), self.device).p50_s
-                        for b, n in self._passes(batch)) / self.tp_degree
+        compute_s = sum(n * self._pass_s(b) for b, n in self._passes(batch)) / self.tp_degree
         stream_bytes = batch.num_tokens * self.config.d_model * dtype_bytes(self.config)
         comm_s = 2 * self.config.n_layers * allreduce_s(stream_bytes, self.tp_degree, self.link)
         return compute_s + comm_s + self.overhead.seconds(batch.num_prefill_seqs, batch.num_decodes)
+
+    def _pass_s(self, batch: BatchFeatures) -> float:
+        """Median seconds of one forward pass on one device (layers priced as a stack when the
+        cost model can)."""
+        if isinstance(self.cost_model, StackedCostModel):
+            head, layer, tail = iteration_parts(self.config, batch)
+            return self.cost_model.predict_stack(head, layer, self.config.n_layers, tail, self.device).p50_s
+        return self.cost_model.predict(iteration_ops(self.config, batch), self.device).p50_s

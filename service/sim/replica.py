@@ -34,7 +34,7 @@ import numpy as np
 
 from service.core.admission import admit
 from service.core.batching import SIM_BATCHING
-from service.core.cost import NO_OVERHEAD, CostModel, IterationOverhead
+from service.core.cost import CostModel, IterationOverhead
 from service.core.memory import Allocation, MemoryLedger
 from service.core.queue import FifoQueue, QueuedRequest, WaitingQueue
 from service.domain.cluster import ClusterSpec, Device
@@ -181,7 +181,7 @@ def build_replica(rs: ReplicaSpec, *, cluster: ClusterSpec, devices: Mapping[str
     if tp > 1 and link is None:
         raise InvalidInputError(f"replica {rs.replica_id}: no link between its devices", culprit=rs.replica_id)
     table = IterationCostTable(config, cost_model, devices[rs.device_ids[0]], tp_degree=tp, link=link,
-                               overhead=overheads.get(rs.model, NO_OVERHEAD))
+                               overhead=overheads.get(rs.model))
     per_device_weights = -(-weight_bytes(config) // tp)
     kv_allocs = []
     for d in rs.device_ids:

@@ -1,0 +1,377 @@
+"""The trained cost-model artifact every replay uses by default, and the ``--cost-model`` switch.
+
+``slicesched cost-model train`` builds one artifact from the shipped profiles (the Vidur GPU
+operator profiles, the legacy A100 attention and CPU-overhead profiles, and any of the project's
+own ``slicesched profile`` CSVs given with ``--profile``):
+
+1. evidence: the table and a GNN are fitted on the Vidur ``model`` split's training part (plus
+   75 % of each own profile) and scored on the held-out part, per device kind
+   (:func:`learned.evaluate.score`: MAPE of the median);
+2. choice: per device kind, the GNN where its held-out MAPE is below the table's, else the table;
+3. the shipped models: the table and the GNN refitted on every row, and the host overhead per
+   iteration (fixed + per sequence) fitted per GPU kind on Vidur's measured CPU overheads
+   (schedule, sampler, input preparation, output processing; TP 1 rows).
+
+Artifacts live in a per-machine cache (``$SLICESCHED_COST_MODEL_DIR``, else
+``$XDG_CACHE_HOME/slicesched/cost-models``, else ``~/.cache/slicesched/cost-models``), in a folder
+named by a hash of the training inputs (file digests, GNN config, sample cap) and of this
+package's code. Loading never trains and never falls back: a missing artifact is a
+:class:`MissingArtifactError` naming the command that makes it.
+
+Kinds (``--cost-model`` / ``$SLICESCHED_COST_MODEL``): ``learned`` (default: the recorded
+per-device-kind choice; a kind without evidence uses the table, which scales from the nearest
+profiled kind), ``gnn``, ``table`` (both from the artifact, host overheads included) and
+``roofline`` (analytic, no artifact, no host overhead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from learned.choice import TRAIN_COMMAND, kind_from
+from learned.evaluate import (
+    ATTENTION_CSV,
+    DATA_DIR,
+    MODEL_TEST,
+    VIDUR_ROOT,
+    Case,
+    cpu_split,
+    held_out_cases,
+    load_vidur,
+    score,
+    training_samples,
+)
+from learned.gnn import GnnConfig, GnnCostModel, GraphSample, train_gnn
+from learned.profile import OpTiming, ProfileStore, file_digest, timing_features, vidur_mlp_files
+from learned.roofline import RooflineCostModel, device_of_kind
+from learned.table import ProfileTableCostModel
+from service.core.cost import (
+    NO_OVERHEAD,
+    CostModel,
+    IterationOverhead,
+    Latency,
+    OpFeatures,
+    StackedCostModel,
+)
+from service.domain.cluster import DEVICE_KINDS, Device
+from service.domain.error import InvalidInputError
+
+CACHE_ENV = "SLICESCHED_COST_MODEL_DIR"
+CPU_OVERHEADS = {"A100-80GB": VIDUR_ROOT / "legacy-a100" / "cpu_overheads.csv",
+                 "A40": VIDUR_ROOT / "legacy-a40" / "cpu_overheads.csv"}
+# Host-side parts of one engine step as Vidur sums them (model_execution overlaps the GPU).
+_OVERHEAD_COLUMNS = ("schedule_median", "sampler_e2e_median", "prepare_inputs_e2e_median",
+                     "process_model_outputs_median")
+# The shipped GNN: fewer epochs and a sample cap so that evidence + final fit train in < 120 s on 2 cores.
+SHIPPED_GNN = GnnConfig(epochs=24)
+SHIPPED_MAX_SAMPLES = 24_000
+_CODE_FILES = ("artifact.py", "evaluate.py", "gnn.py", "profile.py", "roofline.py", "table.py")
+
+
+class MissingArtifactError(InvalidInputError):
+    """No trained artifact for these inputs in the cache (exit code 2: run the train command)."""
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = Path(os.environ["XDG_CACHE_HOME"]) if os.environ.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "slicesched" / "cost-models"
+
+
+@dataclass(frozen=True)
+class TrainingInputs:
+    """What an artifact is trained from; :meth:`key` names it in the cache."""
+
+    data_dir: Path = DATA_DIR
+    profiles: tuple[Path, ...] = ()
+    config: GnnConfig = SHIPPED_GNN
+    max_train_samples: int | None = SHIPPED_MAX_SAMPLES
+
+    def files(self) -> list[Path]:
+        vidur = [*vidur_mlp_files(self.data_dir / VIDUR_ROOT / "compute"), self.data_dir / ATTENTION_CSV,
+                 *(self.data_dir / p for p in CPU_OVERHEADS.values())]
+        return [p for p in vidur if p.exists()] + list(self.profiles)
+
+    def key(self) -> str:
+        files = self.files()
+        if not any(p.name == "mlp.csv" for p in files):
+            raise MissingArtifactError(f"no Vidur profiles under {self.data_dir / VIDUR_ROOT} (set $SLICESCHED_DATA "
+                                       f"or --data-dir to the folder holding vidur-profiling/)")
+        for p in self.profiles:
+            if not p.is_file():
+                raise InvalidInputError(f"profile {p} does not exist", culprit=str(p))
+        h = hashlib.sha256()
+        for p in files:
+            h.update(file_digest(p).encode())
+        config = asdict(replace(self.config, threads=1))  # threads change the speed, not the model
+        h.update(json.dumps({"config": config, "max": self.max_train_samples}, sort_keys=True).encode())
+        h.update(code_digest().encode())
+        return h.hexdigest()[:16]
+
+
+def code_digest() -> str:
+    """sha256 of the code that trains and answers (a change makes a new artifact)."""
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in _CODE_FILES:
+        h.update((here / name).read_bytes())
+    return h.hexdigest()
+
+
+def artifact_sha256(directory: Path) -> str:
+    """sha256 over the artifact's files (names and bytes, sorted by name)."""
+    h = hashlib.sha256()
+    for p in sorted(x for x in Path(directory).rglob("*") if x.is_file()):
+        h.update(str(p.relative_to(directory)).encode())
+        h.update(file_digest(p).encode())
+    return h.hexdigest()
+
+
+# ---- the composite model ----------------------------------------------------------------------------
+
+class ArtifactCostModel:
+    """Per device kind one of the artifact's models, plus its host overhead per iteration."""
+
+    def __init__(self, models: Mapping[str, CostModel], choice: Mapping[str, str], default: str,
+                 overheads: Mapping[str, IterationOverhead], *, name: str) -> None:
+        self.name = name
+        self._models = dict(models)
+        self._choice = dict(choice)
+        self._default = default
+        self._overheads = dict(overheads)
+
+    def model_for(self, device: Device) -> CostModel:
+        return self._models[self._choice.get(device.kind, self._default)]
+
+    def predict(self, ops: Sequence[OpFeatures], device: Device) -> Latency:
+        return self.model_for(device).predict(ops, device)
+
+    def predict_stack(self, prefix: Sequence[OpFeatures], block: Sequence[OpFeatures], repeats: int,
+                      suffix: Sequence[OpFeatures], device: Device) -> Latency:
+        model = self.model_for(device)
+        if isinstance(model, StackedCostModel):
+            return model.predict_stack(prefix, block, repeats, suffix, device)
+        # The table (and the roofline) price each operator alone: the block's cost adds up.
+        return model.predict(prefix, device) + model.predict(block, device).scaled(repeats) \
+            + model.predict(suffix, device)
+
+    def iteration_overhead(self, device: Device) -> IterationOverhead:
+        """The fitted overhead of the device's kind, else of the nearest fitted GPU kind (none on a CPU)."""
+        if device.kind in self._overheads:
+            return self._overheads[device.kind]
+        if device.kind == "cpu" or not self._overheads:
+            return NO_OVERHEAD
+        near = min(self._overheads, key=lambda k: abs(math.log(DEVICE_KINDS[k].peak_flops / device.peak_flops))
+                   + abs(math.log(DEVICE_KINDS[k].mem_bw_bytes_per_s / device.mem_bw_bytes_per_s)))
+        return self._overheads[near]
+
+
+@dataclass(frozen=True)
+class LoadedCostModel:
+    """A cost model and what a report says about it (:meth:`describe`)."""
+
+    kind: str
+    model: CostModel
+    artifact: Path | None = None
+    sha256: str | None = None
+    choice: dict[str, str] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "artifact": None if self.artifact is None else str(self.artifact),
+                               "sha256": self.sha256}
+        if self.kind == "learned":
+            out["choice"] = self.choice
+        return out
+
+
+def load_cost_model(kind: str | None = None, *, cache_dir: Path | None = None,
+                    inputs: TrainingInputs | None = None) -> LoadedCostModel:
+    """The cost model of ``kind`` (see :func:`kind_from`); ``MissingArtifactError`` if untrained."""
+    kind = kind_from(kind)
+    if kind == "roofline":
+        return LoadedCostModel(kind, RooflineCostModel())
+    inputs = inputs or default_inputs()
+    directory = (cache_dir or default_cache_dir()) / f"learned-{inputs.key()}"
+    if not (directory / "meta.json").is_file():
+        extra = "".join(f" --profile {p}" for p in inputs.profiles)
+        if cache_dir is not None:
+            extra += f" --cache-dir {cache_dir}"
+        raise MissingArtifactError(
+            f"cost model {kind!r}: no trained artifact for these profiles and this code in {directory.parent}; "
+            f"make it with `{TRAIN_COMMAND}{extra}` (about a minute and a half), or pass --cost-model roofline")
+    meta = json.loads((directory / "meta.json").read_text())
+    table = ProfileTableCostModel.from_doc(json.loads((directory / "table.json").read_text()))
+    models: dict[str, CostModel] = {"table": table}
+    if kind != "table":
+        models["gnn"] = GnnCostModel.load(directory / "gnn")
+    choice = dict(meta["choice"]) if kind == "learned" else {}
+    overheads = {k: IterationOverhead(**v) for k, v in meta["overheads"].items()}
+    default = "table" if kind == "learned" else kind
+    model = ArtifactCostModel(models, choice, default, overheads, name=kind)
+    return LoadedCostModel(kind, model, directory, artifact_sha256(directory), choice)
+
+
+def default_inputs() -> TrainingInputs:
+    """The inputs a replay's artifact was trained from: the shipped data and config, own profiles from the env."""
+    return TrainingInputs(profiles=profiles_from_env())
+
+
+def profiles_from_env() -> tuple[Path, ...]:
+    """Own profiles named in ``$SLICESCHED_COST_MODEL_PROFILES`` (os.pathsep-separated)."""
+    raw = os.environ.get("SLICESCHED_COST_MODEL_PROFILES", "")
+    return tuple(Path(p) for p in raw.split(os.pathsep) if p)
+
+
+# ---- training -------------------------------------------------------------------------------------
+
+def fit_overheads(data_dir: Path) -> dict[str, IterationOverhead]:
+    """Per GPU kind: least squares of the host milliseconds per step on ``[1, batch size]`` (TP 1)."""
+    out: dict[str, IterationOverhead] = {}
+    for kind, rel in CPU_OVERHEADS.items():
+        path = data_dir / rel
+        if not path.exists():
+            continue
+        with path.open(newline="") as f:
+            rows = [r for r in csv.DictReader(f) if int(r["tensor_parallel_degree"]) == 1]
+        if not rows:
+            continue
+        x = np.array([[1.0, float(r["batch_size"])] for r in rows])
+        y = np.array([sum(float(r[c]) for c in _OVERHEAD_COLUMNS) for r in rows]) / 1e3
+        coef = np.clip(np.linalg.lstsq(x, y, rcond=None)[0], 0.0, None)
+        out[kind] = IterationOverhead(float(coef[0]), float(coef[1]), float(coef[1]))
+    return out
+
+
+def _samples(rows: Sequence[OpTiming], inputs: TrainingInputs) -> list[GraphSample]:
+    samples = training_samples(rows, seed=inputs.config.seed)
+    cap = inputs.max_train_samples
+    if cap is not None and len(samples) > cap:
+        pick = np.random.default_rng(inputs.config.seed).choice(len(samples), cap, replace=False)
+        samples = [samples[i] for i in sorted(pick)]
+    return samples
+
+
+def _table(rows: Sequence[OpTiming]) -> ProfileTableCostModel:
+    devices: dict[str, Device] = {}
+
+    def dev(kind: str) -> Device:
+        return devices.setdefault(kind, device_of_kind(kind))
+
+    calibrated = RooflineCostModel().calibrated((timing_features(t), dev(t.device_kind), t.p50_ms / 1e3) for t in rows)
+    return ProfileTableCostModel.from_timings(rows, fallback=calibrated)
+
+
+def held_out_evidence(vidur: Sequence[OpTiming], own: Sequence[OpTiming], inputs: TrainingInputs,
+                      progress: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """Per device kind: held-out MAPE of table, GNN and roofline (see the module docstring)."""
+    own_split = cpu_split(own, inputs.config.seed) if own else None
+    train = [t for t in vidur if t.model not in MODEL_TEST] + (own_split.train if own_split else [])
+    test_vidur = [t for t in vidur if t.model in MODEL_TEST]
+    cases: list[Case] = held_out_cases(test_vidur, chains=True)
+    if own_split:
+        cases += held_out_cases(own_split.test, chains=False)
+    progress(f"evidence: fitting table and GNN on {len(train)} rows (held out: {', '.join(MODEL_TEST)}"
+             f"{', 25% of own profiles' if own else ''})")
+    table = _table(train)
+    gnn, _ = train_gnn(_samples(train, inputs), inputs.config, progress=_epoch_line("evidence", progress))
+    models: dict[str, CostModel] = {"table": table, "gnn": gnn, "roofline": RooflineCostModel()}
+    out: dict[str, dict[str, Any]] = {}
+    for kind in sorted({c.device.kind for c in cases}):
+        mine = [c for c in cases if c.device.kind == kind]
+        out[kind] = {name: {k: round(v, 3) for k, v in score(m, mine).items()} for name, m in models.items()}
+    return out
+
+
+def _epoch_line(prefix: str, progress: Callable[[str], None]) -> Callable[[dict[str, float]], None]:
+    def show(line: dict[str, float]) -> None:
+        progress(f"[{prefix}] epoch {int(line['epoch']):3d}  loss {line['loss']:.4f}  "
+                 f"train MAPE {100 * line['mape_train']:.2f}%  {line['seconds']:.0f}s")
+    return show
+
+
+def train_artifact(inputs: TrainingInputs, cache_dir: Path, *, force: bool = False,
+                   progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> Path:
+    """Train (unless present and not ``force``) and save the artifact; returns its folder."""
+    key = inputs.key()
+    target = cache_dir / f"learned-{key}"
+    if (target / "meta.json").is_file() and not force:
+        progress(f"artifact exists: {target}")
+        return target
+    started = time.perf_counter()
+    vidur = load_vidur(inputs.data_dir)
+    own = [t for p in inputs.profiles for t in ProfileStore(p).load()]
+    progress(f"read {len(vidur)} Vidur and {len(own)} own profile rows in {time.perf_counter() - started:.0f}s")
+    evidence = held_out_evidence(vidur, own, inputs, progress)
+    choice = {k: "gnn" if e["gnn"]["mape_pct"] < e["table"]["mape_pct"] else "table" for k, e in evidence.items()}
+    progress("choice per device kind: " + ", ".join(f"{k} {v} (gnn {evidence[k]['gnn']['mape_pct']:.2f}% vs "
+                                                     f"table {evidence[k]['table']['mape_pct']:.2f}%)"
+                                                     for k, v in choice.items()))
+    rows = [*vidur, *own]
+    table = _table(rows)
+    gnn, report = train_gnn(_samples(rows, inputs), inputs.config, progress=_epoch_line("final", progress),
+                            meta={"inputs_key": key})
+    overheads = fit_overheads(inputs.data_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".learned-", dir=cache_dir))
+    try:
+        gnn.save(tmp / "gnn")
+        (tmp / "table.json").write_text(json.dumps(table.to_doc()) + "\n")
+        (tmp / "meta.json").write_text(json.dumps({
+            "inputs_key": key, "code_sha256": code_digest(),
+            "inputs": {"data_dir": str(inputs.data_dir), "files": [str(p) for p in inputs.files()],
+                       "profiles": [str(p) for p in inputs.profiles], "rows": len(rows)},
+            "gnn_config": asdict(inputs.config), "max_train_samples": inputs.max_train_samples,
+            "choice": choice, "evidence": {"split": f"held-out models {', '.join(MODEL_TEST)} (Vidur)"
+                                                    + (", 25% of own profile rows" if own else ""),
+                                           "metric": "MAPE of the median, per device kind", "per_device_kind": evidence},
+            "overheads": {k: asdict(v) for k, v in overheads.items()},
+            "final_gnn_train_seconds": round(report.seconds, 1),
+            "train_seconds": round(time.perf_counter() - started, 1),
+        }, indent=2) + "\n")
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    progress(f"wrote {target} in {time.perf_counter() - started:.0f}s")
+    return target
+
+
+def train_main(argv: Sequence[str] | None = None) -> int:
+    """``slicesched cost-model train``: train the default cost-model artifact into the cache."""
+    p = argparse.ArgumentParser(prog=TRAIN_COMMAND, description=train_main.__doc__)
+    p.add_argument("--data-dir", type=Path, default=DATA_DIR, help="folder holding vidur-profiling/")
+    p.add_argument("--profile", type=Path, action="append", default=[],
+                   help="an own OpTiming CSV (from `slicesched profile`) to train on too (repeatable; default "
+                        "$SLICESCHED_COST_MODEL_PROFILES)")
+    p.add_argument("--cache-dir", type=Path, default=None, help=f"artifact cache (default ${CACHE_ENV} or "
+                                                                 "~/.cache/slicesched/cost-models)")
+    # Other values make an artifact of their own, which replay does not load (experiments and tests).
+    p.add_argument("--epochs", type=int, default=SHIPPED_GNN.epochs, help="GNN epochs (experiments only)")
+    p.add_argument("--max-train-samples", type=int, default=SHIPPED_MAX_SAMPLES,
+                   help="subsample training graphs (experiments only)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads while training")
+    p.add_argument("--force", action="store_true", help="retrain even if the artifact exists")
+    args = p.parse_args(argv)
+    inputs = TrainingInputs(args.data_dir, tuple(args.profile) or profiles_from_env(),
+                            replace(SHIPPED_GNN, epochs=args.epochs, threads=args.threads), args.max_train_samples)
+    target = train_artifact(inputs, args.cache_dir or default_cache_dir(), force=args.force)
+    meta = json.loads((target / "meta.json").read_text())
+    print(json.dumps({"artifact": str(target), "sha256": artifact_sha256(target), "choice": meta["choice"],
+                      "train_seconds": meta["train_seconds"]}))
+    return 0
