@@ -227,6 +227,21 @@ def load_cost_model(kind: str | None = None, *, cache_dir: Path | None = None,
     return LoadedCostModel(kind, model, directory, artifact_sha256(directory), choice)
 
 
+def ensure_cost_model(kind: str | None = None, *,
+                      progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> None:
+    """Train the artifact ``kind`` needs if this machine has none yet (first use, progress shown;
+    the demo calls this so that a fresh machine needs no extra step). Loading never trains."""
+    kind = kind_from(kind)
+    if kind == "roofline":
+        return
+    inputs = default_inputs()
+    cache = default_cache_dir()
+    if not (cache / f"learned-{inputs.key()}" / "meta.json").is_file():
+        progress(f"training the {kind} cost model once for this machine and code (`{TRAIN_COMMAND}`; "
+                 "a minute or two, progress below)")
+        train_artifact(inputs, cache, progress=progress)
+
+
 def default_inputs() -> TrainingInputs:
     """The inputs a replay's artifact was trained from: the shipped data and config, own profiles from the env."""
     return TrainingInputs(profiles=profiles_from_env())

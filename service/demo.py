@@ -89,6 +89,10 @@ def run_demo(args: argparse.Namespace) -> int:
     driver.close()
 
     if not getattr(args, "skip_live", False):
+        from learned.artifact import ensure_cost_model
+
+        _step("cost model: the learned default the live what-ifs and the replay use")
+        ensure_cost_model()
         live_and_replay(args, settings)
 
     if settings.managed and getattr(args, "stop", False):
