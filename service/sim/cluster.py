@@ -1,9 +1,10 @@
 """A simulated cluster at iteration granularity, driven by the event engine: the facade over
 its parts.
 
-- :mod:`service.sim.replica`: continuous batching and KV admission of one replica;
+- :mod:`service.sim.replica` and :mod:`service.sim.batcher`: a replica, its continuous batching and KV;
 - :mod:`service.sim.routing`: which replica's queue a request waits in;
 - :mod:`service.sim.resource`: device timelines and FIFO links;
+- :mod:`service.sim.slices`: placed slices and link transfers;
 - :mod:`service.sim.state`: all mutable state in one dataclass, and how a what-if forks it.
 
 Pure: no wall clock, no I/O; the only randomness is the injected ``numpy.random.Generator``
@@ -27,13 +28,14 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from service.core.cost import CostModel, IterationOverhead, OpFeatures
+from service.core.cost import CostModel, IterationOverhead
 from service.core.memory import MemoryLedger
 from service.core.queue import QueuePolicy, WaitingQueue, make_waiting_queue
 from service.domain.cluster import ClusterSpec, Device
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec, Workload
 from service.models.family import MODEL_CONFIGS, ModelConfig
+from service.sim.batcher import Batcher
 from service.sim.config import SimConfig
 from service.sim.engine import (
     Engine,
@@ -46,7 +48,6 @@ from service.sim.engine import (
 )
 from service.sim.iteration import IterationCostTable, weight_bytes
 from service.sim.replica import (
-    Batcher,
     Live,
     OutputEstimator,
     Replica,
@@ -56,9 +57,10 @@ from service.sim.replica import (
     request_outcome,
 )
 from service.sim.report import MetricsCollector, RequestOutcome, SimObserver, SimReport
-from service.sim.resource import PlacedSlice, Placement, SliceSpec, SliceTiming, TransferTiming
+from service.sim.resource import Placement, SliceSpec, SliceTiming, TransferTiming
 from service.sim.routing import Routing
 from service.sim.sla import SLA_CLASSES, SlaClass
+from service.sim.slices import PlacedSlices
 from service.sim.state import ForkScope, SimState
 
 __all__ = [
@@ -69,7 +71,7 @@ __all__ = [
 Router = Callable[[RequestSpec, Sequence[str], "SimulatedCluster"], str]
 
 
-class SimulatedCluster:
+class SimulatedCluster(PlacedSlices):
     """The cluster under simulation. Construct, :meth:`submit` requests, :meth:`run`, then
     :meth:`report`. The scheduler may :meth:`commit` slices at the current time between runs.
 
@@ -209,55 +211,6 @@ class SimulatedCluster:
         report.recomputed_tokens = self._batcher.recomputed_tokens
         return report
 
-    def slice_duration_s(self, ops: Sequence[OpFeatures], device_id: str) -> float:
-        return self.cost_model.predict(ops, self._devices[device_id]).p50_s
-
-    def commit(self, slice_spec: SliceSpec, placement: Placement) -> SliceTiming:
-        """Place a slice now: move its inputs (FIFO on the link), hold its memory (forced:
-        a violation is recorded if it does not fit) and reserve its device window."""
-        st = self.state
-        now = self.engine.now_s
-        dev = placement.device_id
-        if slice_spec.slice_id in st.slice_timings:
-            raise InvalidInputError(f"slice {slice_spec.slice_id!r} already placed", culprit=slice_spec.slice_id)
-        if dev not in self._devices:
-            raise InvalidInputError(f"unknown device {dev!r}", culprit=dev)
-        allocs = [st.ledger.overflow(dev, "activation", slice_spec.slice_id, slice_spec.resident_bytes, at_s=now)]
-        ready = now
-        src = slice_spec.input_device_id
-        if slice_spec.input_bytes and src is not None and src != dev:
-            tt = self.transfer(src, dev, slice_spec.input_bytes)
-            ready = tt.arrival_s
-            allocs.append(st.transfer_buffers.pop(tt.transfer_id))
-        duration = self.slice_duration_s(slice_spec.ops, dev)
-        start = st.timelines.earliest_window([dev], max(placement.start_s, ready, now), duration)
-        timing = SliceTiming(slice_spec.slice_id, dev, ready, start, start + duration)
-        st.timelines.reserve(dev, start, start + duration, slice_spec.slice_id)
-        st.slices[slice_spec.slice_id] = PlacedSlice(slice_spec, timing, allocs)
-        st.slice_timings[slice_spec.slice_id] = timing
-        self.engine.schedule(SliceFinished(time_s=timing.finish_s, slice_id=slice_spec.slice_id))
-        return timing
-
-    def transfer(self, src: str, dst: str, size_bytes: int) -> TransferTiming:
-        """Send ``size_bytes`` from ``src`` to ``dst`` now (FIFO on the directed link); the
-        destination holds a transfer buffer until the consumer frees it."""
-        link = self.spec.link(src, dst)
-        if link is None:
-            raise InvalidInputError(f"no link from {src} to {dst}", culprit=f"{src}->{dst}")
-        now = self.engine.now_s
-        timing = self.state.links.send(link, size_bytes, now)
-        tid = timing.transfer_id
-        self.state.transfer_buffers[tid] = self.ledger.overflow(dst, "transfer_buffer", f"transfer/{tid}",
-                                                                size_bytes, at_s=now)
-        self.engine.schedule(TransferFinished(time_s=timing.arrival_s, transfer_id=tid))
-        return timing
-
-    def transfer_timing(self, transfer_id: int) -> TransferTiming:
-        return self.state.links.timing(transfer_id)
-
-    def slice_timing(self, slice_id: str) -> SliceTiming:
-        return self.state.slice_timings[slice_id]
-
     def in_flight(self) -> list[tuple[str, RequestSpec]]:
         """(replica_id, request) of every request routed to a replica and not finished."""
         return self.state.in_flight()
@@ -326,24 +279,6 @@ class SimulatedCluster:
         if kv_delta < 0 and st.shared:
             follow += self._wake_idle(r.device_ids, now)
         return follow
-
-    def _on_slice_finished(self, ev: SliceFinished) -> list[Event]:
-        st = self.state
-        placed = st.slices.pop(ev.slice_id)
-        dev = placed.timing.device_id
-        for a in placed.allocs:
-            st.ledger.free(a)
-        st.timelines.release(dev, ev.slice_id)
-        for obs in self._observers:
-            obs.slice_executed(dev, placed.timing.start_s, placed.timing.finish_s, ev.slice_id)
-        return self._wake_idle((dev,), ev.time_s)
-
-    def _on_transfer_finished(self, ev: TransferFinished) -> list[Event]:
-        # A transfer alone (not feeding a slice) releases its buffer on arrival.
-        buf = self.state.transfer_buffers.pop(ev.transfer_id, None)
-        if buf is not None:
-            self.ledger.free(buf)
-        return []
 
     def _wake_idle(self, device_ids: Iterable[str], now: float) -> list[Event]:
         """Freed memory may let an idle replica on these devices admit its queue head."""

@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from service.core.queue import QueuedRequest, QueuePolicy
 from service.domain.request import RequestSpec
-from service.sim.replica import Batcher, Live, OutputEstimator, Replica
+from service.sim.batcher import Batcher
+from service.sim.replica import Live, OutputEstimator, Replica
 from service.sim.state import SimState
 
 __all__ = ["Routing"]
