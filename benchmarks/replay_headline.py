@@ -57,7 +57,7 @@ def main() -> int:
     from learned.artifact import load_cost_model
     from learned.estimator import calibration_study
     from service.cluster.spec import load_cluster_spec
-    from service.replay.mix import build_workload, data_dir, load_mix
+    from service.replay.mix import data_dir, load_mix, sample_workload
     from service.replay.report import plot_latency_cdfs, plot_load_sweep, plot_timeline
     from service.replay.runner import PolicyName, ReplayConfig, run_policy, sustained_load
     from service.workload.readers import read_azure
@@ -67,12 +67,18 @@ def main() -> int:
     cost = load_cost_model(args.cost_model)
     config = ReplayConfig(cluster, mix, cost.model, seed=args.seed, duration_s=duration)
     record_name = "replay_headline" if args.mix == DEFAULT_MIX else f"replay_headline-{Path(args.mix).stem}"
+    if args.seed:
+        record_name += f"-seed{args.seed}"
     plots = args.out / record_name
     plots.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
+    context: dict[str, dict[str, Any]] = {}  # per load: requests clamped to their model's context
+
     def run(policy: str, load: float) -> Any:
-        w = build_workload(mix, np.random.default_rng(args.seed), duration_s=duration, load_scale=load)
+        w, counts = sample_workload(mix, np.random.default_rng(args.seed), duration_s=duration, load_scale=load)
+        context[f"{load:g}"] = {"requests": counts.num_requests, "clamped": counts.clamped,
+                                "rejected": counts.rejected}
         t = time.perf_counter()
         res, spans = run_policy(config, w, PolicyName.parse(policy), load_scale=load)
         print(f"  {policy:22s} x{load:<5g} {w.num_requests:6d} req  {res.token_throughput_tps:8.0f} tok/s  "
@@ -145,7 +151,12 @@ def main() -> int:
     _record.write(record_name, args, {
         "cluster": cluster.name, "mix": mix.name, "duration_s": duration, "loads": loads,
         "queue_loads": queue_loads, "cost_model": cost.describe(), "interval_s": config.interval_s,
+        "kv": config.sim.kv,
+        # each tenant's arrivals and lengths: its own trace file (per-tenant) or the mix's generator
+        "dealing": "per-tenant" if any(t.trace is not None for t in mix.tenants) else "mix (no trace files)",
+        "sources": {t.tenant_id: (t.trace or {"source": "mix"}) for t in mix.tenants},
     }, {
+        "context": {"mode": "clamp", "by_load": context},
         "slice_vs_container": {"per_load": per_load, "sustained_load_at_9pct": sustained,
                                "sustained_bracketed": bracketed,
                                "sustained_load_ratio": round(sustained_ratio, 3) if sustained_ratio else None,
