@@ -18,8 +18,10 @@ EXECUTOR = "executor-test-key"
 
 
 def settings(neo4j: Neo4jSettings, **overrides: Any) -> ServiceSettings:
+    # the roofline costs the what-if mirror here, as $SLICESCHED_COST_MODEL does for the services
+    # tests start (tests/conftest.py): the learned artifact is trained per machine, not in CI
     values: dict[str, Any] = {"admin_key": ADMIN, "executor_key": EXECUTOR, "neo4j": neo4j,
-                              "lease_ttl_s": 2.0, "heartbeat_s": 0.5}
+                              "lease_ttl_s": 2.0, "heartbeat_s": 0.5, "cost_model": "roofline"}
     values.update(overrides)
     return ServiceSettings(**values)
 
