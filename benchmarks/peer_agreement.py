@@ -9,8 +9,10 @@ it are fixed below (``PEER``); every figure is compared as a relative difference
 ``(ours - peer) / peer`` (key ``results.per_figure``), the largest absolute one as
 ``results.max_rel_diff``. Target: every figure within 10%.
 
-``--cost-model`` chooses how iterations are costed (``table``: the profile table built from
-the Vidur A100 profiles in ../shared/data, as the peer's own simulator does; ``roofline``).
+``--cost-model`` chooses how iterations are costed: the project's default ``learned`` (per
+device kind the model most accurate on held-out profiles, with host overheads; for A100 the GNN),
+``gnn``, ``table`` (the profile table alone, as the peer's own simulator prices operators) or
+``roofline``; the learned kinds need ``slicesched cost-model train`` once.
 ``--quick`` replays the first 2,000 requests of the same trace (figures then differ from the
 peer's full-hour ones by the load; the relative differences are still reported).
 """
@@ -29,10 +31,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._record import SHARED_DATA, parser, write
-from learned.evaluate import load_vidur
-from learned.roofline import RooflineCostModel
-from learned.table import ProfileTableCostModel
-from service.core.cost import CostModel
+from learned.artifact import load_cost_model
+from learned.choice import add_cost_model_argument
+from service.core.cost import NO_OVERHEAD
 from service.domain.cluster import DEVICE_KINDS, ClusterSpec, Device, Link
 from service.domain.request import RequestSpec
 from service.replay.context import fit_context
@@ -66,12 +67,6 @@ def a100_cluster(n: int) -> ClusterSpec:
     return ClusterSpec("4xA100-80GB", ["node0"], devices, links)
 
 
-def cost_model(kind: str) -> CostModel:
-    if kind == "roofline":
-        return RooflineCostModel()
-    return ProfileTableCostModel.from_timings(load_vidur(SHARED_DATA))
-
-
 def round_robin() -> Any:
     turn = itertools.count()
 
@@ -91,7 +86,10 @@ def weighted_percentile(samples: list[tuple[float, int]], q: float) -> float:
 
 def main() -> None:
     p = parser(NAME, __doc__.splitlines()[0])
-    p.add_argument("--cost-model", choices=("table", "roofline"), default="table")
+    add_cost_model_argument(p)
+    p.add_argument("--no-host-overhead", action="store_true",
+                   help="price iterations by the operator model alone, without the learned artifact's host "
+                        "overhead per iteration (a diagnostic: how much of a difference the overhead makes)")
     args = p.parse_args()
     read = read_azure(TRACE, tenant_id="azure-conv", model=MODEL, limit=2000 if args.quick else None)
     fitted, counts = fit_context(read.requests, "clamp")
@@ -100,10 +98,12 @@ def main() -> None:
                             max_batched_tokens=MAX_BATCHED_TOKENS, prefill_first=True)
                 for i, d in enumerate(spec.devices)]
     started = time.perf_counter()
-    model = cost_model(args.cost_model)
+    cost = load_cost_model(args.cost_model)
     print(f"[{NAME}] {len(fitted)} requests ({counts.clamped} clamped to 4,096 tokens), cost model "
-          f"{args.cost_model} built in {time.perf_counter() - started:.1f}s", flush=True)
-    cluster = SimulatedCluster(spec, replicas, model, rng=np.random.default_rng(args.seed), router=round_robin(),
+          f"{cost.kind} loaded in {time.perf_counter() - started:.1f}s", flush=True)
+    overheads = {MODEL: NO_OVERHEAD} if args.no_host_overhead else None  # given ones replace the model's
+    cluster = SimulatedCluster(spec, replicas, cost.model, rng=np.random.default_rng(args.seed), router=round_robin(),
+                               overheads=overheads,
                                config=SimConfig(kv="paged", kv_block_tokens=16, record_token_gaps=True))
     cluster.submit(sorted(fitted, key=lambda r: r.arrival_s))
     horizon = max(r.arrival_s for r in fitted)
@@ -146,7 +146,7 @@ def main() -> None:
     config = {"trace": TRACE.name, "model": MODEL, "replicas": REPLICAS, "tp": 1, "routing": "round-robin",
               "queue": "fcfs", "batching": "prefill-first (vLLM v0)", "max_num_seqs": MAX_NUM_SEQS,
               "max_batched_tokens": MAX_BATCHED_TOKENS, "kv": "paged/16", "context": "clamp 4096",
-              "cost_model": args.cost_model, "target_rel_diff": TARGET, "peer": "Vidur (MLSys 2024)"}
+              "cost_model": cost.describe(), "host_overhead": not args.no_host_overhead, "target_rel_diff": TARGET, "peer": "Vidur (MLSys 2024)"}
     write(NAME, args, config, results)
 
 
