@@ -45,7 +45,10 @@ def parser(name: str, question: str) -> argparse.ArgumentParser:
 
 def dirty() -> bool:
     try:
-        out = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+        # records themselves do not change what is measured: a batch of benchmarks writes one
+        # after another into benchmarks/results from the same commit
+        out = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "--",
+                              ".", ":(exclude)benchmarks/results"],
                              capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return False
