@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from executor.batcher import Clock
+if TYPE_CHECKING:  # a type only: importing the batcher would load torch
+    from executor.batcher import Clock
 
 
 class Backoff:
