@@ -83,13 +83,7 @@ class Batcher:
 
         for queue in (r.preempted, r.waiting):  # preempted requests first, as vLLM does
             for live in admit(queue, served, fits):
-                target = live.target
-                if self.track_served and not live.generated:
-                    served[live.spec.tenant_id] = served.get(live.spec.tenant_id, 0.0) + target
-                if math.isnan(live.admitted_s):
-                    live.admitted_s = now
-                live.kv_base = self.kv_need(live)
-                r.prefilling.append(live)
+                target = self._admitted(r, live, now)
                 num_seqs += 1
                 n = min(budget, target)
                 chunks.append((live, n))
@@ -100,6 +94,18 @@ class Batcher:
         if not chunks and not r.num_decodes:
             return None
         return self._run(r, now, chunks, p, pairs, kv_p, r.num_decodes)
+
+    def _admitted(self, r: Replica, live: Live, now: float) -> int:
+        """Book a request admission has just taken (its KV is reserved): it starts prefilling
+        its target, which is returned."""
+        target = live.target
+        if self.track_served and not live.generated:
+            self.served[live.spec.tenant_id] = self.served.get(live.spec.tenant_id, 0.0) + target
+        if math.isnan(live.admitted_s):
+            live.admitted_s = now
+        live.kv_base = self.kv_need(live)
+        r.prefilling.append(live)
+        return target
 
     def _start_prefill_first(self, r: Replica, now: float) -> IterationFinished | None:
         """vLLM v0's scheduling: whole prompts of the requests that fit (token budget, sequence
@@ -116,13 +122,7 @@ class Batcher:
 
         for queue in (r.preempted, r.waiting):
             for live in admit(queue, served, fits):
-                target = live.target
-                if self.track_served and not live.generated:
-                    served[live.spec.tenant_id] = served.get(live.spec.tenant_id, 0.0) + target
-                if math.isnan(live.admitted_s):
-                    live.admitted_s = now
-                live.kv_base = self.kv_need(live)
-                r.prefilling.append(live)
+                target = self._admitted(r, live, now)
                 num_seqs += 1
                 chunks.append((live, target))
                 budget -= target

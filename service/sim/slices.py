@@ -4,7 +4,7 @@ finish and its device window; its inputs move first, first come first served per
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from service.core.cost import CostModel, OpFeatures
 from service.core.memory import MemoryLedger
@@ -24,12 +24,12 @@ class PlacedSlices:
     _devices: dict[str, Device]
     _observers: list[SimObserver]
 
+    # provided by the cluster: freed memory may let an idle replica on these devices admit
+    _wake_idle: Callable[[Iterable[str], float], list[Event]]
+
     @property
     def ledger(self) -> MemoryLedger:
         return self.state.ledger
-
-    def _wake_idle(self, device_ids: Iterable[str], now: float) -> list[Event]:
-        raise NotImplementedError
 
     def slice_duration_s(self, ops: Sequence[OpFeatures], device_id: str) -> float:
         return self.cost_model.predict(ops, self._devices[device_id]).p50_s
