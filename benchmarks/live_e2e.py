@@ -1,4 +1,4 @@
-"""live_e2e: the demo workload on the live stack: tokens/s of slice vs container, SLA violations, GMG lag.
+"""live_e2e: the demo workload on the live stack: tokens/s of replica vs container (live executors run whole replicas), SLA violations, GMG lag.
 
 Real processes on loopback: ``slicesched serve`` on a private Neo4j and two executor daemons
 (``--devices cpu:0,cpu:1`` each, one torch thread each) running the models with PyTorch on
@@ -36,10 +36,10 @@ def main() -> int:
     runs = record["runs"]
     results = {
         "tokens_per_s": {k: v["tokens_per_s"] for k, v in runs.items()},
-        "tokens_per_s_ratio_slice_over_container": record["tokens_per_s_ratio"],
+        "tokens_per_s_ratio_replica_over_container": record["tokens_per_s_ratio"],
         "sla_violation_rate": record["sla_violation_rate"],
         "gmg_write_lag_s": {k: v["gmg_write_lag_s"] for k, v in runs.items()},
-        "guest_replicas": runs["slice"]["guest_replicas"], "decisions": runs["slice"]["decisions"],
+        "guest_replicas": runs["replica"]["guest_replicas"], "decisions": runs["replica"]["decisions"],
         "scheduler_cpu_s": {k: v["scheduler_cpu_s"] for k, v in runs.items()},
         "per_tenant": {k: v["tenants"] for k, v in runs.items()},
         "workload": record["workload"], "plot": "live_e2e/live_latency.png",

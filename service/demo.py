@@ -108,7 +108,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
-    """The live service serving three tenants (container, then slice placement), then the replay."""
+    """The live service serving three tenants (container, then replica placement), then the replay
+    with the three placements (container, replica, operator-level slice)."""
     from pathlib import Path
 
     from service.api.live_run import compare_placements, demo_workload
@@ -132,8 +133,8 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
                 [[p, f"{r['tokens_per_s']:.1f}", f"{100 * r['sla_violation_rate']:.1f}%", r["guest_replicas"],
                   f"{r['gmg_write_lag_s']['p50'] or 0:.3f} / {r['gmg_write_lag_s']['p99'] or 0:.3f}"]
                  for p, r in runs.items()], title="summary")
-    print(f"slice / container tokens/s: {record['tokens_per_s_ratio']:.2f}x")
-    for note in runs["slice"]["decisions"][:8]:
+    print(f"replica / container tokens/s: {record['tokens_per_s_ratio']:.2f}x (live executors run whole replicas)")
+    for note in runs["replica"]["decisions"][:8]:
         print(f"  scheduler: {note}")
 
     _step("replay: the same policies on a simulated 8xA100 cluster (four tenants from Azure and Mooncake lengths)")
@@ -142,7 +143,7 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
     replay = argparse.ArgumentParser(prog="slicesched")
     add_replay(replay.add_subparsers())
     args = replay.parse_args(["replay", "--tenants", "a100-4tenants", "--cluster", "8xA100-nvlink", "--duration",
-                              "60", "--policy", "fifo/container", "--policy", "fifo/slice", "--out",
+                              "60", "--policy", "fifo/container", "--policy", "fifo/replica", "--policy", "fifo/slice", "--out",
                               str(out / "replay")])
     args.func(args)
     print(f"\nplots and JSON: {out}/live_latency.png, {out}/live.json, {out}/replay/*.png")

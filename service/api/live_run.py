@@ -186,19 +186,19 @@ def summarise(placement: str, rows: list[dict[str, Any]], stats: dict[str, Any])
 
 def compare_placements(workload: Workload, out_dir: Path, *, neo4j: Neo4jSettings | None = None, seed: int = 0,
                        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The same workload served once with ``container`` and once with ``slice`` placement;
+    """The same workload served once with ``container`` and once with ``replica`` placement;
     writes ``live.json`` and ``live_latency.png`` into ``out_dir`` and returns the record."""
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = {p: run_live(p, workload, neo4j=neo4j, seed=seed, progress=progress)
-            for p in ("container", "slice")}
-    c, s = runs["container"], runs["slice"]
+            for p in ("container", "replica")}
+    c, s = runs["container"], runs["replica"]
     record = {
         "workload": {"name": workload.name, "requests": workload.num_requests, "duration_s": workload.duration_s,
                      "offered_output_tokens_per_s": sum(r.output_tokens for r in workload.requests)
                      / max(1e-9, workload.duration_s)},
         "runs": {p: r.to_dict() for p, r in runs.items()},
         "tokens_per_s_ratio": s.tokens_per_s / c.tokens_per_s if c.tokens_per_s else float("nan"),
-        "sla_violation_rate": {"container": c.sla_violation_rate, "slice": s.sla_violation_rate},
+        "sla_violation_rate": {"container": c.sla_violation_rate, "replica": s.sla_violation_rate},
     }
     (out_dir / "live.json").write_text(json.dumps(record, indent=2, default=float) + "\n")
     plot_live(out_dir / "live_latency.png", runs)

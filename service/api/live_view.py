@@ -28,7 +28,15 @@ import numpy as np
 
 from service.core.batching import LIVE_BATCHING, BatchingConfig
 from service.core.cost import CostModel, IterationOverhead
-from service.core.scheduler import Applied, Decision, DeviceInfo, ReplicaChange, ReplicaInfo, WhatIfOutcome
+from service.core.scheduler import (
+    Applied,
+    Decision,
+    DeviceInfo,
+    ReplicaChange,
+    ReplicaInfo,
+    SliceSize,
+    WhatIfOutcome,
+)
 from service.core.slot import ClusterState
 from service.domain.cluster import DEVICE_KINDS, ClusterSpec, Device, Link
 from service.domain.error import InvariantError
@@ -128,6 +136,9 @@ class LiveClusterView:
 
     def kv_reserve_bytes(self, family: str) -> int:
         return self._sim.kv_reserve_bytes(family)
+
+    def slice_sizes(self, family: str, layers_per_slice: int) -> Sequence[SliceSize]:
+        return self._sim.slice_sizes(family, layers_per_slice)
 
     def slot_state(self) -> ClusterState:
         return self._sim.slot_state()

@@ -28,7 +28,7 @@ class HealthOut(Out):
     status: Literal["ok", "degraded"] = Field(description="degraded: not ready (see /readyz)")
     ready: bool
     neo4j: Literal["up", "down"]
-    placement: str = Field(description="the placement policy: container or slice")
+    placement: str = Field(description="the placement policy: container or replica")
     queue: str = Field(description="the queue policy")
 
 
@@ -283,9 +283,9 @@ class PolicyAddOut(Out):
 
 
 class PolicyWhatIfOut(Out):
-    """What one step of the slice policy would decide now (nothing applied)."""
+    """What one step of the replica policy would decide now (nothing applied)."""
 
-    placement: Literal["slice"]
+    placement: Literal["replica"]
     horizon_s: float
     whatifs: int = Field(description="simulations run to decide")
     add: list[PolicyAddOut]

@@ -15,7 +15,8 @@ from service.api.homes import HomePlanner
 from service.api.live_view import LiveClusterView, LiveSnapshot, live_spec
 from service.api.records import TERMINAL
 from service.core.cost import CostModel
-from service.core.placement import candidate_groups, make_placement_policy
+from service.core.placement import candidate_groups
+from service.core.policies import make_placement_policy
 from service.core.scheduler import ClusterView, Decision, DeviceInfo, ReplicaChange, ReplicaInfo, Scheduler
 from service.core.slot import InputDep, Slot, SlotQuery
 from service.domain.error import InvalidInputError, InvariantError
@@ -107,13 +108,13 @@ class SchedulingLoop(HomePlanner):
         return candidate_groups(view, model_uid, k, search=search)
 
     async def _schedule_tick(self) -> None:
-        """Wait (up to a few seconds) for arrivals or completions, then step the slice policy."""
+        """Wait (up to a few seconds) for arrivals or completions, then step the replica policy."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.changed.wait(), 5.0)
         if not self.changed.is_set():
             return
         self.changed.clear()
-        if self.settings.placement == "slice" and self.state.replicas:
+        if self.settings.placement == "replica" and self.state.replicas:
             await self.step()
 
     async def step(self) -> Decision:
@@ -139,11 +140,11 @@ class SchedulingLoop(HomePlanner):
         return decision
 
     def policy_what_if(self, horizon_s: float) -> dict[str, Any]:
-        """What one step of the slice policy would decide on the current state (nothing applied)."""
-        policy = make_placement_policy("slice", find_devices=self._cypher_candidates, horizon_s=horizon_s)
+        """What one step of the replica policy would decide on the current state (nothing applied)."""
+        policy = make_placement_policy("replica", find_devices=self._cypher_candidates, horizon_s=horizon_s)
         snap = self.snapshot()
         decision = policy.step(snap.now_s, LiveClusterView(snap, cost_model=self.cost_model))
-        return {"placement": "slice", "horizon_s": horizon_s, "whatifs": decision.num_whatifs,
+        return {"placement": "replica", "horizon_s": horizon_s, "whatifs": decision.num_whatifs,
                 "add": [{"model": c.model_uid, "compute_units": list(c.device_ids)} for c in decision.add],
                 "drain": decision.drain, "notes": decision.notes}
 

@@ -127,7 +127,7 @@ class WhatIfIn(Body):
     model_id: str | None = Field(None, pattern=ID)
     device_ids: list[str] | None = Field(None, min_length=1, max_length=8,
                                          description="a candidate placement: a replica of the model on these devices")
-    placement: Literal["slice"] | None = Field(None, description="or: what the slice policy would do now")
+    placement: Literal["replica"] | None = Field(None, description="or: what the replica policy would do now")
     horizon_s: float = Field(20.0, gt=0, le=600)
 
 

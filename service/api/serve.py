@@ -7,8 +7,7 @@ import logging
 import sys
 
 from learned.choice import add_cost_model_argument
-from service.api.settings import ServiceSettings, state_dir
-from service.core.placement import PLACEMENT_POLICIES
+from service.api.settings import LIVE_PLACEMENTS, ServiceSettings, state_dir
 from service.core.queue import QUEUE_POLICIES
 
 
@@ -16,7 +15,7 @@ def serve_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="slicesched serve", description="run the scheduling API (docs/API.md)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--placement", choices=sorted(PLACEMENT_POLICIES), help="default: $SLICESCHED_PLACEMENT or container")
+    p.add_argument("--placement", choices=LIVE_PLACEMENTS, help="default: $SLICESCHED_PLACEMENT or container")
     p.add_argument("--queue", choices=sorted(QUEUE_POLICIES), help="default: $SLICESCHED_QUEUE or fifo")
     p.add_argument("--lease-ttl-s", type=float, help="lease lifetime without renewal (default 10)")
     p.add_argument("--heartbeat-s", type=float, help="executor heartbeat period (default 2)")

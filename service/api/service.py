@@ -37,7 +37,7 @@ from service.api.settings import ServiceSettings
 from service.api.state import LiveState
 from service.api.supervisor import Supervisor
 from service.api.writer import GmgWriter
-from service.core.placement import make_placement_policy
+from service.core.policies import make_placement_policy
 from service.core.queue import make_queue_policy
 from service.core.scheduler import Scheduler
 from service.domain.request import RequestStatus

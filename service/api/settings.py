@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from learned.choice import DEFAULT_KIND, kind_from
-from service.core.placement import PLACEMENT_POLICIES
+from service.core.policies import PLACEMENT_POLICIES
 from service.core.queue import QUEUE_POLICIES
 from service.domain.error import InvalidInputError
 from service.graph.connection import Neo4jSettings
+
+LIVE_PLACEMENTS = ("container", "replica")  # what the executors can run: whole replicas
 
 
 def state_dir() -> Path:
@@ -41,9 +43,11 @@ class ServiceSettings:
         kind_from(self.cost_model)  # a known kind, else InvalidInputError
         if self.queue not in QUEUE_POLICIES:
             raise InvalidInputError(f"unknown queue policy {self.queue!r} (known: {', '.join(QUEUE_POLICIES)})")
-        if self.placement not in PLACEMENT_POLICIES:
-            raise InvalidInputError(f"unknown placement policy {self.placement!r} "
-                                    f"(known: {', '.join(PLACEMENT_POLICIES)})")
+        if self.placement not in LIVE_PLACEMENTS:
+            hint = (" (operator-level slices run in replay; live executors run whole replicas: use replica)"
+                    if self.placement in PLACEMENT_POLICIES else "")
+            raise InvalidInputError(f"unknown live placement policy {self.placement!r} "
+                                    f"(known: {', '.join(LIVE_PLACEMENTS)}){hint}")
         if self.executor_key is not None and (len(self.executor_key) < 16 or self.executor_key == self.admin_key):
             raise InvalidInputError("the executor key must have at least 16 characters and differ from the admin key "
                                     "(executors get a key of their own: SLICESCHED_EXECUTOR_KEY or an executor pool)")

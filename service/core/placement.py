@@ -6,7 +6,8 @@ remainder over the work each tenant brings, at least one replica each, tensor pa
 weights need it), with continuous batching and memory-aware admission inside, as vLLM does.
 It is sized with the *true* average load of the run, which a real operator only estimates.
 
-``slice`` starts from the same home devices and then fills idle windows across tenants: at
+``replica`` (the baseline for operator-level slices, :mod:`service.core.slicing`) starts from
+the same home devices and then fills idle windows across tenants with whole guest replicas: at
 every step it looks for tenants with a backlog, asks the candidate-slot search for devices
 with memory headroom where the tenant's weights can be made resident (a copy over NVLink or
 the network, charged by the simulator), judges the best candidates with the what-if
@@ -19,9 +20,8 @@ drained when idle. It never places work the simulator predicts would overflow me
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from service.core.scheduler import ClusterView, Decision, PlacementPolicy, ReplicaChange, WhatIfOutcome
 from service.core.slot import InputDep, Slot, SlotQuery, find_slots_in_memory
@@ -105,8 +105,9 @@ DeviceFinder = Callable[[ClusterView, str, int], list[tuple[str, ...]]]
 
 
 @dataclass
-class SlicePlacementPolicy:
-    """Fill idle windows across tenants, judged by the what-if simulator (see module doc).
+class ReplicaPlacementPolicy:
+    """Fill idle windows across tenants with guest replicas, judged by the what-if simulator
+    (see module doc).
     ``find_devices`` answers candidate device groups: :func:`candidate_groups` over the view's
     in-memory slot state by default (replay); the Cypher search over the GMG live."""
 
@@ -116,7 +117,7 @@ class SlicePlacementPolicy:
     idle_drain_s: float = 30.0  # a guest replica idle this long is drained
     max_guests_per_tenant: int = 4  # guest replicas per served model
     find_devices: DeviceFinder = field(default_factory=lambda: candidate_groups)
-    name: str = "slice"
+    name: str = "replica"
 
     def step(self, now_s: float, state: ClusterView) -> Decision:
         decision = Decision()
@@ -159,7 +160,7 @@ class SlicePlacementPolicy:
                 change = ReplicaChange(model, family_of[model], group)
                 baseline, outcome = state.what_if(change, self.horizon_s)
                 decision.num_whatifs += 1
-                if outcome is None or not _safe(outcome, baseline):
+                if outcome is None or not is_safe(outcome, baseline):
                     continue
                 gain = outcome.output_tokens - baseline.output_tokens
                 if gain > 0 and (best is None or gain > best[0]):
@@ -171,7 +172,7 @@ class SlicePlacementPolicy:
         return decision
 
 
-def _safe(outcome: WhatIfOutcome, baseline: WhatIfOutcome) -> bool:
+def is_safe(outcome: WhatIfOutcome, baseline: WhatIfOutcome) -> bool:
     """No memory violation, and no tenant with more (predicted) SLA violations than without."""
     if outcome.memory_violations > baseline.memory_violations:
         return False
@@ -233,30 +234,11 @@ def container_policy() -> PlacementPolicy:
     return ContainerPlacementPolicy()
 
 
-def slice_policy(*, find_devices: DeviceFinder | None = None, horizon_s: float = 20.0, max_candidates: int = 3,
-                 min_backlog: int = 2, idle_drain_s: float = 30.0, max_guests_per_tenant: int = 4) -> PlacementPolicy:
-    """The slice policy; ``find_devices`` is the candidate search (default: in memory)."""
-    policy = SlicePlacementPolicy(horizon_s=horizon_s, max_candidates=max_candidates, min_backlog=min_backlog,
+def replica_policy(*, find_devices: DeviceFinder | None = None, horizon_s: float = 20.0, max_candidates: int = 3,
+                   min_backlog: int = 2, idle_drain_s: float = 30.0, max_guests_per_tenant: int = 4) -> PlacementPolicy:
+    """The replica policy; ``find_devices`` is the candidate search (default: in memory)."""
+    policy = ReplicaPlacementPolicy(horizon_s=horizon_s, max_candidates=max_candidates, min_backlog=min_backlog,
                                   idle_drain_s=idle_drain_s, max_guests_per_tenant=max_guests_per_tenant)
     if find_devices is not None:
         policy.find_devices = find_devices
     return policy
-
-
-PLACEMENT_POLICIES: Mapping[str, Callable[..., PlacementPolicy]] = {"container": container_policy,
-                                                                     "slice": slice_policy}
-
-
-def make_placement_policy(name: str, *, find_devices: DeviceFinder | None = None, **params: Any) -> PlacementPolicy:
-    """The policy ``name`` built by its typed factory; ``find_devices`` is passed to policies
-    that search for devices (ignored by ``container``); unknown names and parameters are
-    ``InvalidInputError``."""
-    factory = PLACEMENT_POLICIES.get(name)
-    if factory is None:
-        raise InvalidInputError(f"unknown placement policy {name!r} (known: {', '.join(PLACEMENT_POLICIES)})")
-    if name == "slice":
-        params["find_devices"] = find_devices
-    try:
-        return factory(**params)
-    except TypeError as exc:
-        raise InvalidInputError(f"placement policy {name!r}: {exc}") from None

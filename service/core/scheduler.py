@@ -52,13 +52,28 @@ class DeviceInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class SliceSize:
+    """One slice of a model's cut at some quantum: its layers and what it needs resident."""
+
+    first_layer: int
+    last_layer: int  # inclusive
+    weight_bytes: int
+    kv_bytes_per_token: int  # KV of its layers per cached token
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaChange:
     """Add a replica of ``model_uid`` (of ``family``) on ``device_ids`` (weights copied from a
-    home replica over the links: it takes requests once they have arrived)."""
+    home replica over the links: it takes requests once they have arrived).
+
+    ``stages`` (operator-level slices): ``(device_id, first_layer, last_layer)`` per slice, in
+    execution order, covering every layer; ``device_ids`` are then their distinct devices in
+    order. Empty: a whole replica, tensor parallel over ``device_ids``."""
 
     model_uid: str
     family: str
     device_ids: tuple[str, ...]
+    stages: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +130,11 @@ class ClusterView(Protocol):
 
     def slot_state(self) -> ClusterState:
         """The candidate-slot view: devices, links, committed busy windows, resident bytes."""
+        ...
+
+    def slice_sizes(self, family: str, layers_per_slice: int) -> Sequence[SliceSize]:
+        """The family's cut into slices of ``layers_per_slice`` layers, in execution order
+        (``InvalidInputError`` when the quantum does not divide the layers)."""
         ...
 
     def iteration_s(self, family: str, tp: int) -> float:

@@ -46,7 +46,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--cluster", default="8xA100-nvlink", help="built-in cluster spec or a YAML/JSON file")
     p.add_argument("--tenants", default="a100-4tenants", help="built-in tenant mix or a YAML/JSON file")
     p.add_argument("--policy", action="append", default=[], metavar="QUEUE/PLACEMENT",
-                   help="e.g. fifo/container, sjf/slice (repeatable; default fifo/container and fifo/slice)")
+                   help="e.g. fifo/container, sjf/slice (repeatable; default fifo/container, fifo/replica and fifo/slice)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--duration", type=float, help="seconds of trace to replay (default: the mix's)")
     p.add_argument("--load", type=float, default=1.0, help="offered load as a multiple of the mix's rates")
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     from service.replay.report import plot_latency_cdfs, plot_load_sweep, plot_timeline
     from service.replay.runner import PolicyName, ReplayConfig, check_fits, run_policy, sustained_load
 
-    policies = [PolicyName.parse(p) for p in (args.policy or ["fifo/container", "fifo/slice"])]
+    policies = [PolicyName.parse(p) for p in (args.policy or ["fifo/container", "fifo/replica", "fifo/slice"])]
     cluster = load_cluster_spec(args.cluster)
     mix = load_mix(args.tenants)
     check_fits(cluster, mix)

@@ -25,7 +25,8 @@ import numpy as np
 
 from service.core.batching import SIM_BATCHING, BatchingConfig
 from service.core.cost import CostModel
-from service.core.placement import TenantDemand, container_replicas, make_placement_policy
+from service.core.placement import TenantDemand, container_replicas
+from service.core.policies import make_placement_policy
 from service.core.queue import make_queue_policy
 from service.core.scheduler import Scheduler
 from service.domain.cluster import ClusterSpec
@@ -174,7 +175,7 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
                ) -> tuple[PolicyResult, dict[str, list[tuple[float, float, str]]]]:
     started = time.perf_counter()
     queue = make_queue_policy(policy.queue)
-    params = config.slice_params if policy.placement == "slice" else {}
+    params = config.slice_params if policy.placement in ("replica", "slice") else {}
     scheduler = Scheduler(make_placement_policy(policy.placement, **params))
     horizon = config.horizon_s
     window = timeline_window_s or (horizon / 2, horizon / 2 + min(30.0, horizon / 4))
@@ -192,6 +193,7 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
     cluster.submit(workload)
     label = f"{policy} x{load_scale:g}"
     guests = whatifs = 0
+    notes: list[str] = []
     t = 0.0
     while t < horizon:
         t = min(horizon, t + config.interval_s)
@@ -200,12 +202,15 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
         decision, applied = scheduler.step_and_apply(t, view)
         whatifs += decision.num_whatifs
         guests += len(applied.added)
+        if len(notes) < 100:
+            notes += [f"t={t:.0f}s {n}" for n in decision.notes][:100 - len(notes)]
         if progress is not None:
             progress(label, t / horizon)
     cluster.run(until=horizon * config.cutoff_factor)
     result = summarise(str(policy), load_scale, workload, cluster.report(), horizon_s=horizon)
     result.num_guest_replicas = guests
     result.num_whatifs = whatifs
+    result.decisions = notes
     result.wall_s = time.perf_counter() - started
     return result, spans.spans
 

@@ -14,7 +14,7 @@ from service.core.admission import admit
 from service.core.memory import MemoryLedger
 from service.core.queue import QueuedRequest
 from service.domain.request import RequestSpec
-from service.sim.engine import IterationFinished
+from service.sim.engine import IterationFinished, StageReady
 from service.sim.iteration import weight_bytes
 from service.sim.replica import Live, Replica, remaining_after, run_max_gap
 from service.sim.resource import DeviceTimelines
@@ -57,7 +57,7 @@ class Batcher:
             return live.target + self.block_tokens
         return live.spec.prompt_tokens + live.spec.output_tokens
 
-    def start_iteration(self, r: Replica, now: float) -> IterationFinished | None:
+    def start_iteration(self, r: Replica, now: float) -> IterationFinished | StageReady | None:
         """Admit what fits and start the replica's next iteration; ``None`` when it has no work."""
         if r.spec.prefill_first:
             return self._start_prefill_first(r, now)
@@ -107,7 +107,7 @@ class Batcher:
         r.prefilling.append(live)
         return target
 
-    def _start_prefill_first(self, r: Replica, now: float) -> IterationFinished | None:
+    def _start_prefill_first(self, r: Replica, now: float) -> IterationFinished | StageReady | None:
         """vLLM v0's scheduling: whole prompts of the requests that fit (token budget, sequence
         limit, KV), in an iteration of their own; a decode iteration when none does."""
         budget = r.spec.max_batched_tokens
@@ -135,18 +135,23 @@ class Batcher:
         return self._run(r, now, [], 0, 0, 0, r.num_decodes)
 
     def _run(self, r: Replica, now: float, chunks: list[tuple[Live, int]], p: int, pairs: int, kv_p: int,
-             decodes: int, *, decodes_paused: bool = False) -> IterationFinished:
-        """Start an iteration of ``chunks`` prefill work and ``decodes`` decodes."""
+             decodes: int, *, decodes_paused: bool = False) -> IterationFinished | StageReady:
+        """Start an iteration of ``chunks`` prefill work and ``decodes`` decodes: a whole
+        iteration on the replica's devices, or (sliced) its first slice, ready now."""
         duration = r.table.latency_s(p, pairs, kv_p, len(chunks), decodes, r.decode_context_sum if decodes else 0)
-        start = self.timelines.earliest_window(r.device_ids, now, duration)
-        end = start + duration
         act = int((p + decodes) * r.act_bytes_per_token)
         r.act_allocs = [self.ledger.overflow(d, "activation", r.spec.replica_id, act, at_s=now)
                         for d in r.device_ids]
         r.current = chunks
-        r.current_start_s = start
         r.decodes_paused = decodes_paused
         r.busy = True
+        if r.spec.stages:
+            r.iteration_s = duration
+            r.current_start_s = now
+            return StageReady(time_s=now, replica_id=r.spec.replica_id, iteration=r.iteration, stage=0)
+        start = self.timelines.earliest_window(r.device_ids, now, duration)
+        end = start + duration
+        r.current_start_s = start
         self.timelines.occupy(r.device_ids, end)
         return IterationFinished(time_s=end, replica_id=r.spec.replica_id, iteration=r.iteration)
 
@@ -290,24 +295,24 @@ class Batcher:
     def _fits(self, r: Replica, tokens: int) -> bool:
         """Whether the replica's KV can be ``tokens`` tokens with room left for the activations
         of a full iteration (growth may use the admission watermark, as vLLM's does)."""
-        size = math.ceil(tokens * r.kv_bytes_per_token)
         act = int(r.spec.max_batched_tokens * r.act_bytes_per_token)
         return all(size - a.size_bytes <= self.ledger.free_bytes(d) - act
-                   for d, a in zip(r.device_ids, r.kv_allocs, strict=True))
+                   for d, a, size in zip(r.device_ids, r.kv_allocs, _kv_sizes(r, tokens), strict=True))
 
     def resize_kv(self, r: Replica, tokens: int, now: float, *, force: bool, watermark: bool = False) -> bool:
         """Set the replica's KV to ``tokens`` tokens on all its devices; False (unchanged) if
         it does not fit (under the watermark too, for admissions) and ``force`` is off."""
-        size = math.ceil(tokens * r.kv_bytes_per_token)
+        sizes = _kv_sizes(r, tokens)
         ledger = self.ledger
         if not force:
-            for d, a in zip(r.device_ids, r.kv_allocs, strict=True):
+            for d, a, size in zip(r.device_ids, r.kv_allocs, sizes, strict=True):
                 # Admission keeps room for the watermark and this iteration's activations.
                 reserve = (int(self.kv_watermark_fraction * ledger.capacity_bytes(d))
                            + int(r.spec.max_batched_tokens * r.act_bytes_per_token)) if watermark else 0
                 if size - a.size_bytes > ledger.free_bytes(d) - reserve:
                     return False
-        r.kv_allocs = [ledger.resize(a, size, at_s=now, force=True) or a for a in r.kv_allocs]
+        r.kv_allocs = [ledger.resize(a, size, at_s=now, force=True) or a
+                       for a, size in zip(r.kv_allocs, sizes, strict=True)]
         r.kv_tokens = tokens
         return True
 
@@ -316,7 +321,22 @@ class Batcher:
         need = ((req.prompt_tokens + req.output_tokens) * r.kv_bytes_per_token
                 + r.spec.max_batched_tokens * r.act_bytes_per_token
                 + self.kv_watermark_fraction * self.ledger.capacity_bytes(r.device_ids[0]))
+        if r.kv_scale:  # sliced: each device holds its layers' weights and share of the KV
+            act = r.spec.max_batched_tokens * r.act_bytes_per_token
+            kv = (req.prompt_tokens + req.output_tokens) * r.kv_bytes_per_token
+            return all(kv * k + act + self.kv_watermark_fraction * self.ledger.capacity_bytes(d)
+                       <= self.ledger.limit_bytes(d) - w
+                       for d, k, w in zip(r.device_ids, r.kv_scale, r.weights_on, strict=True))
         weights = -(-weight_bytes(r.config) // r.tp)
         return all(need <= self.ledger.limit_bytes(d) - weights for d in r.device_ids)
+
+
+def _kv_sizes(r: Replica, tokens: int) -> list[int]:
+    """KV bytes on each of the replica's devices for ``tokens`` tokens (tensor parallel: an
+    equal shard each; sliced: each device's share of the layers)."""
+    if r.kv_scale:
+        total = tokens * r.kv_bytes_per_token
+        return [math.ceil(total * k) for k in r.kv_scale]
+    return [math.ceil(tokens * r.kv_bytes_per_token)] * len(r.device_ids)
 
 

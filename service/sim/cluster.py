@@ -43,10 +43,13 @@ from service.sim.engine import (
     IterationFinished,
     RequestArrived,
     SliceFinished,
+    StageFinished,
+    StageReady,
     StepRequested,
     TransferFinished,
 )
 from service.sim.iteration import IterationCostTable, weight_bytes
+from service.sim.pipeline import SlicedReplicas
 from service.sim.replica import (
     Live,
     OutputEstimator,
@@ -71,7 +74,7 @@ __all__ = [
 Router = Callable[[RequestSpec, Sequence[str], "SimulatedCluster"], str]
 
 
-class SimulatedCluster(PlacedSlices):
+class SimulatedCluster(PlacedSlices, SlicedReplicas):
     """The cluster under simulation. Construct, :meth:`submit` requests, :meth:`run`, then
     :meth:`report`. The scheduler may :meth:`commit` slices at the current time between runs.
 
@@ -133,6 +136,8 @@ class SimulatedCluster(PlacedSlices):
         engine.on(IterationFinished, self._on_iteration_finished)
         engine.on(SliceFinished, self._on_slice_finished)
         engine.on(TransferFinished, self._on_transfer_finished)
+        engine.on(StageReady, self._on_stage_ready)
+        engine.on(StageFinished, self._on_stage_finished)
 
     def _add_replica(self, rs: ReplicaSpec) -> None:
         if rs.replica_id in self.state.replicas:
@@ -258,15 +263,18 @@ class SimulatedCluster(PlacedSlices):
 
     def _start_iteration(self, r: Replica, now: float) -> list[Event]:
         ev = self._batcher.start_iteration(r, now)
-        return [] if ev is None else [ev]
+        if ev is None:  # idle: an owner gives its devices to the guest slices waiting there
+            return self._serve_guests(r.device_ids, now) if not r.spec.guest else []
+        return [ev]
 
     def _on_iteration_finished(self, ev: IterationFinished) -> list[Event]:
         now = ev.time_s
         st = self.state
         r = st.replicas[ev.replica_id]
-        for d in r.device_ids:
-            for obs in self._observers:
-                obs.slice_executed(d, r.current_start_s, now, r.spec.replica_id)
+        if not r.spec.stages:  # a sliced replica's slices were reported one by one
+            for d in r.device_ids:
+                for obs in self._observers:
+                    obs.slice_executed(d, r.current_start_s, now, r.spec.replica_id)
         finished, kv_delta, tokens = self._batcher.finish_iteration(r, now)
         st.tokens_out += tokens
         for live in finished:
@@ -275,7 +283,8 @@ class SimulatedCluster(PlacedSlices):
             st.last_active_s[ev.replica_id] = now
             if ev.replica_id in st.draining and r.load() == 0:
                 return self._remove_replica(ev.replica_id, now)
-        follow = self._start_iteration(r, now)
+        follow = self._guest_in_gap(r, now) if not r.spec.guest else []
+        follow += self._start_iteration(r, now)
         if kv_delta < 0 and st.shared:
             follow += self._wake_idle(r.device_ids, now)
         return follow
@@ -322,7 +331,7 @@ class SimulatedCluster(PlacedSlices):
         links = self.state.links
 
         def keep(ev: Event) -> bool:
-            if isinstance(ev, (IterationFinished, StepRequested)):
+            if isinstance(ev, (IterationFinished, StepRequested, StageReady, StageFinished)):
                 return ev.replica_id in replicas
             if isinstance(ev, SliceFinished):
                 return ev.slice_id in state.slices
@@ -357,14 +366,12 @@ class SimulatedCluster(PlacedSlices):
         now = self.engine.now_s
         ready = now
         if weights_from is not None:
-            shard = -(-weight_bytes(self._configs[spec.model]) // len(spec.device_ids))
-            for d in spec.device_ids:
+            r = st.replicas[spec.replica_id]
+            shards = r.weights_on or (-(-weight_bytes(self._configs[spec.model]) // len(spec.device_ids)),) * r.tp
+            for d, shard in zip(spec.device_ids, shards, strict=True):
                 if d == weights_from:
                     continue
-                tt = self.transfer(weights_from, d, shard)
-                buf = st.transfer_buffers.pop(tt.transfer_id, None)
-                if buf is not None:  # the weights allocation already holds these bytes
-                    self.ledger.free(buf)
+                tt = self.transfer(weights_from, d, shard, buffer=False)  # into the weights allocation
                 ready = max(ready, tt.arrival_s)
         st.ready_at[spec.replica_id] = ready
         st.last_active_s[spec.replica_id] = ready

@@ -23,6 +23,10 @@ class SimConfig:
     # vLLM does) or "reserve" (a request's prompt plus whole output reserved at admission).
     kv: str = "paged"
     kv_block_tokens: int = 16  # tokens per KV block (paged): each sequence rounds up to a block
+    # Owner priority for guest slices (service.sim.pipeline): between two owner iterations a
+    # waiting guest slice runs if the owner's last iteration plus the slice's p90 is within this
+    # fraction of the owner's tightest TPOT target.
+    guest_slack_fraction: float = 0.8
     record_token_gaps: bool = False  # keep every inter-token gap (``SimulatedCluster.token_gaps``): for TBT percentiles
 
     def __post_init__(self) -> None:
@@ -31,6 +35,9 @@ class SimConfig:
         if self.kv_block_tokens < 1:
             raise InvalidInputError(f"sim config: kv_block_tokens must be >= 1, got {self.kv_block_tokens}",
                                     culprit="kv_block_tokens")
+        if not (0.0 <= self.guest_slack_fraction <= 1.0):
+            raise InvalidInputError(f"sim config: guest_slack_fraction must be in [0, 1], got {self.guest_slack_fraction}",
+                                    culprit="guest_slack_fraction")
         for name in ("margin_fraction", "kv_watermark_fraction"):
             value = getattr(self, name)
             if not (0.0 <= value < 1.0) or math.isnan(value):

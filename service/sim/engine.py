@@ -51,6 +51,24 @@ class SliceFinished(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StageReady(Event):
+    """Slice ``stage`` of a sliced replica's iteration has its inputs on its device."""
+
+    replica_id: str
+    iteration: int
+    stage: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageFinished(Event):
+    """Slice ``stage`` of a sliced replica's iteration has run."""
+
+    replica_id: str
+    iteration: int
+    stage: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestArrived(Event):
     """``request`` reached the cluster and wants a replica of its model."""
 
@@ -69,7 +87,7 @@ class StepRequested(Event):
 # arrivals of an instant are queued before an idle replica forms its batch, so simultaneous
 # arrivals share one iteration instead of the first one running alone.
 SAME_TIME_ORDER: tuple[type[Event], ...] = (
-    TransferFinished, IterationFinished, SliceFinished, RequestArrived, StepRequested,
+    TransferFinished, IterationFinished, SliceFinished, StageFinished, RequestArrived, StepRequested, StageReady,
 )
 for _rank, _kind in enumerate(SAME_TIME_ORDER):
     _kind.priority = _rank

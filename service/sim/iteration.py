@@ -17,6 +17,7 @@ the memoised latency is a slightly pessimistic, deterministic function of the ba
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,7 +29,9 @@ from service.core.cost import (
     OpFeatures,
     StackedCostModel,
 )
+from service.core.scheduler import SliceSize
 from service.domain.cluster import Device, Link
+from service.domain.error import InvalidInputError
 from service.domain.opgraph import DTYPE_BYTES
 from service.models.family import ModelConfig
 
@@ -40,6 +43,35 @@ def dtype_bytes(config: ModelConfig) -> int:
 def weight_bytes(config: ModelConfig) -> int:
     """Bytes of all parameters of the model (tied weights counted once)."""
     return config.num_params() * dtype_bytes(config)
+
+
+def layers_weight_bytes(config: ModelConfig, first_layer: int, last_layer: int) -> int:
+    """Weight bytes a slice of layers ``first_layer..last_layer`` (inclusive) needs resident:
+    its layers' parameters, plus the token (and position) embedding when it starts the model and
+    the final norm and output projection when it ends it (a tied GPT-2 head is a second copy of
+    the embedding there when the two ends sit on different devices)."""
+    d, v, n = config.d_model, config.vocab_size, config.n_layers
+    tied = config.style == "gpt2"
+    embed = v * d + (config.max_seq_len * d if tied else 0)
+    head = 2 * d if tied else d + d * v  # final norm (GPT-2: plus its bias) and the output projection
+    params = (config.num_params() - embed - head) / n * (last_layer - first_layer + 1)
+    if first_layer == 0:
+        params += embed
+    if last_layer == n - 1:
+        params += head + (d * v if tied and first_layer != 0 else 0)
+    return math.ceil(params) * dtype_bytes(config)
+
+
+def slice_sizes(config: ModelConfig, layers_per_slice: int) -> list[SliceSize]:
+    """The model cut into slices of ``layers_per_slice`` consecutive layers, with the weight
+    and KV bytes each needs (``InvalidInputError`` when the quantum does not divide)."""
+    n = config.n_layers
+    if layers_per_slice < 1 or n % layers_per_slice:
+        raise InvalidInputError(f"a slice of {layers_per_slice} layers does not divide {config.name}'s {n} layers",
+                                culprit=str(layers_per_slice))
+    kv = kv_bytes_per_token(config) // n * layers_per_slice
+    return [SliceSize(a, a + layers_per_slice - 1, layers_weight_bytes(config, a, a + layers_per_slice - 1), kv)
+            for a in range(0, n, layers_per_slice)]
 
 
 def kv_bytes_per_token(config: ModelConfig) -> int:

@@ -40,12 +40,34 @@ from service.domain.cluster import ClusterSpec, Device
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec
 from service.models.family import ModelConfig
-from service.sim.iteration import IterationCostTable, activation_bytes_per_token, kv_bytes_per_token, weight_bytes
+from service.sim.iteration import (
+    BatchFeatures,
+    IterationCostTable,
+    activation_bytes_per_token,
+    iteration_ops,
+    kv_bytes_per_token,
+    layers_weight_bytes,
+    weight_bytes,
+)
 from service.sim.report import RequestOutcome
 from service.sim.sla import SlaClass
 
-__all__ = ["Live", "OutputEstimator", "Replica", "ReplicaSpec", "build_replica", "dropped_outcome",
+__all__ = ["Live", "OutputEstimator", "Replica", "ReplicaSpec", "SliceStage", "build_replica", "dropped_outcome",
            "request_outcome"]
+
+
+@dataclass(frozen=True, slots=True)
+class SliceStage:
+    """One slice of a sliced replica's iteration: layers ``first_layer..last_layer`` (inclusive)
+    run on ``device_id`` (see :mod:`service.sim.pipeline`)."""
+
+    device_id: str
+    first_layer: int
+    last_layer: int
+
+    @property
+    def num_layers(self) -> int:
+        return self.last_layer - self.first_layer + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +80,9 @@ class ReplicaSpec:
     prefill_first: bool = SIM_BATCHING.prefill_first  # whole-prompt prefill iterations, decodes paused (vLLM v0)
     tenant_id: str | None = None  # serves only this tenant's requests (None: any tenant of the model)
     guest: bool = False  # added at run time outside the tenant's home devices
+    # Operator-level slices: each iteration runs as these slices in order, each on its device
+    # (``device_ids`` are their distinct devices); empty: whole iterations on ``device_ids``.
+    stages: tuple[SliceStage, ...] = ()
 
 
 class OutputEstimator(Protocol):
@@ -122,6 +147,14 @@ class Replica:
     run_starts: list[tuple[float, int]] = field(default_factory=list)  # decode runs begun since the last step: (time, n)
     step_pending: bool = False
     current_start_s: float = 0.0
+    # Sliced replicas only (``spec.stages``): per device (in ``device_ids`` order) the share of
+    # the model's KV it holds and its weight bytes; per stage the share of an iteration's cost.
+    kv_scale: tuple[float, ...] = ()
+    weights_on: tuple[int, ...] = ()
+    stage_share: tuple[float, ...] = ()
+    p90_ratio: float = 1.0  # the cost model's p90 over p50 for an iteration of this model
+    iteration_s: float = 0.0  # the current iteration's single-device duration (sliced)
+    stage_start_s: float = 0.0  # when the current slice started (sliced)
 
     @property
     def device_ids(self) -> tuple[str, ...]:
@@ -173,6 +206,9 @@ def build_replica(rs: ReplicaSpec, *, cluster: ClusterSpec, devices: Mapping[str
         if d not in devices:
             raise InvalidInputError(f"replica {rs.replica_id}: unknown device {d!r}", culprit=d)
     config = configs[rs.model]
+    if rs.stages:
+        return _build_sliced(rs, config, devices=devices, cost_model=cost_model, overheads=overheads,
+                             ledger=ledger, waiting=waiting)
     tp = len(rs.device_ids)
     link = cluster.link(rs.device_ids[0], rs.device_ids[1]) if tp > 1 else None
     if tp > 1 and link is None:
@@ -194,6 +230,56 @@ def build_replica(rs: ReplicaSpec, *, cluster: ClusterSpec, devices: Mapping[str
                    act_bytes_per_token=activation_bytes_per_token(config) / tp, waiting=waiting, preempted=FifoQueue(),
                    kv_allocs=kv_allocs, act_allocs=[], prefilling=deque(), finishing={}, current=[],
                    decoding_by_tenant={}, ends=np.zeros(1024))
+
+
+def _build_sliced(rs: ReplicaSpec, config: ModelConfig, *, devices: Mapping[str, Device], cost_model: CostModel,
+                  overheads: Mapping[str, IterationOverhead], ledger: MemoryLedger,
+                  waiting: WaitingQueue[Live]) -> Replica:
+    """A replica whose iterations run as slices of consecutive layers, each on its device:
+    weights and KV of a layer live where it runs (nothing allocated if any check fails)."""
+    stages = rs.stages
+    expect = 0
+    for st in stages:
+        if st.device_id not in devices:
+            raise InvalidInputError(f"replica {rs.replica_id}: unknown device {st.device_id!r}", culprit=st.device_id)
+        if st.first_layer != expect or st.last_layer < st.first_layer:
+            raise InvalidInputError(f"replica {rs.replica_id}: slices must cover layers 0..{config.n_layers - 1} "
+                                    f"in order (got {st.first_layer}..{st.last_layer} after {expect - 1})",
+                                    culprit=rs.replica_id)
+        expect = st.last_layer + 1
+    if expect != config.n_layers:
+        raise InvalidInputError(f"replica {rs.replica_id}: slices end at layer {expect - 1}, "
+                                f"{rs.model} has {config.n_layers}", culprit=rs.replica_id)
+    order = tuple(dict.fromkeys(st.device_id for st in stages))
+    if order != rs.device_ids:
+        raise InvalidInputError(f"replica {rs.replica_id}: device_ids must be the slices' devices in order",
+                                culprit=rs.replica_id)
+    weights = dict.fromkeys(order, 0)
+    layers = dict.fromkeys(order, 0)
+    for st in stages:
+        weights[st.device_id] += layers_weight_bytes(config, st.first_layer, st.last_layer)
+        layers[st.device_id] += st.num_layers
+    kv_allocs: list[Allocation] = []
+    for d in order:
+        if ledger.allocate(d, "weights", f"{rs.replica_id}/weights", weights[d]) is None:
+            for got in [a for dev in order for a in ledger.allocations(dev) if a.owner == f"{rs.replica_id}/weights"]:
+                ledger.free(got)
+            raise InvalidInputError(f"replica {rs.replica_id}: {weights[d]} weight bytes do not fit on {d}", culprit=d)
+        kv = ledger.allocate(d, "kv_cache", f"{rs.replica_id}/kv", 0)
+        if kv is None:  # an empty allocation always fits
+            raise InvalidInputError(f"replica {rs.replica_id}: no KV allocation on {d}", culprit=d)
+        kv_allocs.append(kv)
+    first = devices[order[0]]
+    table = IterationCostTable(config, cost_model, first, overhead=overheads.get(rs.model))
+    probe = iteration_ops(config, BatchFeatures(num_decodes=8, decode_context_sum=8 * 512, logits_rows=8))
+    lat = cost_model.predict(probe, first)
+    n = config.n_layers
+    return Replica(spec=rs, config=config, table=table, kv_bytes_per_token=kv_bytes_per_token(config),
+                   act_bytes_per_token=activation_bytes_per_token(config), waiting=waiting, preempted=FifoQueue(),
+                   kv_allocs=kv_allocs, act_allocs=[], prefilling=deque(), finishing={}, current=[],
+                   decoding_by_tenant={}, ends=np.zeros(1024), kv_scale=tuple(layers[d] / n for d in order),
+                   weights_on=tuple(weights[d] for d in order), stage_share=tuple(st.num_layers / n for st in stages),
+                   p90_ratio=max(1.0, lat.p90_s / lat.p50_s) if lat.p50_s > 0 else 1.0)
 
 
 def remaining_after(live: Live) -> int:

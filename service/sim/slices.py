@@ -60,17 +60,19 @@ class PlacedSlices:
         self.engine.schedule(SliceFinished(time_s=timing.finish_s, slice_id=slice_spec.slice_id))
         return timing
 
-    def transfer(self, src: str, dst: str, size_bytes: int) -> TransferTiming:
+    def transfer(self, src: str, dst: str, size_bytes: int, *, buffer: bool = True) -> TransferTiming:
         """Send ``size_bytes`` from ``src`` to ``dst`` now (FIFO on the directed link); the
-        destination holds a transfer buffer until the consumer frees it."""
+        destination holds a transfer buffer until the consumer frees it (``buffer=False``: the
+        bytes land in memory the destination already holds, e.g. copied weights)."""
         link = self.spec.link(src, dst)
         if link is None:
             raise InvalidInputError(f"no link from {src} to {dst}", culprit=f"{src}->{dst}")
         now = self.engine.now_s
         timing = self.state.links.send(link, size_bytes, now)
         tid = timing.transfer_id
-        self.state.transfer_buffers[tid] = self.ledger.overflow(dst, "transfer_buffer", f"transfer/{tid}",
-                                                                size_bytes, at_s=now)
+        if buffer:
+            self.state.transfer_buffers[tid] = self.ledger.overflow(dst, "transfer_buffer", f"transfer/{tid}",
+                                                                    size_bytes, at_s=now)
         self.engine.schedule(TransferFinished(time_s=timing.arrival_s, transfer_id=tid))
         return timing
 

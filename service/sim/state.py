@@ -70,6 +70,10 @@ def _draining(value: set[str], scope: ForkScope) -> set[str]:
     return value & scope.replica_ids
 
 
+def _guests_kept(value: dict[str, list[tuple[str, int, int]]], scope: ForkScope) -> dict[str, list[tuple[str, int, int]]]:
+    return {d: [x for x in q if x[0] in scope.replica_ids] for d, q in value.items()}
+
+
 def _none_arrived(value: list[RequestSpec], scope: ForkScope) -> list[RequestSpec]:
     return []  # a fork predicts the work already in the system: it forecasts from no history
 
@@ -96,13 +100,15 @@ class SimState:
     last_active_s: dict[str, float] = field(metadata=_forked(_copied))
     arrived: list[RequestSpec] = field(metadata=_forked(_none_arrived))  # in arrival order, for load forecasts
     tokens_out: int = field(metadata=_forked(_same))  # output tokens produced so far, all replicas
+    # device -> guest slices ready to run there, waiting for the owner: (replica, iteration, stage)
+    guest_waiting: dict[str, list[tuple[str, int, int]]] = field(metadata=_forked(_guests_kept))
 
     @staticmethod
     def empty(device_ids: list[str], ledger: MemoryLedger, rng: np.random.Generator) -> SimState:
         return SimState(rng=rng, ledger=ledger, timelines=DeviceTimelines(device_ids), links=Links(), replicas={},
                         by_model={}, by_device={d: [] for d in device_ids}, shared=False, served={}, slices={},
                         slice_timings={}, transfer_buffers={}, dynamic=False, ready_at={}, draining=set(),
-                        last_active_s={}, arrived=[], tokens_out=0)
+                        last_active_s={}, arrived=[], tokens_out=0, guest_waiting={d: [] for d in device_ids})
 
     def fork(self, scope: ForkScope) -> SimState:
         """A copy sharing nothing mutable with this state, restricted to ``scope``."""

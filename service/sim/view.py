@@ -18,6 +18,7 @@ from service.core.scheduler import (
     DeviceInfo,
     ReplicaChange,
     ReplicaInfo,
+    SliceSize,
     WhatIfOutcome,
 )
 from service.core.slot import ClusterState, DeviceView, LinkView, Placement
@@ -25,7 +26,8 @@ from service.domain.cluster import ClusterSpec
 from service.domain.error import InvalidInputError
 from service.models.family import MODEL_CONFIGS
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
-from service.sim.iteration import BatchFeatures, IterationCostTable, kv_bytes_per_token, weight_bytes
+from service.sim.iteration import BatchFeatures, IterationCostTable, kv_bytes_per_token, slice_sizes, weight_bytes
+from service.sim.replica import SliceStage
 from service.sim.whatif import WhatIf
 
 
@@ -122,6 +124,9 @@ class SimClusterView:
     def weight_bytes(self, family: str) -> int:
         return weight_bytes(MODEL_CONFIGS[family])
 
+    def slice_sizes(self, family: str, layers_per_slice: int) -> Sequence[SliceSize]:
+        return slice_sizes(MODEL_CONFIGS[family], layers_per_slice)
+
     def kv_reserve_bytes(self, family: str) -> int:
         return self.batching.kv_reserve_tokens * kv_bytes_per_token(MODEL_CONFIGS[family])
 
@@ -162,7 +167,8 @@ class SimClusterView:
     def _spec(self, rid: str, tenant: str, change: ReplicaChange) -> ReplicaSpec:
         chunk = self.tenant_chunks.get(tenant, self.batching.max_batched_tokens)
         return ReplicaSpec(rid, change.family, change.device_ids, max_batched_tokens=chunk,
-                           max_num_seqs=self.batching.max_num_seqs, tenant_id=tenant, guest=True)
+                           max_num_seqs=self.batching.max_num_seqs, tenant_id=tenant, guest=True,
+                           stages=tuple(SliceStage(*st) for st in change.stages))
 
     def _source(self, homes: Sequence[str], change: ReplicaChange) -> str | None:
         """The home device to copy weights from: one with a link to the first target device."""

@@ -176,9 +176,9 @@ def test_cancel_and_whatif(client: TestClient, uid: str) -> None:
     assert r.json()["feasible"] and r.json()["baseline"]["memory_violations"] == 0
     assert client.post("/v1/whatif", json={"tenant_id": f"c{uid}", "model_id": "m", "device_ids": ["nope"]},
                        headers=auth(ADMIN)).status_code == 400
-    policy = client.post("/v1/whatif", json={"placement": "slice", "horizon_s": 5}, headers=auth(ADMIN))
+    policy = client.post("/v1/whatif", json={"placement": "replica", "horizon_s": 5}, headers=auth(ADMIN))
     assert policy.status_code == 200 and policy.json()["add"] == []  # nothing waiting: nothing to gain
-    assert client.post("/v1/whatif", json={"placement": "slice", "device_ids": ["x"]},
+    assert client.post("/v1/whatif", json={"placement": "replica", "device_ids": ["x"]},
                        headers=auth(ADMIN)).status_code == 400
     assert client.post("/v1/whatif", json={"tenant_id": f"c{uid}", "model_id": "m", "device_ids": ["x"]},
                        headers=auth(key)).status_code == 403
@@ -264,7 +264,7 @@ def test_booleans_and_strings_are_not_numbers(client: TestClient, uid: str) -> N
         ("/v1/executors", {**executor, "devices": [{"device_id": "cpu:0", "mem_bytes": True}]}, auth(EXECUTOR)),
         ("/v1/leases/poll", {"executor_id": f"st{uid}e", "max_leases": True}, auth(EXECUTOR)),
         ("/v1/leases/poll", {"executor_id": f"st{uid}e", "wait_s": True}, auth(EXECUTOR)),
-        ("/v1/whatif", {"placement": "slice", "horizon_s": True}, auth(ADMIN)),
+        ("/v1/whatif", {"placement": "replica", "horizon_s": True}, auth(ADMIN)),
     ]
     for path, body, headers in cases:
         r = client.post(path, json=body, headers=headers)

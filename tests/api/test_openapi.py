@@ -89,7 +89,7 @@ def test_real_answers_validate_against_their_declared_model(make_client: Callabl
     call("POST", "/v1/requests/{request_id}/cancel", f"/v1/requests/{leases[2]['request_id']}/cancel", key=key)
     call("POST", "/v1/whatif", json={"tenant_id": tenant, "model_id": "m", "device_ids": [f"{other}/cpu:0"],
                                      "horizon_s": 5})
-    call("POST", "/v1/whatif", json={"placement": "slice", "horizon_s": 5})
+    call("POST", "/v1/whatif", json={"placement": "replica", "horizon_s": 5})
     call("POST", "/v1/inspect", json={"query": "MATCH (t:Tenant {tenant_id: $t}) RETURN t, 1 AS one",
                                       "params": {"t": tenant}})
     call("GET", "/healthz")

@@ -1,4 +1,4 @@
-"""Placement: container sizing, run-time replicas in the simulator, and the slice policy."""
+"""Placement: container sizing, run-time replicas in the simulator, and the replica and slice policies."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import pytest
 
 from learned.roofline import RooflineCostModel
 from service.cluster.spec import load_cluster_spec
-from service.core.placement import ContainerPlacementPolicy, SlicePlacementPolicy, TenantDemand, container_replicas
+from service.core.placement import ContainerPlacementPolicy, ReplicaPlacementPolicy, TenantDemand, container_replicas
 from service.core.scheduler import Decision, ReplicaChange, Scheduler
+from service.core.slicing import SlicePlacementPolicy
 from service.domain.error import InvalidInputError, InvariantError
 from service.domain.request import RequestSpec, Workload
 from service.models.family import MODEL_CONFIGS
@@ -107,10 +108,12 @@ def test_draining_moves_queued_work_and_frees_memory() -> None:
     assert len(c.report().requests) == 200
 
 
-def test_slice_policy_fills_an_idle_device_and_never_overflows_memory() -> None:
+@pytest.mark.parametrize("placement", ["replica", "slice"])
+def test_replica_and_slice_policies_fill_an_idle_device_and_never_overflow_memory(placement: str) -> None:
     from service.sim.view import SimClusterView
 
-    def run(policy: ContainerPlacementPolicy | SlicePlacementPolicy) -> tuple[float, int, int]:
+    def run(policy: ContainerPlacementPolicy | ReplicaPlacementPolicy | SlicePlacementPolicy
+            ) -> tuple[float, int, int]:
         c = two_tenant_cluster()
         view = SimClusterView(c)
         sched = Scheduler(policy)
@@ -129,7 +132,8 @@ def test_slice_policy_fills_an_idle_device_and_never_overflows_memory() -> None:
         return tokens, guests, len(c.report().violations)
 
     base_tokens, base_guests, _ = run(ContainerPlacementPolicy())
-    slice_tokens, guests, violations = run(SlicePlacementPolicy(horizon_s=10.0))
+    policy = ReplicaPlacementPolicy(horizon_s=10.0) if placement == "replica" else SlicePlacementPolicy(horizon_s=10.0)
+    slice_tokens, guests, violations = run(policy)
     assert base_guests == 0 and guests >= 1
     assert slice_tokens > 1.2 * base_tokens
     assert violations == 0
