@@ -34,6 +34,7 @@ from service.domain.error import InvalidInputError
 from service.domain.request import Workload
 from service.models.family import MODEL_CONFIGS
 from service.replay.mix import TenantMix, build_workload
+from service.replay.oracle import ORACLE_ELASTIC, OracleElastic
 from service.replay.report import PolicyResult, summarise
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
 from service.sim.config import SimConfig
@@ -54,7 +55,8 @@ class PolicyName:
         if not sep or not queue or not placement:
             raise InvalidInputError(f"a policy is QUEUE/PLACEMENT (e.g. fifo/container), got {text!r}")
         make_queue_policy(queue)  # validates the names
-        make_placement_policy(placement)
+        if placement != ORACLE_ELASTIC:  # the ceiling is replay-only, not a placement policy
+            make_placement_policy(placement)
         return PolicyName(queue, placement)
 
     def __str__(self) -> str:
@@ -176,7 +178,8 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
     started = time.perf_counter()
     queue = make_queue_policy(policy.queue)
     params = config.slice_params if policy.placement in ("replica", "slice") else {}
-    scheduler = Scheduler(make_placement_policy(policy.placement, **params))
+    oracle = policy.placement == ORACLE_ELASTIC
+    scheduler = Scheduler(make_placement_policy("container" if oracle else policy.placement, **params))
     horizon = config.horizon_s
     window = timeline_window_s or (horizon / 2, horizon / 2 + min(30.0, horizon / 4))
     spans = SpanRecorder(window)
@@ -190,14 +193,26 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
         estimator=fitted_estimator(config) if queue.needs_estimate or policy.queue != "fifo" else None,
         tenant_priority=priority, tenant_weight=weight, observers=[spans])
     view = SimClusterView(cluster, batching=config.batching, tenant_chunks=tenant_chunks(config, homes))
+    elastic = None
+    if oracle:
+        elastic = OracleElastic(
+            workload, [(t.tenant_id, t.model) for t in config.mix.tenants], cluster=cluster,
+            interval_s=config.interval_s, kv_reserve_tokens=config.batching.kv_reserve_tokens,
+            max_num_seqs=config.batching.max_num_seqs,
+            chunk=lambda t, m, tp: chunk_tokens(config, m, config.mix.tenant(t).sla_class, tp))
     cluster.submit(workload)
     label = f"{policy} x{load_scale:g}"
     guests = whatifs = 0
     notes: list[str] = []
     t = 0.0
+    if elastic is not None:
+        guests += elastic.step(0.0)
     while t < horizon:
         t = min(horizon, t + config.interval_s)
         cluster.run(until=t)
+        if elastic is not None:
+            guests += elastic.step(t)
+            continue
         view.mark()
         decision, applied = scheduler.step_and_apply(t, view)
         whatifs += decision.num_whatifs

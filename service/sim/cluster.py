@@ -270,7 +270,9 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
     def _on_iteration_finished(self, ev: IterationFinished) -> list[Event]:
         now = ev.time_s
         st = self.state
-        r = st.replicas[ev.replica_id]
+        r = st.replicas.get(ev.replica_id)
+        if r is None or r.iteration != ev.iteration:  # evicted (service.sim.elastic): abandoned
+            return []
         if not r.spec.stages:  # a sliced replica's slices were reported one by one
             for d in r.device_ids:
                 for obs in self._observers:
