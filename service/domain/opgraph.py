@@ -94,6 +94,13 @@ class OperatorGraph:
         return out
 
     @property
+    def num_tokens(self) -> int:
+        """Tokens one iteration at this shape processes: ``batch * tokens`` (prefill), ``batch``
+        (decode: one new token per sequence)."""
+        per_sequence = self.shape.get("tokens", 1) if self.phase == "prefill" else 1
+        return self.shape.get("batch", 1) * per_sequence
+
+    @property
     def total_flops(self) -> int:
         return sum(op.flops for op in self.operators)
 

@@ -77,6 +77,7 @@ class ModelStore(GraphStore):
             "model_id": model_id, "name": graph.model_name, "style": cfg.get("style"),
             "dtype": cfg.get("dtype"), "num_layers": cfg.get("n_layers"), "d_model": cfg.get("d_model"),
             "weight_bytes": graph.bytes_of("weight"),
+            f"{phase}_tokens": graph.num_tokens,  # the traced batch's tokens, that slice cuts scale from
         }
 
         def work(tx: ManagedTransaction) -> None:

@@ -5,13 +5,15 @@ several, in one transaction). Values reach Cypher only as parameters; writes go 
 ``UNWIND $rows``. :class:`GraphRepository` is one object made of its parts, a module each: the
 plumbing and schema (:mod:`service.graph.store`), tenants and models
 (:mod:`service.graph.model_store`), the cluster (:mod:`service.graph.cluster_store`), the
-candidate-slot search (:mod:`service.graph.slot_store`), the live service's records
+candidate-slot search (:mod:`service.graph.slot_store`), slices cut from a model's graph
+(:mod:`service.graph.cut_store`), the live service's records
 (:mod:`service.graph.live_store`) and inspection (:mod:`service.graph.inspection`).
 """
 
 from __future__ import annotations
 
 from service.graph.cluster_store import ClusterStore
+from service.graph.cut_store import CutStore
 from service.graph.inspection import Inspection
 from service.graph.live_store import LiveStore
 from service.graph.model_store import ModelStore
@@ -19,6 +21,6 @@ from service.graph.slot_store import SlotStore
 from service.graph.store import GraphStore
 
 
-class GraphRepository(ModelStore, ClusterStore, SlotStore, LiveStore, Inspection):
+class GraphRepository(ModelStore, ClusterStore, SlotStore, CutStore, LiveStore, Inspection):
     REQUIRED: tuple[str, ...] = (*GraphStore.QUERIES, *ModelStore.QUERIES, *ClusterStore.QUERIES, *SlotStore.QUERIES,
-                *LiveStore.QUERIES, *Inspection.QUERIES)
+                *CutStore.QUERIES, *LiveStore.QUERIES, *Inspection.QUERIES)
