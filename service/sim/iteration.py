@@ -29,9 +29,9 @@ from service.core.cost import (
     OpFeatures,
     StackedCostModel,
 )
+from service.core.cut import Granularity, cut_model
 from service.core.scheduler import SliceSize
 from service.domain.cluster import Device, Link
-from service.domain.error import InvalidInputError
 from service.domain.opgraph import DTYPE_BYTES
 from service.models.family import ModelConfig
 
@@ -63,15 +63,13 @@ def layers_weight_bytes(config: ModelConfig, first_layer: int, last_layer: int) 
 
 
 def slice_sizes(config: ModelConfig, layers_per_slice: int) -> list[SliceSize]:
-    """The model cut into slices of ``layers_per_slice`` consecutive layers, with the weight
-    and KV bytes each needs (``InvalidInputError`` when the quantum does not divide)."""
-    n = config.n_layers
-    if layers_per_slice < 1 or n % layers_per_slice:
-        raise InvalidInputError(f"a slice of {layers_per_slice} layers does not divide {config.name}'s {n} layers",
-                                culprit=str(layers_per_slice))
-    kv = kv_bytes_per_token(config) // n * layers_per_slice
-    return [SliceSize(a, a + layers_per_slice - 1, layers_weight_bytes(config, a, a + layers_per_slice - 1), kv)
-            for a in range(0, n, layers_per_slice)]
+    """The model's decode graph cut into slices of ``layers_per_slice`` consecutive layers
+    (:func:`service.core.cut.cut_model`, the in-memory twin of the GMG's Cypher cut): the weight
+    bytes each slice reads, and its layers' KV per cached token (``InvalidInputError`` when the
+    quantum does not divide the layers)."""
+    kv = kv_bytes_per_token(config) // config.n_layers * layers_per_slice
+    return [SliceSize(c.first_layer, c.last_layer, c.weight_bytes, kv)
+            for c in cut_model(config, "decode", Granularity(layers_per_slice))]
 
 
 def kv_bytes_per_token(config: ModelConfig) -> int:

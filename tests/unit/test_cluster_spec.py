@@ -14,7 +14,7 @@ from service.domain.error import InvalidClusterError
 
 
 def test_builtin_specs() -> None:
-    assert builtin_names() == ["2x4xH100", "8xA100-nvlink", "local-cpu-2", "local-cpu-4"]
+    assert builtin_names() == ["2x4xH100", "2x8xA100", "8xA100-nvlink", "local-cpu-2", "local-cpu-4"]
     a100 = load_cluster_spec("8xA100-nvlink")
     assert len(a100.devices) == 8 and {d.kind for d in a100.devices} == {"A100-80GB"}
     assert len(a100.links) == 8 * 7  # all-to-all, both directions
