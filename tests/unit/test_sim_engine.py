@@ -12,6 +12,8 @@ from service.sim.engine import (
     IterationFinished,
     RequestArrived,
     SliceFinished,
+    StageFinished,
+    StageReady,
     StepRequested,
     TransferFinished,
 )
@@ -20,7 +22,8 @@ REQ = RequestSpec("q0", "t0", "tiny", 0.0, 4, 2)
 
 
 def _one_of_each(t: float) -> list[Event]:
-    return [StepRequested(time_s=t, replica_id="r"), RequestArrived(time_s=t, request=REQ),
+    return [StageReady(time_s=t, replica_id="g", iteration=0, stage=1), StepRequested(time_s=t, replica_id="r"),
+            RequestArrived(time_s=t, request=REQ), StageFinished(time_s=t, replica_id="g", iteration=0, stage=0),
             SliceFinished(time_s=t, slice_id="s"), IterationFinished(time_s=t, replica_id="r", iteration=0),
             TransferFinished(time_s=t, transfer_id=0)]
 
@@ -117,7 +120,7 @@ def test_observers_see_every_handled_event_after_its_handler() -> None:
         engine.schedule(ev)
     engine.run()
     assert [e for e, _ in observed] == seen
-    assert [n for _, n in observed] == [1, 2, 3, 4, 5]
+    assert [n for _, n in observed] == [1, 2, 3, 4, 5, 6, 7]
 
 
 def test_fork_keeps_selected_events_with_their_order() -> None:
@@ -130,4 +133,4 @@ def test_fork_keeps_selected_events_with_their_order() -> None:
         fork.on(kind, lambda ev: seen.append(ev) or [])
     fork.run()
     assert [type(e) for e in seen] == [k for k in SAME_TIME_ORDER if k is not RequestArrived]
-    assert engine.peek() == 1.0 and len(engine.pending()) == 5  # the original is untouched
+    assert engine.peek() == 1.0 and len(engine.pending()) == 7  # the original is untouched
