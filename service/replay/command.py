@@ -195,8 +195,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         (tmp / "report.json").write_text(json.dumps(report, indent=2, default=float) + "\n")
         for name, spans in timelines.items():
-            plot_timeline(tmp / f"timeline-{name.replace('/', '-')}.png", spans,
-                          title=f"{name}: device timeline (slices by tenant; gaps are idle)")
+            stem = f"timeline-{name.replace('/', '-')}"
+            plot_timeline(tmp / f"{stem}.png", spans, title=f"{name}: device timeline (work by tenant; gaps are idle)")
+            mid = config.horizon_s / 2
+            plot_timeline(tmp / f"{stem}-10s.png", spans, window_s=(mid, mid + 10.0),
+                          title=f"{name}: 10 s of the device timeline (thin bars: operator-level guest slices)")
         plot_latency_cdfs(tmp / "latency_cdf.png", results)
         if len(loads) > 1:
             plot_load_sweep(tmp / "load_sweep.png", results)

@@ -124,31 +124,51 @@ def _plt() -> Any:
 
 def plot_timeline(path: Path, spans: Mapping[str, Sequence[tuple[float, float, str]]], *, title: str,
                   window_s: tuple[float, float] | None = None) -> None:
-    """Device timeline: one row per device, slices coloured by tenant, gaps are idle windows."""
+    """Device timeline: one row per device, owners' iterations as full-height bars coloured by
+    tenant, operator-level guest slices (replica ids ``tenant/s<n>``) as thin bars of their
+    tenant's colour drawn in the owners' gaps; blank is idle. Readable from seconds (slices
+    outlined) to many minutes (thin bars stay visible over the owners' work)."""
     plt = _plt()
-    devices = sorted(spans)
+    devices = sorted(spans, key=_device_order)
     tenants = sorted({owner.split("/")[0] for d in devices for _, _, owner in spans[d]})
     colours = {t: plt.cm.tab10(i % 10) for i, t in enumerate(tenants)}
-    fig, ax = plt.subplots(figsize=(12, 0.5 * len(devices) + 1.5))
+    fig, ax = plt.subplots(figsize=(12, 0.45 * len(devices) + 1.6))
     lo, hi = window_s if window_s else (min((s for d in devices for s, _, _ in spans[d]), default=0.0),
                                         max((e for d in devices for _, e, _ in spans[d]), default=1.0))
+    sliced = False
     for row, d in enumerate(devices):
-        bars: dict[str, list[tuple[float, float]]] = {}
+        whole: dict[str, list[tuple[float, float]]] = {}
+        thin: dict[str, list[tuple[float, float]]] = {}
         for s, e, owner in spans[d]:
             if e < lo or s > hi:
                 continue
-            bars.setdefault(owner.split("/")[0], []).append((s, e - s))
-        for tenant, xs in bars.items():
-            ax.broken_barh(xs, (row - 0.4, 0.8), facecolors=colours[tenant], linewidth=0)
+            tenant, _, rest = owner.partition("/")
+            (thin if rest.startswith("s") else whole).setdefault(tenant, []).append((s, e - s))
+        for tenant, xs in whole.items():
+            ax.broken_barh(xs, (row - 0.4, 0.8), facecolors=colours[tenant], alpha=0.55, linewidth=0)
+        for tenant, xs in thin.items():
+            sliced = True
+            outline = len(xs) <= 120  # few enough to see each slice's edges
+            ax.broken_barh(xs, (row - 0.14, 0.28), facecolors=colours[tenant], edgecolors="black",
+                           linewidth=0.4 if outline else 0)
     ax.set_yticks(range(len(devices)), devices)
     ax.set_xlim(lo, hi)
     ax.set_xlabel("simulated time (s)")
     ax.set_title(title)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[t]) for t in tenants]
-    ax.legend(handles, tenants, loc="upper right", fontsize="small", ncol=len(tenants))
-    fig.tight_layout()
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[t], alpha=0.55) for t in tenants]
+    labels = list(tenants)
+    if sliced:
+        handles.append(plt.Rectangle((0, 0), 1, 0.3, facecolor="grey", edgecolor="black"))
+        labels.append("thin: guest slices")
+    fig.legend(handles, labels, loc="lower center", fontsize="small", ncol=min(len(labels), 6), frameon=False)
+    fig.tight_layout(rect=(0.0, 0.35 / fig.get_figheight(), 1.0, 1.0))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _device_order(device_id: str) -> tuple[str, int]:
+    head, _, num = device_id.rpartition("gpu")
+    return (head, int(num)) if num.isdigit() else (device_id, 0)
 
 
 def plot_latency_cdfs(path: Path, results: Sequence[PolicyResult]) -> None:

@@ -181,7 +181,8 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
     oracle = policy.placement == ORACLE_ELASTIC
     scheduler = Scheduler(make_placement_policy("container" if oracle else policy.placement, **params))
     horizon = config.horizon_s
-    window = timeline_window_s or (horizon / 2, horizon / 2 + min(30.0, horizon / 4))
+    # ten minutes around the middle of the run (or all of a shorter run): plotted whole and zoomed
+    window = timeline_window_s or (max(0.0, horizon / 2 - 300.0), min(horizon, horizon / 2 + 300.0))
     spans = SpanRecorder(window)
     priority = {t.tenant_id: t.priority for t in config.mix.tenants}
     weight = {t.tenant_id: t.weight for t in config.mix.tenants}

@@ -145,7 +145,7 @@ class SimClusterView:
         for change in decision.add:
             tenant = self._tenant_of(change)
             self._guests += 1
-            rid = f"{tenant}/g{self._guests}"
+            rid = f"{tenant}/{'s' if change.stages else 'g'}{self._guests}"  # s: sliced (operator-level)
             homes = [self.cluster.replica_spec(r).device_ids[0] for r in self.cluster.replica_ids
                      if self.cluster.replica_spec(r).tenant_id == tenant]
             ready = self.cluster.add_replica(self._spec(rid, tenant, change), weights_from=self._source(homes, change))
