@@ -1,7 +1,9 @@
 // Recompute the per-device state cached for find_candidate_slots on a cluster's devices:
-// Device.resident_bytes (bytes of weight tensors RESIDES_ON it) and the busy windows of its live
-// slices. Run after weights move (place_weights, imports with a device) and after deletes that
-// bypass the slice writes (delete_tenant).
+// Device.resident_bytes (bytes of weight tensors RESIDES_ON it) and, from scratch, the busy
+// windows of its planned and running slices (busy_start_s / busy_end_s sorted by start, busy_uid
+// naming each window's slice; the slice writes keep them up to date incrementally:
+// refresh_busy_windows). Run after weights move (place_weights, imports with a device) and after
+// deletes that bypass the slice writes (delete_tenant).
 // @param cluster: cluster name
 MATCH (d:Device {cluster: $cluster})
 CALL (d) {
@@ -15,10 +17,10 @@ CALL (d) {
   SET d.busy_version = coalesce(d.busy_version, 0) + 1
   WITH d
   OPTIONAL MATCH (s:Slice)-[:ON]->(d)
-  WHERE s.state IN ['placed', 'running']
+  WHERE s.state IN ['planned', 'running']
   WITH d, s
-  ORDER BY s.start_s
-  WITH d, collect(s.start_s) AS starts, collect(s.end_s) AS ends
-  SET d.busy_start_s = starts, d.busy_end_s = ends
+  ORDER BY s.start_s, s.uid
+  WITH d, collect(s.start_s) AS starts, collect(s.end_s) AS ends, collect(s.uid) AS uids
+  SET d.busy_start_s = starts, d.busy_end_s = ends, d.busy_uid = uids
 }
 RETURN count(d) AS devices

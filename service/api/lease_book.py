@@ -25,12 +25,17 @@ from service.core.budget import BudgetCalibrator
 from service.core.queue import QueuedRequest, QueuePolicy, RequestQueue
 from service.domain.error import ConflictError, InvalidInputError, NotFoundError
 from service.domain.request import RequestStatus
+from service.domain.slice_state import SliceState
 from service.domain.wire import Completion
 from service.sim.sla import SLA_CLASSES
 
 #: The counter each end of a lease adds to: one per Slice end state in the GMG.
-LEASE_END_COUNTERS = {"done": "leases_completed", "expired": "leases_expired", "failed": "leases_failed",
-                      "cancelled": "leases_cancelled"}
+LEASE_END_COUNTERS = {SliceState.DONE: "leases_completed", SliceState.EXPIRED: "leases_expired",
+                      SliceState.FAILED: "leases_failed", SliceState.CANCELLED: "leases_cancelled"}
+
+#: The longest a lease is expected to run, for its busy window in the GMG until it ends: an
+#: estimate from a few early observations cannot block a device for longer than this.
+MAX_EXPECTED_LEASE_S = 600.0
 
 
 class LeaseBook:
@@ -123,8 +128,8 @@ class LeaseBook:
         row = {**req.update_row(), "status": RequestStatus.CANCELLED.value, "finished_at": self.wall()}
         end = None
         if req.lease_id is not None:
-            end = {"uid": req.lease_id, "state": "cancelled", "end_wall": row["finished_at"], "busy_s": None,
-                   "iterations": None, "peak_bytes": None}
+            end = {"uid": req.lease_id, "state": SliceState.CANCELLED.value, "end_s": row["finished_at"],
+                   "end_wall": row["finished_at"], "busy_s": None, "iterations": None, "peak_bytes": None}
         return {"request": row, "slice_end": end}
 
     def cancel(self, req: LiveRequest) -> list[Write]:
@@ -133,7 +138,7 @@ class LeaseBook:
         req.finishing = False
         writes = []
         if req.lease_id is not None:
-            writes += self._end_lease(req.lease_id, "cancelled")
+            writes += self._end_lease(req.lease_id, SliceState.CANCELLED)
         req.status, req.finished_at = RequestStatus.CANCELLED, self.wall()
         return [*writes, Write("request", req.update_row())]
 
@@ -175,7 +180,7 @@ class LeaseBook:
         for lid in sorted(e.leases):
             if self.requests[self.leases[lid].request_id].finishing:
                 continue  # its completion is being written: that decides
-            writes += self._end_lease(lid, "expired", requeue=True)
+            writes += self._end_lease(lid, SliceState.EXPIRED, requeue=True)
         self.registry.remove_executor(executor_id)
         return writes
 
@@ -200,8 +205,9 @@ class LeaseBook:
                 req = self._admit_one(r, lambda: len(out) < max_leases)
                 if req is None:
                     continue
+                wall = self.wall()
                 lease = Lease(f"L{self._lease_prefix}-{next(self._lease_ids)}", req.request_id, r.replica_id,
-                              executor_id, now, now + self.lease_ttl_s, self.wall())
+                              executor_id, now, now + self.lease_ttl_s, wall, wall + self.expected_run_s(req))
                 self.leases[lease.lease_id] = lease
                 r.leases.add(lease.lease_id)
                 r.last_active = now
@@ -261,16 +267,16 @@ class LeaseBook:
         devices = list(replica.device_ids) if replica is not None else []
         return {"request": result,
                 "slice": {"uid": lease.lease_id, "tenant_id": req.tenant_id, "model_uid": req.model_uid,
-                          "device_ids": devices, "executor_id": lease.executor_id, "start_wall": lease.granted_wall,
-                          "end_wall": wall, "busy_s": c.busy_s, "iterations": c.iterations,
-                          "peak_bytes": c.peak_bytes}}
+                          "device_ids": devices, "executor_id": lease.executor_id, "start_s": lease.granted_wall,
+                          "end_s": wall, "start_wall": lease.granted_wall, "end_wall": wall, "busy_s": c.busy_s,
+                          "iterations": c.iterations, "peak_bytes": c.peak_bytes}}
 
     def adopt(self, req: LiveRequest, stored: dict[str, Any]) -> list[Write]:
         """Take a request's final state from Neo4j where memory disagrees (a commit whose answer
         was lost): a lease still holding it ends (expired; its work is moot) and nothing runs it again."""
         writes: list[Write] = []
         if req.lease_id is not None and req.lease_id in self.leases:
-            writes += self._end_lease(req.lease_id, "expired")
+            writes += self._end_lease(req.lease_id, SliceState.EXPIRED)
         req.finishing, req.lease_id = False, None
         req.status = RequestStatus(stored["status"])
         req.output_tokens = list(stored.get("output_tokens") or [])
@@ -283,7 +289,7 @@ class LeaseBook:
         is done with the result that Neo4j holds."""
         lease = self.leases[c.lease_id]
         req = self.requests[lease.request_id]
-        self._end_lease(c.lease_id, "done", observed=c)
+        self._end_lease(c.lease_id, SliceState.DONE, observed=c)
         result = row["request"]
         req.finishing = False
         req.status, req.output_tokens, req.finished_at = RequestStatus.DONE, list(c.output_tokens), result["finished_at"]
@@ -309,14 +315,14 @@ class LeaseBook:
         self.begin_finish(req)
         wall = self.wall()
         return {"request": {**req.update_row(), "status": RequestStatus.FAILED.value, "error": reason[:500], "finished_at": wall},
-                "slice_end": {"uid": lease_id, "state": "failed", "end_wall": wall, "busy_s": None,
-                              "iterations": None, "peak_bytes": None}}
+                "slice_end": {"uid": lease_id, "state": SliceState.FAILED.value, "end_s": wall, "end_wall": wall,
+                              "busy_s": None, "iterations": None, "peak_bytes": None}}
 
     def fail(self, lease_id: str, executor_id: str | None, reason: str) -> list[Write]:
         lease = self.lease(lease_id, executor_id)
         req = self.requests[lease.request_id]
         req.finishing = False
-        writes = self._end_lease(lease_id, "failed", requeue=req.attempts < self.max_attempts)
+        writes = self._end_lease(lease_id, SliceState.FAILED, requeue=req.attempts < self.max_attempts)
         if req.status == RequestStatus.LEASED:  # not requeued: out of attempts
             req.status, req.error, req.finished_at = RequestStatus.FAILED, reason[:500], self.wall()
         return [*writes, Write("request", req.update_row())]
@@ -327,12 +333,12 @@ class LeaseBook:
         writes: list[Write] = []
         for lid in [lid for lid, lease in self.leases.items()
                     if lease.expires_at <= now and not self.requests[lease.request_id].finishing]:
-            writes += self._end_lease(lid, "expired", requeue=True)
+            writes += self._end_lease(lid, SliceState.EXPIRED, requeue=True)
         for eid in [eid for eid, e in self.registry.executors.items() if now - e.last_seen > 3 * self.lease_ttl_s]:
             writes += self.drop_executor(eid)
         return writes
 
-    def _end_lease(self, lease_id: str, state: str, *, requeue: bool = False,
+    def _end_lease(self, lease_id: str, state: SliceState, *, requeue: bool = False,
                    observed: Completion | None = None) -> list[Write]:
         lease = self.leases.pop(lease_id)
         self.counters[LEASE_END_COUNTERS[state]] += 1  # here, the one place a lease ends: counters equal the GMG
@@ -351,11 +357,14 @@ class LeaseBook:
             writes.append(Write("request", req.update_row()))
         return writes
 
-    def slice_row(self, lease: Lease, state: str, observed: Completion | None = None) -> Write:
-        """A lease as a Slice: created whole when granted, then only its end is written, with the
-        executor's observation when it completed (busy seconds, iterations, peak bytes)."""
-        if state != "leased":
-            row: dict[str, Any] = {"uid": lease.lease_id, "state": state, "end_wall": self.wall(),
+    def slice_row(self, lease: Lease, state: SliceState, observed: Completion | None = None) -> Write:
+        """A lease as a Slice: created whole, ``running``, when granted (its window from the grant
+        to its expected end, epoch seconds), then only its end is written (the window's real
+        end), with the executor's observation when it completed (busy seconds, iterations, peak
+        bytes)."""
+        if state != SliceState.RUNNING:
+            wall = self.wall()
+            row: dict[str, Any] = {"uid": lease.lease_id, "state": state.value, "end_s": wall, "end_wall": wall,
                                    "busy_s": None, "iterations": None, "peak_bytes": None}
             if observed is not None:
                 row.update(busy_s=observed.busy_s, iterations=observed.iterations, peak_bytes=observed.peak_bytes)
@@ -364,8 +373,20 @@ class LeaseBook:
         req = self.requests[lease.request_id]
         return Write("slice_new", {"uid": lease.lease_id, "tenant_id": req.tenant_id, "model_uid": req.model_uid,
                                    "request_uid": req.request_id, "device_ids": list(replica.device_ids),
-                                   "executor_id": lease.executor_id, "state": state,
+                                   "executor_id": lease.executor_id, "state": state.value,
+                                   "start_s": lease.granted_wall, "end_s": lease.expected_end_wall,
                                    "start_wall": lease.granted_wall, "end_wall": None})
+
+    def expected_run_s(self, req: LiveRequest) -> float:
+        """How long a lease of ``req`` is expected to hold its replica (its busy window in the GMG
+        until it ends): ``max_tokens`` iterations (a prefill, then a decode per further token) at
+        the mean iteration time measured for the model's family; before any measurement, the
+        lease's time to live (its executor must renew it by then, so a device is not shown busy
+        for longer on a guess). At most :data:`MAX_EXPECTED_LEASE_S`. Renewals are not written
+        to the GMG: a lease that outruns its estimate shows its devices free until it ends."""
+        measured = self.iteration_s.get(self.registry.models[req.model_uid].family)
+        estimate = req.max_tokens * measured if measured else self.lease_ttl_s
+        return min(estimate, MAX_EXPECTED_LEASE_S)
 
     # ---- views -------------------------------------------------------------------------------
     def queued(self) -> Iterator[LiveRequest]:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from service.domain.slice_state import SliceState
 from service.domain.wire import LeaseGrant
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ async def poll_leases(svc: LiveService, executor_id: str, max_leases: int, wait_
         woken = svc.work.event()
         grants = state.grant(executor_id, max_leases)
         if grants or max_leases == 0:
-            svc.persist(state.slice_row(lease, "leased") for lease, _, _ in grants)
+            svc.persist(state.slice_row(lease, SliceState.RUNNING) for lease, _, _ in grants)
             leases = []
             for lease, replica, req in grants:
                 model = state.models[req.model_uid]

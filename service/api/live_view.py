@@ -10,6 +10,11 @@ costs come from the service's cost model (``--cost-model``, default the learned 
 per-iteration overhead calibrated from the executors' observations (mean measured iteration
 time per model family), which replaces the model's own host overhead for that family.
 
+Time bases: the mirror's clock starts at the window's start (``now_s`` is ``window_s``), so slot
+windows and what-ifs are in mirror seconds; the GMG holds the live cluster's slices in epoch
+seconds (:mod:`service.domain.slice_state`). ``LiveSnapshot.window_start_wall`` is the one
+offset between the two: mirror seconds + it = epoch seconds.
+
 Compute units: an executor daemon runs one iteration at a time, so the view shows one device
 per executor (``snap.devices_of`` maps a unit to its devices); decisions are made on units and
 :meth:`LiveClusterView.apply` puts them on real devices, the one translation.
@@ -75,6 +80,7 @@ class LiveSnapshot:
     max_batch: dict[str, int]  # replica id -> KV slots
     recent: tuple[RequestSpec, ...]  # arrival_s relative to the window's start; tenant_id = model uid
     window_s: float
+    window_start_wall: float  # epoch seconds at the mirror's t = 0 (mirror seconds + this = epoch seconds)
     iteration_s: dict[str, float] = field(default_factory=dict)  # family -> observed mean iteration time
     devices_of: dict[str, tuple[str, ...]] = field(default_factory=dict)  # compute unit -> its live devices
 

@@ -143,7 +143,8 @@ class Lease:
     executor_id: str
     granted_at: float  # monotonic
     expires_at: float  # monotonic
-    granted_wall: float
+    granted_wall: float  # epoch seconds
+    expected_end_wall: float  # epoch seconds: the end of its busy window until it ends (LeaseBook.expected_run_s)
 
 
 @dataclass(frozen=True)

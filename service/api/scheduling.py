@@ -77,7 +77,7 @@ class SchedulingLoop(HomePlanner):
                                       req.sla_class))
         return LiveSnapshot(now - self.started, live_spec(rows), tuple(replicas), tuple(devices),
                             {r.replica_id: r.max_batch for r in state.replicas.values()}, tuple(recent), window_s,
-                            dict(state.iteration_s), devices_of)
+                            window_start_wall=start, iteration_s=dict(state.iteration_s), devices_of=devices_of)
 
     def _utilisation(self, executor_id: str) -> float:
         e = self.state.executors[executor_id]
@@ -85,27 +85,33 @@ class SchedulingLoop(HomePlanner):
         t0, b0 = self._busy_mark.get(executor_id, (self.started, 0.0))
         return min(1.0, (e.busy_s - b0) / (now - t0) / max(1, len(e.device_ids))) if now > t0 else 0.0
 
-    def _cypher_candidates(self, view: ClusterView, model_uid: str, k: int) -> list[tuple[str, ...]]:
-        """Candidate units from the Cypher candidate-slot search over the live devices in the GMG:
-        the query runs on real devices; each answer counts for its executor (compute unit)."""
-        if self.repo is None or not isinstance(view, LiveClusterView):
-            raise InvariantError("the Cypher candidate search needs the GMG and a live view")
-        repo = self.repo
+    def cypher_slots(self, view: LiveClusterView, q: SlotQuery) -> list[Slot]:
+        """The Cypher candidate-slot search over the live devices in the GMG for a query of the
+        view's (compute units, mirror seconds): producers' units become their first device, the
+        query runs on real devices, and each answer counts for its unit (best first). The GMG's
+        live busy windows are epoch seconds (running leases: :mod:`service.domain.slice_state`),
+        so times cross at the snapshot's offset, ``window_start_wall``, both ways."""
+        if self.repo is None:
+            raise InvariantError("the Cypher candidate search needs the GMG")
         devices_of = view.snap.devices_of
+        epoch = view.snap.window_start_wall
+        deps = tuple(InputDep(devices_of[d.device_id][0] if d.device_id in devices_of else d.device_id,
+                              d.end_s + epoch, d.bytes) for d in q.input_deps)
         n_devices = sum(len(ds) for ds in devices_of.values())
+        slots = self.repo.find_candidate_slots(replace(q, now_s=q.now_s + epoch, input_deps=deps,
+                                                       k=max(q.k, n_devices)))
+        best: dict[str, Slot] = {}
+        for slot in slots:  # best first
+            unit = view.unit_of(slot.device_id)
+            if unit is not None and unit not in best:
+                best[unit] = replace(slot, device_id=unit, start_s=slot.start_s - epoch)
+        return list(best.values())[: q.k]
 
-        def search(q: SlotQuery) -> list[Slot]:
-            deps = tuple(InputDep(devices_of[d.device_id][0] if d.device_id in devices_of else d.device_id,
-                                  d.end_s, d.bytes) for d in q.input_deps)
-            slots = repo.find_candidate_slots(replace(q, input_deps=deps, k=max(q.k, n_devices)))
-            best: dict[str, Slot] = {}
-            for slot in slots:  # best first
-                unit = view.unit_of(slot.device_id)
-                if unit is not None and unit not in best:
-                    best[unit] = replace(slot, device_id=unit)
-            return list(best.values())[: q.k]
-
-        return candidate_groups(view, model_uid, k, search=search)
+    def _cypher_candidates(self, view: ClusterView, model_uid: str, k: int) -> list[tuple[str, ...]]:
+        """Candidate units for a guest replica from the Cypher candidate-slot search (:meth:`cypher_slots`)."""
+        if not isinstance(view, LiveClusterView):
+            raise InvariantError("the Cypher candidate search needs a live view")
+        return candidate_groups(view, model_uid, k, search=lambda q: self.cypher_slots(view, q))
 
     async def _schedule_tick(self) -> None:
         """Wait (up to a few seconds) for arrivals or completions, then step the replica policy."""

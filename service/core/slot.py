@@ -89,9 +89,14 @@ class Slot:
 
 @dataclass(frozen=True, slots=True)
 class PlacedSlice:
-    """A slice committed to ``device_id`` for ``[start_s, end_s)`` (a ``Slice`` node of the GMG).
+    """A slice committed to ``device_id`` for ``[start_s, end_s)`` (a planned ``Slice`` node of
+    the GMG, ``ON`` its device).
 
-    ``resident_bytes``: memory it holds in its window; ``depends_on``: uids of producer slices.
+    ``resident_bytes``: memory it holds in its window; ``depends_on``: uids of producer slices
+    (``DEPENDS_ON``: their outputs are its inputs). Optional, for a slice cut from a model's
+    operator graph: ``op_ids``, the operators it runs (``op_id`` of the model's ``phase``;
+    ``COVERS`` edges), and ``after``, the uid of the slice it follows in its iteration (``AFTER``).
+    Empty ``op_ids`` and ``None`` ``after`` leave those edges as they were.
     """
 
     uid: str
@@ -102,6 +107,9 @@ class PlacedSlice:
     end_s: float
     resident_bytes: int
     depends_on: tuple[str, ...] = ()
+    phase: str | None = None
+    op_ids: tuple[str, ...] = ()
+    after: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,8 @@
 """The live service's records in the GMG: requests (durable before they are answered), leases
 as Slices, completions and ends in one transaction each, restart recovery and retention, and
-key hashes (never keys)."""
+key hashes (never keys). Every write that starts or ends a lease refreshes the busy windows of
+the devices it touched in the same transaction, so the candidate-slot search sees a running
+lease as busy (windows in epoch seconds: :mod:`service.domain.slice_state`)."""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ class LiveStore(GraphStore):
         if not rows:
             return set()
         rows = sorted(rows, key=lambda r: str(r["slice"]["uid"]))  # one lock order with create_slices
-        out = self._write("complete_leases", rows=rows)
+        out = self._write_slices("complete_leases", rows=rows)
         return set(out[0]["completed"]) if out else set()
 
     def request_results(self, uids: list[str]) -> dict[str, dict[str, Any]]:
@@ -50,12 +52,13 @@ class LiveStore(GraphStore):
         transaction; returns the uids finished now (one finished before is left out)."""
         if not rows:
             return set()
-        out = self._write("finish_requests", rows=rows)
+        out = self._write_slices("finish_requests", rows=rows)
         return set(out[0]["finished"]) if out else set()
 
     def close_open_slices(self, end_wall: float) -> int:
-        """Restart reconciliation: close the live Slices a previous process left open."""
-        out = self._write("close_open_slices", end_wall=float(end_wall))
+        """Restart reconciliation: close the live Slices a previous process left open (their
+        devices' busy windows are refreshed with them)."""
+        out = self._write_slices("close_open_slices", end_wall=float(end_wall))
         return int(out[0]["closed"]) if out else 0
 
     def update_requests(self, rows: list[dict[str, Any]]) -> int:
@@ -64,12 +67,14 @@ class LiveStore(GraphStore):
         return int(out[0]["updated"]) if out else 0
 
     def create_slices(self, rows: list[dict[str, Any]]) -> int:
+        """Granted leases as running Slices (their devices' busy windows refreshed with them)."""
         rows = sorted(rows, key=lambda r: str(r["uid"]))  # one lock order with complete_leases: no deadlock
-        out = self._write("create_slices", rows=rows)
+        out = self._write_slices("create_slices", rows=rows)
         return int(out[0]["created"]) if out else 0
 
     def end_slices(self, rows: list[dict[str, Any]]) -> int:
-        out = self._write("end_slices", rows=rows)
+        """Ends of leases (their devices' busy windows refreshed with them)."""
+        out = self._write_slices("end_slices", rows=rows)
         return int(out[0]["ended"]) if out else 0
 
     def live_tenants(self) -> list[dict[str, Any]]:

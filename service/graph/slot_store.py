@@ -1,7 +1,8 @@
 """The candidate-slot search in Cypher (the contract of :mod:`service.core.slot`) and the writes
-of its inputs that only a planner makes: planned slices (the busy windows devices cache) and
-host-to-host links. The live service writes neither (its leases are Slices with wall times, see
-:mod:`service.graph.live_store`); the slot-search tests and benchmark set scenarios up with them."""
+of its inputs that a planner makes: planned slices (``ON`` their device, ``COVERS`` the operators
+they run, ``AFTER`` their predecessor; the busy windows devices cache) and host-to-host links.
+The live service's leases are running Slices too, in epoch seconds (:mod:`service.graph.live_store`,
+:mod:`service.domain.slice_state`); the slot-search tests and benchmark set scenarios up with these."""
 
 from __future__ import annotations
 
@@ -40,37 +41,57 @@ class SlotStore(GraphStore):
         return [Slot(r["device_id"], float(r["start_s"]), float(r["headroom_bytes"])) for r in rows]
 
     def place_slices(self, slices: Iterable[PlacedSlice], *, batch: int = 5_000) -> int:
-        """Write slices as placed (``UNWIND`` batches, one transaction each); returns how many.
+        """Write slices as planned (``UNWIND`` batches, one transaction each, the busy windows of
+        the devices touched refreshed in it); returns how many.
 
-        A batch naming an unknown device writes nothing and raises. Producers named in
-        ``depends_on`` must be written in the same or an earlier batch.
+        A batch naming an unknown device, operator or predecessor writes nothing and raises.
+        Producers named in ``depends_on`` and predecessors named in ``after`` must be written in
+        the same or an earlier batch; operators (``op_ids`` of ``phase``) must be in the GMG.
         """
-        rows = [{"uid": s.uid, "tenant_id": check_id("tenant", s.tenant_id), "model_uid": s.model_uid,
-                 "device_id": s.device_id, "start_s": float(s.start_s), "end_s": float(s.end_s),
-                 "resident_bytes": int(s.resident_bytes), "depends_on": list(s.depends_on)}
-                for s in slices]
+        slices = list(slices)
         for s in slices:
             if not s.end_s > s.start_s:
                 raise InvalidInputError(f"slice {s.uid!r}: end_s must be after start_s", culprit=s.uid)
+            if s.op_ids and not s.phase:
+                raise InvalidInputError(f"slice {s.uid!r}: op_ids need the phase they belong to", culprit=s.uid)
+            if s.after == s.uid:
+                raise InvalidInputError(f"slice {s.uid!r} cannot follow itself", culprit=s.uid)
         placed = 0
-        for lo in range(0, len(rows), batch):
-            chunk = rows[lo:lo + batch]
+        for lo in range(0, len(slices), batch):
+            chunk = slices[lo:lo + batch]
+            rows = [{"uid": s.uid, "tenant_id": check_id("tenant", s.tenant_id), "model_uid": s.model_uid,
+                     "device_id": s.device_id, "start_s": float(s.start_s), "end_s": float(s.end_s),
+                     "resident_bytes": int(s.resident_bytes), "depends_on": list(s.depends_on)} for s in chunk]
+            # Operator uids as the GMG names them (service.graph.model_store): model/phase/op_id.
+            covers = [{"uid": s.uid, "phase": s.phase,
+                       "op_uids": [f"{s.model_uid}/{s.phase}/{op}" for op in dict.fromkeys(s.op_ids)]}
+                      for s in chunk if s.op_ids]
+            after = [{"uid": s.uid, "after": s.after} for s in chunk if s.after is not None]
 
-            def work(tx: ManagedTransaction, chunk: list[dict[str, Any]] = chunk) -> int:
-                out = self._tx_run(tx, "place_slices", rows=chunk)
-                n = int(out[0]["placed"]) if out else 0
-                if n != len(chunk):
-                    raise InvalidInputError(f"place_slices: {len(chunk) - n} slices name unknown devices")
-                return n
+            def work(tx: ManagedTransaction, rows: list[dict[str, Any]] = rows, covers: list[dict[str, Any]] = covers,
+                     after: list[dict[str, Any]] = after) -> int:
+                out = self._tx_run(tx, "place_slices", rows=rows, covers=covers, after=after)[0]
+                if int(out["placed"]) != len(rows):
+                    raise InvalidInputError(f"place_slices: {len(rows) - int(out['placed'])} slices name unknown devices")
+                missing = sum(len(c["op_uids"]) for c in covers) - int(out["covered"])
+                if missing:
+                    raise InvalidInputError(f"place_slices: {missing} operators named by op_ids are not in the GMG "
+                                            "(op_id of the slice's model and phase)")
+                if int(out["afters"]) != len(after):
+                    raise InvalidInputError(f"place_slices: {len(after) - int(out['afters'])} predecessors named by "
+                                            "after are unknown slices (write them in the same or an earlier batch)")
+                self._tx_refresh_busy_windows(tx, out["touched"])
+                return len(rows)
 
             with self.driver.session(database=self.database) as session:
                 placed += session.execute_write(work)
         return placed
 
     def mark_slices_done(self, end_s_by_uid: Mapping[str, float | None]) -> int:
-        """Mark slices done, with their measured end (``None`` keeps the planned one); returns how many."""
+        """Mark slices done, with their measured end (``None`` keeps the planned one); returns how
+        many. Their devices' busy windows are refreshed in the same transaction."""
         rows = [{"uid": uid, "end_s": end} for uid, end in end_s_by_uid.items()]
-        out = self._write("mark_slices_done", rows=rows)
+        out = self._write_slices("mark_slices_done", rows=rows)
         return int(out[0]["done"]) if out else 0
 
     def delete_done_slices(self, before_s: float, *, chunk: int = 10_000) -> int:

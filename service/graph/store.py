@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import neo4j
@@ -36,7 +36,7 @@ class GraphStore:
     """Runs catalog queries by name; ``REQUIRED``: the queries the whole repository needs,
     checked against the catalog when it is built."""
 
-    QUERIES: tuple[str, ...] = ("constraints", "indexes", "create_experiment")
+    QUERIES: tuple[str, ...] = ("constraints", "indexes", "create_experiment", "refresh_busy_windows")
     REQUIRED: tuple[str, ...] = QUERIES
 
     def __init__(self, driver: Driver, catalog: QueryCatalog | None = None, *, database: str = "neo4j") -> None:
@@ -61,6 +61,29 @@ class GraphStore:
     def _read(self, name: str, **params: Any) -> list[dict[str, Any]]:
         with self.driver.session(database=self.database, default_access_mode=neo4j.READ_ACCESS) as s:
             return s.execute_read(lambda tx: self._tx_run(tx, name, **params))
+
+    def _tx_refresh_busy_windows(self, tx: ManagedTransaction, touched: Iterable[Sequence[Any]]) -> None:
+        """Bring the busy windows cached on devices up to date after a slice write, in the write's
+        own transaction (so the candidate-slot search never reads a stale cache): ``touched``
+        holds the ``[device_id, slice uid]`` pairs the write answered (a null device: none)."""
+        by_device: dict[str, set[str]] = {}
+        for device_id, slice_uid in touched:
+            if device_id is not None:
+                by_device.setdefault(str(device_id), set()).add(str(slice_uid))
+        if by_device:
+            self._tx_run(tx, "refresh_busy_windows", devices=[
+                {"device_id": d, "slice_uids": sorted(uids)} for d, uids in sorted(by_device.items())])
+
+    def _write_slices(self, name: str, **params: Any) -> list[dict[str, Any]]:
+        """Run a slice write whose answer names the ``[device_id, slice uid]`` pairs it
+        ``touched``, and refresh those busy windows in the same transaction."""
+        def work(tx: ManagedTransaction) -> list[dict[str, Any]]:
+            out = self._tx_run(tx, name, **params)
+            self._tx_refresh_busy_windows(tx, out[0]["touched"] if out else ())
+            return out
+
+        with self.driver.session(database=self.database) as s:
+            return s.execute_write(work)
 
     # ---- schema and experiment records -----------------------------------------------------------
     def apply_schema(self) -> int:

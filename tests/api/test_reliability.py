@@ -249,7 +249,7 @@ def test_soft_writes_wait_out_an_outage_and_are_flushed(client: TestClient, uid:
     with repo.driver.session() as s:
         row = s.run("MATCH (s:Slice {uid: $uid})-[:SERVES]->(r:Request) RETURN s.state AS state, r.uid AS r",
                     uid=lease["lease_id"]).single()
-    assert row is not None and row["state"] == "leased" and row["r"] == rid
+    assert row is not None and row["state"] == "running" and row["r"] == rid
     assert svc.writer.rows_dropped == 0
 
 

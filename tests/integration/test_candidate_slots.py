@@ -310,7 +310,7 @@ def test_slice_writes_are_batched_checked_and_dependencies_kept(repo: GraphRepos
         assert repo.place_slices(slices, batch=1) == 2
         rows = repo.run_read("MATCH (s:Slice {tenant_id: $t})-[:DEPENDS_ON]->(p:Slice)-[:ON]->(d:Device) "
                              "RETURN s.uid, p.uid, d.device_id, s.state", {"t": tenant}).rows
-        assert rows == [[f"{tenant}/q", f"{tenant}/p", a, "placed"]]
+        assert rows == [[f"{tenant}/q", f"{tenant}/p", a, "planned"]]
         with pytest.raises(InvalidInputError, match="unknown devices"):
             repo.place_slices([PlacedSlice(f"{tenant}/x", tenant, f"{tenant}/m0", "no-such-gpu", 0.0, 1.0, 1)])
         with pytest.raises(InvalidInputError, match="end_s"):

@@ -16,8 +16,8 @@ def _write(repo: GraphRepository, tenant: str, now: float) -> None:
         ("two-slices", "done", [1], [("s-2a", "done", now), ("s-2b", "done", now)]),
         ("no-result", "done", [], [("s-nr", "done", now)]),
         ("slice-not-done", "queued", [], [("s-nd", "done", now)]),
-        ("open-finished", "cancelled", [], [("s-of", "leased", None)]),
-        ("stale-open", "leased", [], [("s-so", "leased", None)]),
+        ("open-finished", "cancelled", [], [("s-of", "running", None)]),
+        ("stale-open", "leased", [], [("s-so", "running", None)]),
     ]
     with repo.driver.session() as s:
         for uid, status, out, slices in rows:
