@@ -32,6 +32,8 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,166 +61,208 @@ def sustained(points: list[tuple[float, float, float]], target: float) -> tuple[
     return best
 
 
-def main() -> int:
-    p = _record.parser("replay_headline", __doc__.splitlines()[0])
-    p.add_argument("--duration", type=float, help="simulated seconds per run (default 900; quick 300)")
-    p.add_argument("--mixes", default=",".join(MIXES), help="comma-separated tenant mixes")
-    p.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
-    p.add_argument("--placements", default=",".join(PLACEMENTS))
-    p.add_argument("--traces", default="azure-code,azure-conv,mooncake",
-                   help="public traces dealt to a100-4tenants' tenants (empty: none)")
-    p.add_argument("--saturated-load", type=float, default=4.0)
-    p.add_argument("--saturated-s", type=float, help="seconds of the saturated run (default 600; quick 150)")
-    p.add_argument("--no-queues", action="store_true", help="skip the queue-policy and calibration part")
-    add_cost_model_argument(p)
-    args = p.parse_args()
-    duration = args.duration or (300.0 if args.quick else 900.0)
-    sat_s = args.saturated_s or (150.0 if args.quick else 600.0)
-    seeds = [int(x) for x in (args.seeds or "0,1,2").split(",")]
-    mixes = [m for m in args.mixes.split(",") if m]
-    placements = [x for x in args.placements.split(",") if x]
-    traces = [t for t in args.traces.split(",") if t]
+@dataclass(frozen=True)
+class Task:
+    """One unit of work for a process: a (mix or trace, seed) load walk, or a saturated run."""
 
+    kind: str  # "mix" | "trace" | "saturated"
+    name: str  # the mix, or the trace dealt to a100-4tenants
+    seed: int
+    duration_s: float
+    placements: tuple[str, ...]
+    cost_model: str | None
+    plots: Path
+    saturated_load: float = 4.0
+
+
+def _workload_maker(task: Task) -> tuple[Any, Callable[[float], Any]]:
     import numpy as np
 
-    from learned.artifact import load_cost_model
-    from learned.estimator import calibration_study
     from service.cluster.spec import load_cluster_spec
     from service.domain.request import Workload
-    from service.replay.binding import deal, parse_binding, read_source, retime
+    from service.replay.binding import DealMode, deal, parse_binding, read_source, retime
     from service.replay.context import fit_context
-    from service.replay.mix import data_dir, load_mix, sample_workload
-    from service.replay.report import plot_latency_cdfs, plot_load_sweep, plot_timeline
+    from service.replay.mix import load_mix, sample_workload
+
+    if task.kind == "trace":
+        mix = load_mix("a100-4tenants")
+        binding = parse_binding(task.name)
+        requests = read_source(binding.source).requests
+        mode: DealMode = "session" if task.name == "mooncake" else "round-robin"  # only Mooncake has sessions
+
+        def make_trace(load: float) -> Workload:
+            timed = retime(requests, offset_s=0.0, rate_scale=load, horizon_s=task.duration_s)
+            fitted, _ = fit_context(deal(timed, mix.tenants, mode, source=binding.source), "clamp")
+            return Workload(f"a100-4tenants+{binding.source}", fitted, horizon_s=task.duration_s)
+        return (load_cluster_spec("8xA100-nvlink"), mix), make_trace
+    mix = load_mix(task.name)
+
+    def make(load: float) -> Workload:
+        return sample_workload(mix, np.random.default_rng(task.seed), duration_s=task.duration_s, load_scale=load)[0]
+    return (load_cluster_spec(MIXES.get(task.name, "8xA100-nvlink")), mix), make
+
+
+def run_task(task: Task) -> tuple[Task, dict[str, Any], int]:
+    """A task's figures, and the memory violations of all its runs."""
+    from learned.artifact import load_cost_model
+    from service.replay.report import plot_load_sweep, plot_timeline
     from service.replay.runner import PolicyName, ReplayConfig, run_policy
-    from service.workload.readers import read_azure
 
-    cost = load_cost_model(args.cost_model)
-    plots = args.out / "replay_headline"
-    plots.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    mem_violations = 0
+    (cluster, mix), make = _workload_maker(task)
+    config = ReplayConfig(cluster, mix, load_cost_model(task.cost_model).model, seed=task.seed,
+                          duration_s=task.duration_s)
+    tag = f"{task.kind} {task.name} s{task.seed}"
+    violations = 0
 
-    def run(config: ReplayConfig, workload: Workload, policy: str, load: float, tag: str) -> Any:
-        nonlocal mem_violations
+    def run(placement: str, load: float) -> Any:
+        nonlocal violations
         t = time.perf_counter()
-        res, spans = run_policy(config, workload, PolicyName.parse(policy), load_scale=load)
-        mem_violations += res.memory_violations
-        print(f"  {tag:28s} {policy:24s} x{load:<5g} {workload.num_requests:6d} req {res.token_throughput_tps:8.0f} tok/s "
+        w = make(load)
+        res, spans = run_policy(config, w, PolicyName.parse(f"fifo/{placement}"), load_scale=load)
+        violations += res.memory_violations
+        print(f"  {tag:30s} {placement:15s} x{load:<5g} {w.num_requests:6d} req {res.token_throughput_tps:8.0f} tok/s "
               f"SLA viol {res.sla_violation_rate:6.1%}  moves {res.num_guest_replicas:3d}  "
               f"({time.perf_counter() - t:.0f}s)", flush=True)
         return res, spans
 
-    def walk(config: ReplayConfig, make: Callable[[float], Workload], tag: str, name: str) -> dict[str, Any]:
-        """Each placement's load walk, its sustained loads and the plots of one (mix, seed)."""
-        out: dict[str, Any] = {}
-        all_results = []
-        for placement in placements:
-            points = []
-            spans_mid = None
-            for load in GRID:
-                res, spans = run(config, make(load), f"fifo/{placement}", load, tag)
-                all_results.append(res)
-                points.append((load, res.sla_violation_rate, res.token_throughput_tps))
-                if res.sla_violation_rate <= 0.09:
-                    spans_mid = spans  # the timeline at the highest load within the SLA
-                if res.sla_violation_rate > 0.09:
-                    break
-            at9, at5 = sustained(points, 0.09), sustained(points, 0.05)
-            out[placement] = {"sustained_load_9pct": round(at9[0], 4), "tokens_per_s_at_9pct": round(at9[1], 1),
-                              "bracketed_9pct": at9[2], "sustained_load_5pct": round(at5[0], 4),
-                              "tokens_per_s_at_5pct": round(at5[1], 1), "bracketed_5pct": at5[2],
-                              "walk": [{"load": a, "sla_violation": round(b, 4), "tokens_per_s": round(c, 1)}
-                                       for a, b, c in points]}
-            if spans_mid is not None:
-                plot_timeline(plots / f"timeline-{name}-{placement}.png", spans_mid,
-                              title=f"{name} {placement}: device timeline (highest load within the SLA)")
-        plot_load_sweep(plots / f"load_sweep-{name}.png", all_results)
-        return out
+    if task.kind == "saturated":
+        return task, {pl: round(run(pl, task.saturated_load)[0].horizon_tokens_per_s, 1)
+                      for pl in task.placements}, violations
+    name = f"{task.kind}-{task.name}-seed{task.seed}"
+    out: dict[str, Any] = {}
+    all_results = []
+    for placement in task.placements:
+        points = []
+        spans_best = None
+        for load in GRID:
+            res, spans = run(placement, load)
+            all_results.append(res)
+            points.append((load, res.sla_violation_rate, res.token_throughput_tps))
+            if res.sla_violation_rate > 0.09:
+                break
+            spans_best = spans  # the timeline at the highest load within the SLA
+        at9, at5 = sustained(points, 0.09), sustained(points, 0.05)
+        out[placement] = {"sustained_load_9pct": round(at9[0], 4), "tokens_per_s_at_9pct": round(at9[1], 1),
+                          "bracketed_9pct": at9[2], "sustained_load_5pct": round(at5[0], 4),
+                          "tokens_per_s_at_5pct": round(at5[1], 1), "bracketed_5pct": at5[2],
+                          "walk": [{"load": a, "sla_violation": round(b, 4), "tokens_per_s": round(c, 1)}
+                                   for a, b, c in points]}
+        if spans_best is not None and task.seed == 0:
+            mid = task.duration_s / 2
+            plot_timeline(task.plots / f"timeline-{name}-{placement}.png", spans_best,
+                          title=f"{task.name} {placement}: device timeline (highest load within the SLA)")
+            plot_timeline(task.plots / f"timeline-{name}-{placement}-10s.png", spans_best, window_s=(mid, mid + 10),
+                          title=f"{task.name} {placement}: 10 s (thin bars: operator-level guest slices)")
+    plot_load_sweep(task.plots / f"load_sweep-{name}.png", all_results)
+    return task, {"placements": out, "ratios": ratios(out)}, violations
 
-    def ratios(r: dict[str, Any]) -> dict[str, float | None]:
-        def ratio(a: str, b: str) -> float | None:
-            if a in r and b in r and r[b]["sustained_load_9pct"] > 0:
-                return round(float(r[a]["sustained_load_9pct"]) / float(r[b]["sustained_load_9pct"]), 3)
-            return None
-        share = None
-        if all(k in r for k in ("slice", "container", "oracle-elastic")):
-            gain = r["oracle-elastic"]["sustained_load_9pct"] - r["container"]["sustained_load_9pct"]
-            if gain > 0:
-                share = round((r["slice"]["sustained_load_9pct"] - r["container"]["sustained_load_9pct"]) / gain, 3)
-        return {"slice_over_container": ratio("slice", "container"), "slice_over_replica": ratio("slice", "replica"),
-                "replica_over_container": ratio("replica", "container"),
-                "oracle_over_container": ratio("oracle-elastic", "container"), "ceiling_share": share}
 
+def ratios(r: dict[str, Any]) -> dict[str, float | None]:
+    """Sustained-load ratios at 9% and slice's share of the ceiling's gain over container."""
+    def ratio(a: str, b: str) -> float | None:
+        if a in r and b in r and r[b]["sustained_load_9pct"] > 0:
+            return round(float(r[a]["sustained_load_9pct"]) / float(r[b]["sustained_load_9pct"]), 3)
+        return None
+    share = None
+    if all(k in r for k in ("slice", "container", "oracle-elastic")):
+        gain = r["oracle-elastic"]["sustained_load_9pct"] - r["container"]["sustained_load_9pct"]
+        if gain > 0:
+            share = round((r["slice"]["sustained_load_9pct"] - r["container"]["sustained_load_9pct"]) / gain, 3)
+    return {"slice_over_container": ratio("slice", "container"), "slice_over_replica": ratio("slice", "replica"),
+            "replica_over_container": ratio("replica", "container"),
+            "oracle_over_container": ratio("oracle-elastic", "container"), "ceiling_share": share}
+
+
+def queues_and_calibration(task: Task) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Queue policies on container where requests queue, and output-length calibration."""
+    from learned.artifact import load_cost_model
+    from learned.estimator import calibration_study
+    from service.replay.mix import data_dir
+    from service.replay.report import plot_latency_cdfs
+    from service.replay.runner import PolicyName, ReplayConfig, run_policy
+    from service.workload.readers import read_azure
+
+    (cluster, mix), make = _workload_maker(task)
+    config = ReplayConfig(cluster, mix, load_cost_model(task.cost_model).model, seed=task.seed,
+                          duration_s=task.duration_s)
+    summary: dict[str, Any] = {}
+    all_queue = []
+    for queue_load in (1.2, 1.5):
+        w = make(queue_load)
+        results = {pol: run_policy(config, w, PolicyName.parse(pol), load_scale=queue_load)[0]
+                   for pol in ("fifo/container", "sjf/container", "aging-spf/container", "oracle-remaining/container")}
+        print(f"  queues x{queue_load:g}: " + ", ".join(f"{k} p50 {v.e2e_s['p50']:.2f}s" for k, v in results.items()),
+              flush=True)
+        all_queue += list(results.values())
+        fifo = results["fifo/container"]
+        for pol, r in results.items():
+            summary[f"{pol} x{queue_load:g}"] = {
+                "e2e_p50_s": round(r.e2e_s["p50"], 3), "e2e_p99_s": round(r.e2e_s["p99"], 3),
+                "median_change": round(r.e2e_s["p50"] / fifo.e2e_s["p50"] - 1, 4),
+                "p99_change": round(r.e2e_s["p99"] / fifo.e2e_s["p99"] - 1, 4),
+                "max_wait_long_s": round(r.max_wait_s_long, 2), "sla_violation": round(r.sla_violation_rate, 4)}
+    plot_latency_cdfs(task.plots / "latency_cdf.png", all_queue)
+    code = read_azure(data_dir() / "azure-llm-2023/AzureLLMInferenceTrace_code.csv", tenant_id="t", model="llama2-7b")
+    conv = read_azure(data_dir() / "azure-llm-2023/AzureLLMInferenceTrace_conv.csv", tenant_id="t", model="llama2-7b")
+    return summary, calibration_study(code.requests, conv.requests)
+
+
+def main() -> int:
+    p = _record.parser("replay_headline", __doc__.splitlines()[0])
+    p.add_argument("--duration", type=float, help="simulated seconds per run (default 900; quick 240)")
+    p.add_argument("--mixes", default=",".join(MIXES), help="comma-separated tenant mixes")
+    p.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
+    p.add_argument("--placements", default=",".join(PLACEMENTS))
+    p.add_argument("--traces", default="azure-code,azure-conv,mooncake",
+                   help="public traces dealt to a100-4tenants' tenants, first seed only (empty: none)")
+    p.add_argument("--saturated-load", type=float, default=4.0)
+    p.add_argument("--saturated-s", type=float, help="seconds of the saturated run (default 600; quick 150)")
+    p.add_argument("--no-queues", action="store_true", help="skip the queue-policy and calibration part")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (each runs whole walks)")
+    add_cost_model_argument(p)
+    args = p.parse_args()
+    duration = args.duration or (240.0 if args.quick else 900.0)
+    sat_s = args.saturated_s or (150.0 if args.quick else 600.0)
+    seeds = [int(x) for x in (args.seeds or "0,1,2").split(",")]
+    mixes = [m for m in args.mixes.split(",") if m]
+    placements = tuple(x for x in args.placements.split(",") if x)
+    traces = [t for t in args.traces.split(",") if t]
+
+    from learned.artifact import load_cost_model
+
+    cost = load_cost_model(args.cost_model)  # trained here if missing, before the workers load it
+    plots = args.out / "replay_headline"
+    plots.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    tasks = [Task("mix", m, s, duration, placements, args.cost_model, plots) for m in mixes for s in seeds]
+    tasks += [Task("trace", t, seeds[0], duration, placements, args.cost_model, plots) for t in traces]
+    tasks += [Task("saturated", m, seeds[0], sat_s, placements, args.cost_model, plots, args.saturated_load)
+              for m in mixes]
+    queue_task = Task("mix", mixes[0], seeds[0], duration, ("container",), args.cost_model, plots) if mixes else None
+    done: list[tuple[Task, dict[str, Any], int]] = []
+    queue_summary: dict[str, Any] = {}
+    calib: dict[str, Any] = {}
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        queued = pool.submit(queues_and_calibration, queue_task) if queue_task and not args.no_queues else None
+        for fut in as_completed([pool.submit(run_task, t) for t in tasks]):
+            task, _, _ = result = fut.result()
+            done.append(result)
+            print(f"[{len(done)}/{len(tasks)}] {task.kind} {task.name} seed {task.seed} done "
+                  f"({time.perf_counter() - started:.0f}s)", flush=True)
+        if queued is not None:
+            queue_summary, calib = queued.result()
+
+    mem_violations = sum(v for _, _, v in done)
     per_mix: dict[str, Any] = {}
-    saturated: dict[str, Any] = {}
-    first: tuple[ReplayConfig, Any] | None = None
-    for mix_name in mixes:
-        mix = load_mix(mix_name)
-        cluster = load_cluster_spec(MIXES.get(mix_name, "8xA100-nvlink"))
-        per_seed = {}
-        for seed in seeds:
-            config = ReplayConfig(cluster, mix, cost.model, seed=seed, duration_s=duration)
-            first = first or (config, mix)
-            print(f"[{mix_name} seed {seed}] load walk", flush=True)
-
-            def make(load: float, mix: Any = mix, seed: int = seed, d: float = duration) -> Workload:
-                return sample_workload(mix, np.random.default_rng(seed), duration_s=d, load_scale=load)[0]
-
-            res = walk(config, make, f"{mix_name} s{seed}", f"{mix_name}-seed{seed}")
-            per_seed[str(seed)] = {"placements": res, "ratios": ratios(res)}
+    for m in mixes:
+        per_seed = {str(t.seed): r for t, r, _ in sorted(done, key=lambda x: x[0].seed)
+                    if t.kind == "mix" and t.name == m}
         medians = {k: _median([s["ratios"][k] for s in per_seed.values()])
                    for k in ("slice_over_container", "slice_over_replica", "replica_over_container",
                              "oracle_over_container", "ceiling_share")}
-        per_mix[mix_name] = {"cluster": cluster.name, "seeds": per_seed, "median": medians}
-        # saturated: every tenant backlogged
-        config = ReplayConfig(cluster, mix, cost.model, seed=seeds[0], duration_s=sat_s)
-        w = sample_workload(mix, np.random.default_rng(seeds[0]), duration_s=sat_s, load_scale=args.saturated_load)[0]
-        saturated[mix_name] = {pl: round(run(config, w, f"fifo/{pl}", args.saturated_load, f"{mix_name} saturated")[0]
-                                         .token_throughput_tps, 1) for pl in placements}
-
-    per_trace: dict[str, Any] = {}
-    base_mix = load_mix("a100-4tenants")
-    for trace in traces:
-        binding = parse_binding(trace)
-        requests = read_source(binding.source).requests
-        config = ReplayConfig(load_cluster_spec("8xA100-nvlink"), base_mix, cost.model, seed=seeds[0],
-                              duration_s=duration)
-        print(f"[trace {trace} dealt to a100-4tenants] load walk", flush=True)
-
-        def make_trace(load: float, requests: Any = requests, source: str = binding.source) -> Workload:
-            timed = retime(requests, offset_s=0.0, rate_scale=load, horizon_s=duration)
-            fitted, _ = fit_context(deal(timed, base_mix.tenants, "session", source=source), "clamp")
-            return Workload(f"a100-4tenants+{source}", fitted, horizon_s=duration)
-
-        res = walk(config, make_trace, f"trace {trace}", f"trace-{trace}")
-        per_trace[trace] = {"placements": res, "ratios": ratios(res)}
-
-    queue_summary: dict[str, Any] = {}
-    calib: dict[str, Any] = {}
-    if not args.no_queues and first is not None:
-        config, mix = first
-        all_queue = []
-        for queue_load in (1.2, 1.5):
-            print(f"[queues] queue policies at load x{queue_load:g}", flush=True)
-            w = sample_workload(mix, np.random.default_rng(config.seed), duration_s=duration, load_scale=queue_load)[0]
-            results = {pol: run(config, w, pol, queue_load, "queues")[0]
-                       for pol in ("fifo/container", "sjf/container", "aging-spf/container",
-                                   "oracle-remaining/container")}
-            all_queue += list(results.values())
-            fifo = results["fifo/container"]
-            for pol, r in results.items():
-                queue_summary[f"{pol} x{queue_load:g}"] = {
-                    "e2e_p50_s": round(r.e2e_s["p50"], 3), "e2e_p99_s": round(r.e2e_s["p99"], 3),
-                    "median_change": round(r.e2e_s["p50"] / fifo.e2e_s["p50"] - 1, 4),
-                    "p99_change": round(r.e2e_s["p99"] / fifo.e2e_s["p99"] - 1, 4),
-                    "max_wait_long_s": round(r.max_wait_s_long, 2), "sla_violation": round(r.sla_violation_rate, 4)}
-        plot_latency_cdfs(plots / "latency_cdf.png", all_queue)
-        print("[calibration] output-length calibration (Azure code -> conv)", flush=True)
-        code = read_azure(data_dir() / "azure-llm-2023/AzureLLMInferenceTrace_code.csv", tenant_id="t",
-                          model="llama2-7b")
-        conv = read_azure(data_dir() / "azure-llm-2023/AzureLLMInferenceTrace_conv.csv", tenant_id="t",
-                          model="llama2-7b")
-        calib = calibration_study(code.requests, conv.requests)
+        per_mix[m] = {"cluster": MIXES.get(m, "8xA100-nvlink"), "seeds": per_seed, "median": medians}
+    saturated = {t.name: r for t, r, _ in done if t.kind == "saturated"}
+    per_trace = {t.name: r for t, r, _ in done if t.kind == "trace"}
 
     def med(mix: str, key: str) -> float | None:
         value = per_mix.get(mix, {}).get("median", {}).get(key)
@@ -236,9 +280,11 @@ def main() -> int:
     s4, s8, sr = (summary["slice_over_container_4tenants"], summary["slice_over_container_8tenants"],
                   summary["slice_over_replica_min"])
     _record.write("replay_headline", args, {
-        "mixes": {m: MIXES.get(m, "8xA100-nvlink") for m in mixes}, "seeds": seeds, "placements": placements,
-        "traces": traces, "duration_s": duration, "grid": list(GRID), "saturated_load": args.saturated_load,
-        "saturated_s": sat_s, "cost_model": cost.describe(), "kv": "paged",
+        "mixes": {m: MIXES.get(m, "8xA100-nvlink") for m in mixes}, "seeds": seeds, "placements": list(placements),
+        "traces": {t: "dealt to a100-4tenants' tenants (" + ("session" if t == "mooncake" else "round-robin")
+                   + f"), seed {seeds[0]}" for t in traces},
+        "duration_s": duration, "grid": list(GRID), "saturated_load": args.saturated_load,
+        "saturated_s": sat_s, "cost_model": cost.describe(), "kv": "paged", "jobs": args.jobs,
     }, {
         "summary": summary,
         "mixes": per_mix,

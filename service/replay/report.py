@@ -47,6 +47,7 @@ class PolicyResult:
     num_guest_replicas: int = 0  # replicas the slice policy added
     num_whatifs: int = 0
     wall_s: float = 0.0
+    horizon_tokens_per_s: float = 0.0  # output tokens produced before the horizon, per second (saturation)
     decisions: list[str] = field(default_factory=list)  # the placement's notes, first 100, with their times
     e2e_samples_s: list[float] = field(default_factory=list, repr=False)  # for CDF plots
 

@@ -222,11 +222,13 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
             notes += [f"t={t:.0f}s {n}" for n in decision.notes][:100 - len(notes)]
         if progress is not None:
             progress(label, t / horizon)
+    produced = cluster.tokens_out
     cluster.run(until=horizon * config.cutoff_factor)
     result = summarise(str(policy), load_scale, workload, cluster.report(), horizon_s=horizon)
     result.num_guest_replicas = guests
     result.num_whatifs = whatifs
     result.decisions = notes
+    result.horizon_tokens_per_s = produced / horizon
     result.wall_s = time.perf_counter() - started
     return result, spans.spans
 
