@@ -6,16 +6,20 @@ own ``slicesched profile`` CSVs given with ``--profile``):
 
 1. evidence: the table and a GNN are fitted on the Vidur ``model`` split's training part (plus
    75 % of each own profile) and scored on the held-out part, per device kind
-   (:func:`learned.evaluate.score`: MAPE of the median);
+   (:func:`learned.evaluate.score`: MAPE of the median); the same on the held-out models'
+   traced operator slices is recorded beside it (``slice_evidence``);
 2. choice: per device kind, the GNN where its held-out MAPE is below the table's, else the table;
-3. the shipped models: the table and the GNN refitted on every row, and the host overhead per
+3. the shipped models: the table and the GNN refitted on every row (the GNN also on traced
+   operator slices with their real edges, :mod:`learned.slices`; its p90 and p99 on such
+   slices shifted by the split-conformal offsets that make the evidence GNN cover the held-out
+   models' slices, :mod:`learned.calibration`), and the host overhead per
    iteration (fixed + per sequence) fitted per GPU kind on Vidur's measured CPU overheads
    (schedule, sampler, input preparation, output processing; TP 1 rows).
 
 Artifacts live in a per-machine cache (``$SLICESCHED_COST_MODEL_DIR``, else
 ``$XDG_CACHE_HOME/slicesched/cost-models``, else ``~/.cache/slicesched/cost-models``), in a folder
-named by a hash of the training inputs (file digests, GNN config, sample cap) and of this
-package's code. Loading never trains and never falls back: a missing artifact is a
+named by a hash of the training inputs (file digests, GNN config, sample cap, slice token counts)
+and of the code that trains and answers (this package, the tracer and the feature extraction). Loading never trains and never falls back: a missing artifact is a
 :class:`MissingArtifactError` naming the command that makes it.
 
 Kinds (``--cost-model`` / ``$SLICESCHED_COST_MODEL``): ``learned`` (default: the recorded
@@ -43,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from learned.calibration import conformal_shift
 from learned.choice import TRAIN_COMMAND, kind_from
 from learned.evaluate import (
     ATTENTION_CSV,
@@ -54,19 +59,23 @@ from learned.evaluate import (
     held_out_cases,
     load_vidur,
     score,
+    score_slices,
     training_samples,
 )
 from learned.gnn import GnnConfig, GnnCostModel, GraphSample, train_gnn
 from learned.profile import OpTiming, ProfileStore, file_digest, timing_features, vidur_mlp_files
 from learned.roofline import RooflineCostModel, device_of_kind
+from learned.slices import timed_slices, vidur_configs
 from learned.table import ProfileTableCostModel
 from service.core.cost import (
     NO_OVERHEAD,
     CostModel,
+    Edge,
     IterationOverhead,
     Latency,
     OpFeatures,
     StackedCostModel,
+    predict_slice,
 )
 from service.domain.cluster import DEVICE_KINDS, Device
 from service.domain.error import InvalidInputError
@@ -80,7 +89,11 @@ _OVERHEAD_COLUMNS = ("schedule_median", "sampler_e2e_median", "prepare_inputs_e2
 # The shipped GNN: fewer epochs and a sample cap so that evidence + final fit train in < 120 s on 2 cores.
 SHIPPED_GNN = GnnConfig(epochs=24)
 SHIPPED_MAX_SAMPLES = 24_000
-_CODE_FILES = ("artifact.py", "evaluate.py", "gnn.py", "profile.py", "roofline.py", "table.py")
+SHIPPED_SLICE_TOKENS = 16  # token counts per profiled model for the traced slices
+_CODE_FILES = ("artifact.py", "calibration.py", "evaluate.py", "gnn.py", "profile.py", "roofline.py", "slices.py",
+               "table.py")
+# Outside this package: what the traced slices' graphs and features come from.
+_TRACE_FILES = ("service/core/cost.py", "service/models/family.py", "service/models/trace.py")
 
 
 class MissingArtifactError(InvalidInputError):
@@ -102,6 +115,7 @@ class TrainingInputs:
     profiles: tuple[Path, ...] = ()
     config: GnnConfig = SHIPPED_GNN
     max_train_samples: int | None = SHIPPED_MAX_SAMPLES
+    slice_tokens_per_model: int | None = SHIPPED_SLICE_TOKENS
 
     def files(self) -> list[Path]:
         vidur = [*vidur_mlp_files(self.data_dir / VIDUR_ROOT / "compute"), self.data_dir / ATTENTION_CSV,
@@ -120,7 +134,8 @@ class TrainingInputs:
         for p in files:
             h.update(file_digest(p).encode())
         config = asdict(replace(self.config, threads=1))  # threads change the speed, not the model
-        h.update(json.dumps({"config": config, "max": self.max_train_samples}, sort_keys=True).encode())
+        h.update(json.dumps({"config": config, "max": self.max_train_samples,
+                             "slice_tokens": self.slice_tokens_per_model}, sort_keys=True).encode())
         h.update(code_digest().encode())
         return h.hexdigest()[:16]
 
@@ -131,6 +146,8 @@ def code_digest() -> str:
     here = Path(__file__).resolve().parent
     for name in _CODE_FILES:
         h.update((here / name).read_bytes())
+    for rel in _TRACE_FILES:
+        h.update((here.parent / rel).read_bytes())
     return h.hexdigest()
 
 
@@ -161,6 +178,10 @@ class ArtifactCostModel:
 
     def predict(self, ops: Sequence[OpFeatures], device: Device) -> Latency:
         return self.model_for(device).predict(ops, device)
+
+    def predict_graph(self, ops: Sequence[OpFeatures], edges: Sequence[Edge], device: Device) -> Latency:
+        """The chosen model's latency of the slice with its real edges (:func:`predict_slice`)."""
+        return predict_slice(self.model_for(device), ops, edges, device)
 
     def predict_stack(self, prefix: Sequence[OpFeatures], block: Sequence[OpFeatures], repeats: int,
                       suffix: Sequence[OpFeatures], device: Device) -> Latency:
@@ -274,12 +295,14 @@ def fit_overheads(data_dir: Path) -> dict[str, IterationOverhead]:
 
 
 def _samples(rows: Sequence[OpTiming], inputs: TrainingInputs) -> list[GraphSample]:
+    """Operator chains and single operators (capped), plus the traced slices of ``rows``."""
     samples = training_samples(rows, seed=inputs.config.seed)
     cap = inputs.max_train_samples
     if cap is not None and len(samples) > cap:
         pick = np.random.default_rng(inputs.config.seed).choice(len(samples), cap, replace=False)
         samples = [samples[i] for i in sorted(pick)]
-    return samples
+    configs = vidur_configs(inputs.data_dir / VIDUR_ROOT / "compute")
+    return samples + [s.sample for s in timed_slices(rows, configs, tokens_per_model=inputs.slice_tokens_per_model)]
 
 
 def _table(rows: Sequence[OpTiming]) -> ProfileTableCostModel:
@@ -292,9 +315,20 @@ def _table(rows: Sequence[OpTiming]) -> ProfileTableCostModel:
     return ProfileTableCostModel.from_timings(rows, fallback=calibrated)
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """Held-out scores per device kind on operator chains (``per_device_kind``) and on the
+    held-out models' traced slices (``per_slice``), and the conformal shifts of the GNN's p90
+    and p99 on slices measured on the latter (``quantile_shift``, see :mod:`learned.calibration`)."""
+
+    per_device_kind: dict[str, dict[str, Any]]
+    per_slice: dict[str, dict[str, Any]]
+    quantile_shift: tuple[float, float]
+
+
 def held_out_evidence(vidur: Sequence[OpTiming], own: Sequence[OpTiming], inputs: TrainingInputs,
-                      progress: Callable[[str], None]) -> dict[str, dict[str, Any]]:
-    """Per device kind: held-out MAPE of table, GNN and roofline (see the module docstring)."""
+                      progress: Callable[[str], None]) -> Evidence:
+    """Held-out MAPE of table, GNN and roofline per device kind (see the module docstring)."""
     own_split = cpu_split(own, inputs.config.seed) if own else None
     train = [t for t in vidur if t.model not in MODEL_TEST] + (own_split.train if own_split else [])
     test_vidur = [t for t in vidur if t.model in MODEL_TEST]
@@ -310,7 +344,14 @@ def held_out_evidence(vidur: Sequence[OpTiming], own: Sequence[OpTiming], inputs
     for kind in sorted({c.device.kind for c in cases}):
         mine = [c for c in cases if c.device.kind == kind]
         out[kind] = {name: {k: round(v, 3) for k, v in score(m, mine).items()} for name, m in models.items()}
-    return out
+    slices = timed_slices(test_vidur, vidur_configs(inputs.data_dir / VIDUR_ROOT / "compute"),
+                          tokens_per_model=inputs.slice_tokens_per_model)
+    per_slice: dict[str, dict[str, Any]] = {}
+    for kind in sorted({s.sample.device.kind for s in slices}):
+        on_kind = [s for s in slices if s.sample.device.kind == kind]
+        per_slice[kind] = {name: {k: round(score_slices(m, on_kind)[k], 3) for k in ("mape_pct", "p90_coverage", "n")}
+                           for name, m in models.items()}
+    return Evidence(out, per_slice, conformal_shift(gnn, [s.sample for s in slices]))
 
 
 def _epoch_line(prefix: str, progress: Callable[[str], None]) -> Callable[[dict[str, float]], None]:
@@ -332,7 +373,8 @@ def train_artifact(inputs: TrainingInputs, cache_dir: Path, *, force: bool = Fal
     vidur = load_vidur(inputs.data_dir)
     own = [t for p in inputs.profiles for t in ProfileStore(p).load()]
     progress(f"read {len(vidur)} Vidur and {len(own)} own profile rows in {time.perf_counter() - started:.0f}s")
-    evidence = held_out_evidence(vidur, own, inputs, progress)
+    found = held_out_evidence(vidur, own, inputs, progress)
+    evidence = found.per_device_kind
     choice = {k: "gnn" if e["gnn"]["mape_pct"] < e["table"]["mape_pct"] else "table" for k, e in evidence.items()}
     progress("choice per device kind: " + ", ".join(f"{k} {v} (gnn {evidence[k]['gnn']['mape_pct']:.2f}% vs "
                                                      f"table {evidence[k]['table']['mape_pct']:.2f}%)"
@@ -341,6 +383,7 @@ def train_artifact(inputs: TrainingInputs, cache_dir: Path, *, force: bool = Fal
     table = _table(rows)
     gnn, report = train_gnn(_samples(rows, inputs), inputs.config, progress=_epoch_line("final", progress),
                             meta={"inputs_key": key})
+    gnn = gnn.with_quantile_shift(found.quantile_shift)
     overheads = fit_overheads(inputs.data_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".learned-", dir=cache_dir))
@@ -352,9 +395,14 @@ def train_artifact(inputs: TrainingInputs, cache_dir: Path, *, force: bool = Fal
             "inputs": {"data_dir": str(inputs.data_dir), "files": [str(p) for p in inputs.files()],
                        "profiles": [str(p) for p in inputs.profiles], "rows": len(rows)},
             "gnn_config": asdict(inputs.config), "max_train_samples": inputs.max_train_samples,
+            "slice_tokens_per_model": inputs.slice_tokens_per_model,
             "choice": choice, "evidence": {"split": f"held-out models {', '.join(MODEL_TEST)} (Vidur)"
                                                     + (", 25% of own profile rows" if own else ""),
                                            "metric": "MAPE of the median, per device kind", "per_device_kind": evidence},
+            "slice_evidence": {"split": f"traced operator slices of {', '.join(MODEL_TEST)} (Vidur, TP 1)",
+                               "per_device_kind": found.per_slice},
+            "gnn_quantile_shift": {"p90_p99_log": list(found.quantile_shift),
+                                   "from": "split conformal on the evidence GNN's held-out slices"},
             "overheads": {k: asdict(v) for k, v in overheads.items()},
             "final_gnn_train_seconds": round(report.seconds, 1),
             "train_seconds": round(time.perf_counter() - started, 1),
@@ -380,11 +428,14 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=SHIPPED_GNN.epochs, help="GNN epochs (experiments only)")
     p.add_argument("--max-train-samples", type=int, default=SHIPPED_MAX_SAMPLES,
                    help="subsample training graphs (experiments only)")
+    p.add_argument("--slice-tokens", type=int, default=SHIPPED_SLICE_TOKENS,
+                   help="token counts per profiled model for the traced slices (experiments only)")
     p.add_argument("--threads", type=int, default=1, help="torch threads while training")
     p.add_argument("--force", action="store_true", help="retrain even if the artifact exists")
     args = p.parse_args(argv)
     inputs = TrainingInputs(args.data_dir, tuple(args.profile) or profiles_from_env(),
-                            replace(SHIPPED_GNN, epochs=args.epochs, threads=args.threads), args.max_train_samples)
+                            replace(SHIPPED_GNN, epochs=args.epochs, threads=args.threads), args.max_train_samples,
+                            args.slice_tokens)
     target = train_artifact(inputs, args.cache_dir or default_cache_dir(), force=args.force)
     meta = json.loads((target / "meta.json").read_text())
     print(json.dumps({"artifact": str(target), "sha256": artifact_sha256(target), "choice": meta["choice"],
