@@ -8,7 +8,9 @@ own ``slicesched profile`` CSVs given with ``--profile``):
    75 % of each own profile) and scored on the held-out part, per device kind
    (:func:`learned.evaluate.score`: MAPE of the median); the same on the held-out models'
    traced operator slices is recorded beside it (``slice_evidence``);
-2. choice: per device kind, the GNN where its held-out MAPE is below the table's, else the table;
+2. choice: per device kind, the GNN where its held-out MAPE is below the table's, else the table
+   (``choice`` for operator sequences and iterations, ``slice_choice`` for slices priced with
+   their real edges, each by its own evidence);
 3. the shipped models: the table and the GNN refitted on every row (the GNN also on traced
    operator slices with their real edges, :mod:`learned.slices`; its p90 and p99 on such
    slices shifted by the split-conformal offsets that make the evidence GNN cover the held-out
@@ -19,7 +21,8 @@ own ``slicesched profile`` CSVs given with ``--profile``):
 Artifacts live in a per-machine cache (``$SLICESCHED_COST_MODEL_DIR``, else
 ``$XDG_CACHE_HOME/slicesched/cost-models``, else ``~/.cache/slicesched/cost-models``), in a folder
 named by a hash of the training inputs (file digests, GNN config, sample cap, slice token counts)
-and of the code that trains and answers (this package, the tracer and the feature extraction). Loading never trains and never falls back: a missing artifact is a
+and of the code that trains and answers (this package, the tracer, the feature extraction).
+Loading never trains and never falls back: a missing artifact is a
 :class:`MissingArtifactError` naming the command that makes it.
 
 Kinds (``--cost-model`` / ``$SLICESCHED_COST_MODEL``): ``learned`` (default: the recorded
@@ -31,7 +34,6 @@ profiled kind), ``gnn``, ``table`` (both from the artifact, host overheads inclu
 from __future__ import annotations
 
 import argparse
-import csv
 import hashlib
 import json
 import math
@@ -63,7 +65,14 @@ from learned.evaluate import (
     training_samples,
 )
 from learned.gnn import GnnConfig, GnnCostModel, GraphSample, train_gnn
-from learned.profile import OpTiming, ProfileStore, file_digest, timing_features, vidur_mlp_files
+from learned.profile import (
+    OpTiming,
+    ProfileStore,
+    file_digest,
+    fit_host_overhead,
+    timing_features,
+    vidur_mlp_files,
+)
 from learned.roofline import RooflineCostModel, device_of_kind
 from learned.slices import timed_slices, vidur_configs
 from learned.table import ProfileTableCostModel
@@ -83,9 +92,6 @@ from service.domain.error import InvalidInputError
 CACHE_ENV = "SLICESCHED_COST_MODEL_DIR"
 CPU_OVERHEADS = {"A100-80GB": VIDUR_ROOT / "legacy-a100" / "cpu_overheads.csv",
                  "A40": VIDUR_ROOT / "legacy-a40" / "cpu_overheads.csv"}
-# Host-side parts of one engine step as Vidur sums them (model_execution overlaps the GPU).
-_OVERHEAD_COLUMNS = ("schedule_median", "sampler_e2e_median", "prepare_inputs_e2e_median",
-                     "process_model_outputs_median")
 # The shipped GNN: fewer epochs and a sample cap so that evidence + final fit train in < 120 s on 2 cores.
 SHIPPED_GNN = GnnConfig(epochs=24)
 SHIPPED_MAX_SAMPLES = 24_000
@@ -163,25 +169,34 @@ def artifact_sha256(directory: Path) -> str:
 # ---- the composite model ----------------------------------------------------------------------------
 
 class ArtifactCostModel:
-    """Per device kind one of the artifact's models, plus its host overhead per iteration."""
+    """Per device kind one of the artifact's models, plus its host overhead per iteration.
+
+    ``choice`` answers :meth:`predict` and :meth:`predict_stack`; ``graph_choice`` (default:
+    ``choice``) answers :meth:`predict_graph`; a kind in neither gets ``default``.
+    """
 
     def __init__(self, models: Mapping[str, CostModel], choice: Mapping[str, str], default: str,
-                 overheads: Mapping[str, IterationOverhead], *, name: str) -> None:
+                 overheads: Mapping[str, IterationOverhead], *, name: str,
+                 graph_choice: Mapping[str, str] | None = None) -> None:
         self.name = name
         self._models = dict(models)
         self._choice = dict(choice)
+        self._graph_choice = dict(choice if graph_choice is None else graph_choice)
         self._default = default
         self._overheads = dict(overheads)
 
     def model_for(self, device: Device) -> CostModel:
         return self._models[self._choice.get(device.kind, self._default)]
 
+    def graph_model_for(self, device: Device) -> CostModel:
+        return self._models[self._graph_choice.get(device.kind, self._default)]
+
     def predict(self, ops: Sequence[OpFeatures], device: Device) -> Latency:
         return self.model_for(device).predict(ops, device)
 
     def predict_graph(self, ops: Sequence[OpFeatures], edges: Sequence[Edge], device: Device) -> Latency:
-        """The chosen model's latency of the slice with its real edges (:func:`predict_slice`)."""
-        return predict_slice(self.model_for(device), ops, edges, device)
+        """The slice-chosen model's latency of the slice with its real edges (:func:`predict_slice`)."""
+        return predict_slice(self.graph_model_for(device), ops, edges, device)
 
     def predict_stack(self, prefix: Sequence[OpFeatures], block: Sequence[OpFeatures], repeats: int,
                       suffix: Sequence[OpFeatures], device: Device) -> Latency:
@@ -212,12 +227,14 @@ class LoadedCostModel:
     artifact: Path | None = None
     sha256: str | None = None
     choice: dict[str, str] = field(default_factory=dict)
+    slice_choice: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "artifact": None if self.artifact is None else str(self.artifact),
                                "sha256": self.sha256}
         if self.kind == "learned":
             out["choice"] = self.choice
+            out["slice_choice"] = self.slice_choice
         return out
 
 
@@ -242,10 +259,11 @@ def load_cost_model(kind: str | None = None, *, cache_dir: Path | None = None,
     if kind != "table":
         models["gnn"] = GnnCostModel.load(directory / "gnn")
     choice = dict(meta["choice"]) if kind == "learned" else {}
+    slice_choice = dict(meta["slice_choice"]) if kind == "learned" else {}
     overheads = {k: IterationOverhead(**v) for k, v in meta["overheads"].items()}
     default = "table" if kind == "learned" else kind
-    model = ArtifactCostModel(models, choice, default, overheads, name=kind)
-    return LoadedCostModel(kind, model, directory, artifact_sha256(directory), choice)
+    model = ArtifactCostModel(models, choice, default, overheads, name=kind, graph_choice=slice_choice)
+    return LoadedCostModel(kind, model, directory, artifact_sha256(directory), choice, slice_choice)
 
 
 def ensure_cost_model(kind: str | None = None, *,
@@ -277,21 +295,9 @@ def profiles_from_env() -> tuple[Path, ...]:
 # ---- training -------------------------------------------------------------------------------------
 
 def fit_overheads(data_dir: Path) -> dict[str, IterationOverhead]:
-    """Per GPU kind: least squares of the host milliseconds per step on ``[1, batch size]`` (TP 1)."""
-    out: dict[str, IterationOverhead] = {}
-    for kind, rel in CPU_OVERHEADS.items():
-        path = data_dir / rel
-        if not path.exists():
-            continue
-        with path.open(newline="") as f:
-            rows = [r for r in csv.DictReader(f) if int(r["tensor_parallel_degree"]) == 1]
-        if not rows:
-            continue
-        x = np.array([[1.0, float(r["batch_size"])] for r in rows])
-        y = np.array([sum(float(r[c]) for c in _OVERHEAD_COLUMNS) for r in rows]) / 1e3
-        coef = np.clip(np.linalg.lstsq(x, y, rcond=None)[0], 0.0, None)
-        out[kind] = IterationOverhead(float(coef[0]), float(coef[1]), float(coef[1]))
-    return out
+    """Per GPU kind with a Vidur CPU-overhead profile: :func:`learned.profile.fit_host_overhead`."""
+    return {kind: fit for kind, rel in CPU_OVERHEADS.items()
+            if (data_dir / rel).exists() and (fit := fit_host_overhead(data_dir / rel)) is not None}
 
 
 def _samples(rows: Sequence[OpTiming], inputs: TrainingInputs) -> list[GraphSample]:
@@ -361,6 +367,15 @@ def _epoch_line(prefix: str, progress: Callable[[str], None]) -> Callable[[dict[
     return show
 
 
+def _choose(what: str, evidence: dict[str, dict[str, Any]], progress: Callable[[str], None]) -> dict[str, str]:
+    """Per device kind the GNN where its held-out MAPE is below the table's, else the table."""
+    chosen = {k: "gnn" if e["gnn"]["mape_pct"] < e["table"]["mape_pct"] else "table" for k, e in evidence.items()}
+    progress(f"{what} per device kind: " + ", ".join(f"{k} {v} (gnn {evidence[k]['gnn']['mape_pct']:.2f}% vs "
+                                                     f"table {evidence[k]['table']['mape_pct']:.2f}%)"
+                                                     for k, v in chosen.items()))
+    return chosen
+
+
 def train_artifact(inputs: TrainingInputs, cache_dir: Path, *, force: bool = False,
                    progress: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> Path:
     """Train (unless present and not ``force``) and save the artifact; returns its folder."""
@@ -375,10 +390,7 @@ def train_artifact(inputs: TrainingInputs, cache_dir: Path, *, force: bool = Fal
     progress(f"read {len(vidur)} Vidur and {len(own)} own profile rows in {time.perf_counter() - started:.0f}s")
     found = held_out_evidence(vidur, own, inputs, progress)
     evidence = found.per_device_kind
-    choice = {k: "gnn" if e["gnn"]["mape_pct"] < e["table"]["mape_pct"] else "table" for k, e in evidence.items()}
-    progress("choice per device kind: " + ", ".join(f"{k} {v} (gnn {evidence[k]['gnn']['mape_pct']:.2f}% vs "
-                                                     f"table {evidence[k]['table']['mape_pct']:.2f}%)"
-                                                     for k, v in choice.items()))
+    choice, slice_choice = _choose("choice", evidence, progress), _choose("slice choice", found.per_slice, progress)
     rows = [*vidur, *own]
     table = _table(rows)
     gnn, report = train_gnn(_samples(rows, inputs), inputs.config, progress=_epoch_line("final", progress),
@@ -396,7 +408,7 @@ def train_artifact(inputs: TrainingInputs, cache_dir: Path, *, force: bool = Fal
                        "profiles": [str(p) for p in inputs.profiles], "rows": len(rows)},
             "gnn_config": asdict(inputs.config), "max_train_samples": inputs.max_train_samples,
             "slice_tokens_per_model": inputs.slice_tokens_per_model,
-            "choice": choice, "evidence": {"split": f"held-out models {', '.join(MODEL_TEST)} (Vidur)"
+            "choice": choice, "slice_choice": slice_choice, "evidence": {"split": f"held-out models {', '.join(MODEL_TEST)} (Vidur)"
                                                     + (", 25% of own profile rows" if own else ""),
                                            "metric": "MAPE of the median, per device kind", "per_device_kind": evidence},
             "slice_evidence": {"split": f"traced operator slices of {', '.join(MODEL_TEST)} (Vidur, TP 1)",
@@ -439,5 +451,6 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     target = train_artifact(inputs, args.cache_dir or default_cache_dir(), force=args.force)
     meta = json.loads((target / "meta.json").read_text())
     print(json.dumps({"artifact": str(target), "sha256": artifact_sha256(target), "choice": meta["choice"],
+                      "slice_choice": meta["slice_choice"],
                       "train_seconds": meta["train_seconds"]}))
     return 0

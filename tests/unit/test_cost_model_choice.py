@@ -133,7 +133,8 @@ def test_replay_report_names_its_cost_model(tmp_path: Path, tiny: tuple[Training
     described = json.loads((out / "report.json").read_text())["config"]["cost_model"]
     assert described["kind"] == "learned" and described["artifact"] == str(target)
     assert described["sha256"] == load_cost_model("learned", cache_dir=cache, inputs=inputs).sha256
-    assert described["choice"] == json.loads((target / "meta.json").read_text())["choice"]
+    meta = json.loads((target / "meta.json").read_text())
+    assert described["choice"] == meta["choice"] and described["slice_choice"] == meta["slice_choice"]
     out2 = tmp_path / "out2"
     assert main(["replay", "--duration", "5", "--policy", "fifo/container", "--cost-model", "roofline",
                  "--out", str(out2)]) == 0

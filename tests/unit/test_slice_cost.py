@@ -153,6 +153,11 @@ def test_predict_slice_sums_operators_for_models_without_graphs(gnn: GnnCostMode
     assert both.predict_graph(ops, edges, A100) == gnn.predict_graph(ops, edges, A100)
     h100 = device_of_kind("H100-80GB")
     assert both.predict_graph(ops, edges, h100) == roofline.predict(ops, h100)
+    # slices follow their own per-kind choice (from slice evidence), iterations theirs
+    split = ArtifactCostModel({"gnn": gnn, "roofline": roofline}, {"A100-80GB": "roofline"}, "roofline",
+                              {}, name="learned", graph_choice={"A100-80GB": "gnn"})
+    assert split.predict(ops, A100) == roofline.predict(ops, A100)
+    assert split.predict_graph(ops, edges, A100) == gnn.predict_graph(ops, edges, A100)
 
 
 def test_uncounted_operators_pass_messages_but_add_no_time(gnn: GnnCostModel, graph: OperatorGraph) -> None:
