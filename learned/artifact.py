@@ -6,16 +6,23 @@ own ``slicesched profile`` CSVs given with ``--profile``):
 
 1. evidence: the table and a GNN are fitted on the Vidur ``model`` split's training part (plus
    75 % of each own profile) and scored on the held-out part, per device kind
-   (:func:`learned.evaluate.score`: MAPE of the median);
-2. choice: per device kind, the GNN where its held-out MAPE is below the table's, else the table;
-3. the shipped models: the table and the GNN refitted on every row, and the host overhead per
+   (:func:`learned.evaluate.score`: MAPE of the median); the same on the held-out models'
+   traced operator slices is recorded beside it (``slice_evidence``);
+2. choice: per device kind, the GNN where its held-out MAPE is below the table's, else the table
+   (``choice`` for operator sequences and iterations, ``slice_choice`` for slices priced with
+   their real edges, each by its own evidence);
+3. the shipped models: the table and the GNN refitted on every row (the GNN also on traced
+   operator slices with their real edges, :mod:`learned.slices`; its p90 and p99 on such
+   slices shifted by the split-conformal offsets that make the evidence GNN cover the held-out
+   models' slices, :mod:`learned.calibration`), and the host overhead per
    iteration (fixed + per sequence) fitted per GPU kind on Vidur's measured CPU overheads
    (schedule, sampler, input preparation, output processing; TP 1 rows).
 
 Artifacts live in a per-machine cache (``$SLICESCHED_COST_MODEL_DIR``, else
 ``$XDG_CACHE_HOME/slicesched/cost-models``, else ``~/.cache/slicesched/cost-models``), in a folder
-named by a hash of the training inputs (file digests, GNN config, sample cap) and of this
-package's code. Loading never trains and never falls back: a missing artifact is a
+named by a hash of the training inputs (file digests, GNN config, sample cap, slice token counts)
+and of the code that trains and answers (this package, the tracer, the feature extraction).
+Loading never trains and never falls back: a missing artifact is a
 :class:`MissingArtifactError` naming the command that makes it.
 
 Kinds (``--cost-model`` / ``$SLICESCHED_COST_MODEL``): ``learned`` (default: the recorded
@@ -27,7 +34,6 @@ profiled kind), ``gnn``, ``table`` (both from the artifact, host overheads inclu
 from __future__ import annotations
 
 import argparse
-import csv
 import hashlib
 import json
 import math
@@ -43,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from learned.calibration import conformal_shift
 from learned.choice import TRAIN_COMMAND, kind_from
 from learned.evaluate import (
     ATTENTION_CSV,
@@ -54,19 +61,30 @@ from learned.evaluate import (
     held_out_cases,
     load_vidur,
     score,
+    score_slices,
     training_samples,
 )
 from learned.gnn import GnnConfig, GnnCostModel, GraphSample, train_gnn
-from learned.profile import OpTiming, ProfileStore, file_digest, timing_features, vidur_mlp_files
+from learned.profile import (
+    OpTiming,
+    ProfileStore,
+    file_digest,
+    fit_host_overhead,
+    timing_features,
+    vidur_mlp_files,
+)
 from learned.roofline import RooflineCostModel, device_of_kind
+from learned.slices import timed_slices, vidur_configs
 from learned.table import ProfileTableCostModel
 from service.core.cost import (
     NO_OVERHEAD,
     CostModel,
+    Edge,
     IterationOverhead,
     Latency,
     OpFeatures,
     StackedCostModel,
+    predict_slice,
 )
 from service.domain.cluster import DEVICE_KINDS, Device
 from service.domain.error import InvalidInputError
@@ -74,13 +92,14 @@ from service.domain.error import InvalidInputError
 CACHE_ENV = "SLICESCHED_COST_MODEL_DIR"
 CPU_OVERHEADS = {"A100-80GB": VIDUR_ROOT / "legacy-a100" / "cpu_overheads.csv",
                  "A40": VIDUR_ROOT / "legacy-a40" / "cpu_overheads.csv"}
-# Host-side parts of one engine step as Vidur sums them (model_execution overlaps the GPU).
-_OVERHEAD_COLUMNS = ("schedule_median", "sampler_e2e_median", "prepare_inputs_e2e_median",
-                     "process_model_outputs_median")
 # The shipped GNN: fewer epochs and a sample cap so that evidence + final fit train in < 120 s on 2 cores.
 SHIPPED_GNN = GnnConfig(epochs=24)
 SHIPPED_MAX_SAMPLES = 24_000
-_CODE_FILES = ("artifact.py", "evaluate.py", "gnn.py", "profile.py", "roofline.py", "table.py")
+SHIPPED_SLICE_TOKENS = 16  # token counts per profiled model for the traced slices
+_CODE_FILES = ("artifact.py", "calibration.py", "evaluate.py", "gnn.py", "profile.py", "roofline.py", "slices.py",
+               "table.py")
+# Outside this package: what the traced slices' graphs and features come from.
+_TRACE_FILES = ("service/core/cost.py", "service/models/family.py", "service/models/trace.py")
 
 
 class MissingArtifactError(InvalidInputError):
@@ -102,6 +121,7 @@ class TrainingInputs:
     profiles: tuple[Path, ...] = ()
     config: GnnConfig = SHIPPED_GNN
     max_train_samples: int | None = SHIPPED_MAX_SAMPLES
+    slice_tokens_per_model: int | None = SHIPPED_SLICE_TOKENS
 
     def files(self) -> list[Path]:
         vidur = [*vidur_mlp_files(self.data_dir / VIDUR_ROOT / "compute"), self.data_dir / ATTENTION_CSV,
@@ -120,7 +140,8 @@ class TrainingInputs:
         for p in files:
             h.update(file_digest(p).encode())
         config = asdict(replace(self.config, threads=1))  # threads change the speed, not the model
-        h.update(json.dumps({"config": config, "max": self.max_train_samples}, sort_keys=True).encode())
+        h.update(json.dumps({"config": config, "max": self.max_train_samples,
+                             "slice_tokens": self.slice_tokens_per_model}, sort_keys=True).encode())
         h.update(code_digest().encode())
         return h.hexdigest()[:16]
 
@@ -131,6 +152,8 @@ def code_digest() -> str:
     here = Path(__file__).resolve().parent
     for name in _CODE_FILES:
         h.update((here / name).read_bytes())
+    for rel in _TRACE_FILES:
+        h.update((here.parent / rel).read_bytes())
     return h.hexdigest()
 
 
@@ -146,21 +169,34 @@ def artifact_sha256(directory: Path) -> str:
 # ---- the composite model ----------------------------------------------------------------------------
 
 class ArtifactCostModel:
-    """Per device kind one of the artifact's models, plus its host overhead per iteration."""
+    """Per device kind one of the artifact's models, plus its host overhead per iteration.
+
+    ``choice`` answers :meth:`predict` and :meth:`predict_stack`; ``graph_choice`` (default:
+    ``choice``) answers :meth:`predict_graph`; a kind in neither gets ``default``.
+    """
 
     def __init__(self, models: Mapping[str, CostModel], choice: Mapping[str, str], default: str,
-                 overheads: Mapping[str, IterationOverhead], *, name: str) -> None:
+                 overheads: Mapping[str, IterationOverhead], *, name: str,
+                 graph_choice: Mapping[str, str] | None = None) -> None:
         self.name = name
         self._models = dict(models)
         self._choice = dict(choice)
+        self._graph_choice = dict(choice if graph_choice is None else graph_choice)
         self._default = default
         self._overheads = dict(overheads)
 
     def model_for(self, device: Device) -> CostModel:
         return self._models[self._choice.get(device.kind, self._default)]
 
+    def graph_model_for(self, device: Device) -> CostModel:
+        return self._models[self._graph_choice.get(device.kind, self._default)]
+
     def predict(self, ops: Sequence[OpFeatures], device: Device) -> Latency:
         return self.model_for(device).predict(ops, device)
+
+    def predict_graph(self, ops: Sequence[OpFeatures], edges: Sequence[Edge], device: Device) -> Latency:
+        """The slice-chosen model's latency of the slice with its real edges (:func:`predict_slice`)."""
+        return predict_slice(self.graph_model_for(device), ops, edges, device)
 
     def predict_stack(self, prefix: Sequence[OpFeatures], block: Sequence[OpFeatures], repeats: int,
                       suffix: Sequence[OpFeatures], device: Device) -> Latency:
@@ -191,12 +227,14 @@ class LoadedCostModel:
     artifact: Path | None = None
     sha256: str | None = None
     choice: dict[str, str] = field(default_factory=dict)
+    slice_choice: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "artifact": None if self.artifact is None else str(self.artifact),
                                "sha256": self.sha256}
         if self.kind == "learned":
             out["choice"] = self.choice
+            out["slice_choice"] = self.slice_choice
         return out
 
 
@@ -221,10 +259,11 @@ def load_cost_model(kind: str | None = None, *, cache_dir: Path | None = None,
     if kind != "table":
         models["gnn"] = GnnCostModel.load(directory / "gnn")
     choice = dict(meta["choice"]) if kind == "learned" else {}
+    slice_choice = dict(meta["slice_choice"]) if kind == "learned" else {}
     overheads = {k: IterationOverhead(**v) for k, v in meta["overheads"].items()}
     default = "table" if kind == "learned" else kind
-    model = ArtifactCostModel(models, choice, default, overheads, name=kind)
-    return LoadedCostModel(kind, model, directory, artifact_sha256(directory), choice)
+    model = ArtifactCostModel(models, choice, default, overheads, name=kind, graph_choice=slice_choice)
+    return LoadedCostModel(kind, model, directory, artifact_sha256(directory), choice, slice_choice)
 
 
 def ensure_cost_model(kind: str | None = None, *,
@@ -256,30 +295,20 @@ def profiles_from_env() -> tuple[Path, ...]:
 # ---- training -------------------------------------------------------------------------------------
 
 def fit_overheads(data_dir: Path) -> dict[str, IterationOverhead]:
-    """Per GPU kind: least squares of the host milliseconds per step on ``[1, batch size]`` (TP 1)."""
-    out: dict[str, IterationOverhead] = {}
-    for kind, rel in CPU_OVERHEADS.items():
-        path = data_dir / rel
-        if not path.exists():
-            continue
-        with path.open(newline="") as f:
-            rows = [r for r in csv.DictReader(f) if int(r["tensor_parallel_degree"]) == 1]
-        if not rows:
-            continue
-        x = np.array([[1.0, float(r["batch_size"])] for r in rows])
-        y = np.array([sum(float(r[c]) for c in _OVERHEAD_COLUMNS) for r in rows]) / 1e3
-        coef = np.clip(np.linalg.lstsq(x, y, rcond=None)[0], 0.0, None)
-        out[kind] = IterationOverhead(float(coef[0]), float(coef[1]), float(coef[1]))
-    return out
+    """Per GPU kind with a Vidur CPU-overhead profile: :func:`learned.profile.fit_host_overhead`."""
+    return {kind: fit for kind, rel in CPU_OVERHEADS.items()
+            if (data_dir / rel).exists() and (fit := fit_host_overhead(data_dir / rel)) is not None}
 
 
 def _samples(rows: Sequence[OpTiming], inputs: TrainingInputs) -> list[GraphSample]:
+    """Operator chains and single operators (capped), plus the traced slices of ``rows``."""
     samples = training_samples(rows, seed=inputs.config.seed)
     cap = inputs.max_train_samples
     if cap is not None and len(samples) > cap:
         pick = np.random.default_rng(inputs.config.seed).choice(len(samples), cap, replace=False)
         samples = [samples[i] for i in sorted(pick)]
-    return samples
+    configs = vidur_configs(inputs.data_dir / VIDUR_ROOT / "compute")
+    return samples + [s.sample for s in timed_slices(rows, configs, tokens_per_model=inputs.slice_tokens_per_model)]
 
 
 def _table(rows: Sequence[OpTiming]) -> ProfileTableCostModel:
@@ -292,9 +321,20 @@ def _table(rows: Sequence[OpTiming]) -> ProfileTableCostModel:
     return ProfileTableCostModel.from_timings(rows, fallback=calibrated)
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """Held-out scores per device kind on operator chains (``per_device_kind``) and on the
+    held-out models' traced slices (``per_slice``), and the conformal shifts of the GNN's p90
+    and p99 on slices measured on the latter (``quantile_shift``, see :mod:`learned.calibration`)."""
+
+    per_device_kind: dict[str, dict[str, Any]]
+    per_slice: dict[str, dict[str, Any]]
+    quantile_shift: tuple[float, float]
+
+
 def held_out_evidence(vidur: Sequence[OpTiming], own: Sequence[OpTiming], inputs: TrainingInputs,
-                      progress: Callable[[str], None]) -> dict[str, dict[str, Any]]:
-    """Per device kind: held-out MAPE of table, GNN and roofline (see the module docstring)."""
+                      progress: Callable[[str], None]) -> Evidence:
+    """Held-out MAPE of table, GNN and roofline per device kind (see the module docstring)."""
     own_split = cpu_split(own, inputs.config.seed) if own else None
     train = [t for t in vidur if t.model not in MODEL_TEST] + (own_split.train if own_split else [])
     test_vidur = [t for t in vidur if t.model in MODEL_TEST]
@@ -310,7 +350,14 @@ def held_out_evidence(vidur: Sequence[OpTiming], own: Sequence[OpTiming], inputs
     for kind in sorted({c.device.kind for c in cases}):
         mine = [c for c in cases if c.device.kind == kind]
         out[kind] = {name: {k: round(v, 3) for k, v in score(m, mine).items()} for name, m in models.items()}
-    return out
+    slices = timed_slices(test_vidur, vidur_configs(inputs.data_dir / VIDUR_ROOT / "compute"),
+                          tokens_per_model=inputs.slice_tokens_per_model)
+    per_slice: dict[str, dict[str, Any]] = {}
+    for kind in sorted({s.sample.device.kind for s in slices}):
+        on_kind = [s for s in slices if s.sample.device.kind == kind]
+        per_slice[kind] = {name: {k: round(score_slices(m, on_kind)[k], 3) for k in ("mape_pct", "p90_coverage", "n")}
+                           for name, m in models.items()}
+    return Evidence(out, per_slice, conformal_shift(gnn, [s.sample for s in slices]))
 
 
 def _epoch_line(prefix: str, progress: Callable[[str], None]) -> Callable[[dict[str, float]], None]:
@@ -318,6 +365,15 @@ def _epoch_line(prefix: str, progress: Callable[[str], None]) -> Callable[[dict[
         progress(f"[{prefix}] epoch {int(line['epoch']):3d}  loss {line['loss']:.4f}  "
                  f"train MAPE {100 * line['mape_train']:.2f}%  {line['seconds']:.0f}s")
     return show
+
+
+def _choose(what: str, evidence: dict[str, dict[str, Any]], progress: Callable[[str], None]) -> dict[str, str]:
+    """Per device kind the GNN where its held-out MAPE is below the table's, else the table."""
+    chosen = {k: "gnn" if e["gnn"]["mape_pct"] < e["table"]["mape_pct"] else "table" for k, e in evidence.items()}
+    progress(f"{what} per device kind: " + ", ".join(f"{k} {v} (gnn {evidence[k]['gnn']['mape_pct']:.2f}% vs "
+                                                     f"table {evidence[k]['table']['mape_pct']:.2f}%)"
+                                                     for k, v in chosen.items()))
+    return chosen
 
 
 def train_artifact(inputs: TrainingInputs, cache_dir: Path, *, force: bool = False,
@@ -332,15 +388,14 @@ def train_artifact(inputs: TrainingInputs, cache_dir: Path, *, force: bool = Fal
     vidur = load_vidur(inputs.data_dir)
     own = [t for p in inputs.profiles for t in ProfileStore(p).load()]
     progress(f"read {len(vidur)} Vidur and {len(own)} own profile rows in {time.perf_counter() - started:.0f}s")
-    evidence = held_out_evidence(vidur, own, inputs, progress)
-    choice = {k: "gnn" if e["gnn"]["mape_pct"] < e["table"]["mape_pct"] else "table" for k, e in evidence.items()}
-    progress("choice per device kind: " + ", ".join(f"{k} {v} (gnn {evidence[k]['gnn']['mape_pct']:.2f}% vs "
-                                                     f"table {evidence[k]['table']['mape_pct']:.2f}%)"
-                                                     for k, v in choice.items()))
+    found = held_out_evidence(vidur, own, inputs, progress)
+    evidence = found.per_device_kind
+    choice, slice_choice = _choose("choice", evidence, progress), _choose("slice choice", found.per_slice, progress)
     rows = [*vidur, *own]
     table = _table(rows)
     gnn, report = train_gnn(_samples(rows, inputs), inputs.config, progress=_epoch_line("final", progress),
                             meta={"inputs_key": key})
+    gnn = gnn.with_quantile_shift(found.quantile_shift)
     overheads = fit_overheads(inputs.data_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".learned-", dir=cache_dir))
@@ -352,9 +407,14 @@ def train_artifact(inputs: TrainingInputs, cache_dir: Path, *, force: bool = Fal
             "inputs": {"data_dir": str(inputs.data_dir), "files": [str(p) for p in inputs.files()],
                        "profiles": [str(p) for p in inputs.profiles], "rows": len(rows)},
             "gnn_config": asdict(inputs.config), "max_train_samples": inputs.max_train_samples,
-            "choice": choice, "evidence": {"split": f"held-out models {', '.join(MODEL_TEST)} (Vidur)"
+            "slice_tokens_per_model": inputs.slice_tokens_per_model,
+            "choice": choice, "slice_choice": slice_choice, "evidence": {"split": f"held-out models {', '.join(MODEL_TEST)} (Vidur)"
                                                     + (", 25% of own profile rows" if own else ""),
                                            "metric": "MAPE of the median, per device kind", "per_device_kind": evidence},
+            "slice_evidence": {"split": f"traced operator slices of {', '.join(MODEL_TEST)} (Vidur, TP 1)",
+                               "per_device_kind": found.per_slice},
+            "gnn_quantile_shift": {"p90_p99_log": list(found.quantile_shift),
+                                   "from": "split conformal on the evidence GNN's held-out slices"},
             "overheads": {k: asdict(v) for k, v in overheads.items()},
             "final_gnn_train_seconds": round(report.seconds, 1),
             "train_seconds": round(time.perf_counter() - started, 1),
@@ -380,13 +440,17 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=SHIPPED_GNN.epochs, help="GNN epochs (experiments only)")
     p.add_argument("--max-train-samples", type=int, default=SHIPPED_MAX_SAMPLES,
                    help="subsample training graphs (experiments only)")
+    p.add_argument("--slice-tokens", type=int, default=SHIPPED_SLICE_TOKENS,
+                   help="token counts per profiled model for the traced slices (experiments only)")
     p.add_argument("--threads", type=int, default=1, help="torch threads while training")
     p.add_argument("--force", action="store_true", help="retrain even if the artifact exists")
     args = p.parse_args(argv)
     inputs = TrainingInputs(args.data_dir, tuple(args.profile) or profiles_from_env(),
-                            replace(SHIPPED_GNN, epochs=args.epochs, threads=args.threads), args.max_train_samples)
+                            replace(SHIPPED_GNN, epochs=args.epochs, threads=args.threads), args.max_train_samples,
+                            args.slice_tokens)
     target = train_artifact(inputs, args.cache_dir or default_cache_dir(), force=args.force)
     meta = json.loads((target / "meta.json").read_text())
     print(json.dumps({"artifact": str(target), "sha256": artifact_sha256(target), "choice": meta["choice"],
+                      "slice_choice": meta["slice_choice"],
                       "train_seconds": meta["train_seconds"]}))
     return 0

@@ -16,6 +16,10 @@ The CPU profile split holds out a seeded 25 % of our profiler's rows (single ope
 Metrics: MAPE of the median against the measured median; p90 (p99) coverage, the fraction of
 held-out measurements at or below the predicted p90 (p99). Vidur publishes per-row summaries,
 so a row's median stands for one observation.
+
+Per slice (``per_slice`` in a split's result, when :class:`SliceData` is given): the same
+metrics over operator slices of traced models with their real edges, timed by the same rows
+(:mod:`learned.slices`); the GNN also trains on the training part's slices.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from learned.calibration import cross_conformal_shift, group_folds
 from learned.gnn import GnnConfig, GnnCostModel, GraphSample, train_gnn
 from learned.profile import (
     OpTiming,
@@ -42,9 +47,11 @@ from learned.profile import (
     timing_features,
 )
 from learned.roofline import RooflineCostModel, device_of_kind
+from learned.slices import SLICE_KINDS, TimedSlice, timed_slices, vidur_configs
 from learned.table import ProfileTableCostModel
-from service.core.cost import CostModel, OpFeatures
+from service.core.cost import CostModel, Latency, OpFeatures
 from service.domain.cluster import Device
+from service.models.family import ModelConfig
 
 DATA_DIR = Path(os.environ.get("SLICESCHED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 VIDUR_ROOT = Path("vidur-profiling") / "profiling"
@@ -59,6 +66,20 @@ class Split:
     description: str
     train: list[OpTiming]
     test: list[OpTiming]
+
+
+@dataclass(frozen=True)
+class SliceData:
+    """Per-slice evaluation: model shapes (:func:`learned.slices.vidur_configs`) and how many
+    token counts per model the training and the held-out slices take (None: all)."""
+
+    configs: dict[str, ModelConfig]
+    train_tokens_per_model: int | None = 24
+    test_tokens_per_model: int | None = 32
+
+    @staticmethod
+    def of(data_dir: Path, *, train_tokens: int | None = 24, test_tokens: int | None = 32) -> SliceData:
+        return SliceData(vidur_configs(data_dir / VIDUR_ROOT / "compute"), train_tokens, test_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,38 +158,101 @@ def score(model: CostModel, cases: Sequence[Case]) -> dict[str, float]:
         preds = model.predict_many([(c.ops, c.device) for c in cases])
     else:
         preds = [model.predict(c.ops, c.device) for c in cases]
-    obs = np.asarray([c.observed_ms for c in cases])
+    return _metrics(np.asarray([c.observed_ms for c in cases]), preds)
+
+
+def slice_predictions(model: CostModel, slices: Sequence[TimedSlice]) -> list[Latency]:
+    """Each model's latency of a slice's counted operators: the GNN runs the whole slice graph
+    (uncounted nodes pass messages); the table and the roofline price operators alone, so the
+    counted ones are summed (edges change nothing for them)."""
+    if isinstance(model, GnnCostModel):
+        return model.predict_samples([s.sample for s in slices])
+    return [model.predict([op for op, c in zip(s.sample.ops, s.sample.counted or (), strict=True) if c]
+                          if s.sample.counted is not None else s.sample.ops, s.sample.device) for s in slices]
+
+
+def score_slices(model: CostModel, slices: Sequence[TimedSlice]) -> dict[str, Any]:
+    """:func:`score`'s metrics over ``slices``, overall and per slice kind (``by_kind``: MAPE)."""
+    preds = slice_predictions(model, slices)
+    obs = np.asarray([s.sample.target_ms for s in slices])
+    out: dict[str, Any] = _metrics(obs, preds)
+    out["by_kind_mape_pct"] = {}
+    for kind in SLICE_KINDS:
+        mine = [i for i, s in enumerate(slices) if s.kind == kind]
+        if mine:
+            out["by_kind_mape_pct"][kind] = _metrics(obs[mine], [preds[i] for i in mine])["mape_pct"]
+    return out
+
+
+def _metrics(obs: np.ndarray, preds: Sequence[Latency]) -> dict[str, Any]:
     p50 = np.asarray([p.p50_s for p in preds]) * 1e3
     p90 = np.asarray([p.p90_s for p in preds]) * 1e3
     p99 = np.asarray([p.p99_s for p in preds]) * 1e3
     ape = np.abs(p50 - obs) / obs
+    # the median signed error: a bias shared by a held-out model or GPU (negative: too fast)
     return {"mape_pct": float(100 * ape.mean()), "median_ape_pct": float(100 * np.median(ape)),
+            "median_error_pct": float(100 * np.median((p50 - obs) / obs)),
             "p90_coverage": float((obs <= p90).mean()), "p99_coverage": float((obs <= p99).mean()),
-            "n": len(cases)}
+            "n": len(obs)}
 
 
 def evaluate_split(split: Split, config: GnnConfig, *, chains: bool = True, max_train_samples: int | None = None,
-                   progress: Callable[[dict[str, float]], None] | None = None) -> dict[str, Any]:
-    """Fit roofline (calibrated), table and GNN on ``split.train``; score all on ``split.test``."""
-    samples = training_samples(split.train, seed=config.seed)
-    if max_train_samples is not None and len(samples) > max_train_samples:
-        pick = np.random.default_rng(config.seed).choice(len(samples), max_train_samples, replace=False)
-        samples = [samples[i] for i in sorted(pick)]
+                   progress: Callable[[dict[str, float]], None] | None = None,
+                   slices: SliceData | None = None, calibrate: bool = True) -> dict[str, Any]:
+    """Fit roofline (calibrated), table and GNN on ``split.train``; score all on ``split.test``
+    (and on its slices, with ``slices``: the GNN then trains on the training part's slices too;
+    ``max_train_samples`` caps the other samples only). ``calibrate`` (with ``slices``): the
+    GNN's p90 and p99 on slices take the cross-conformal shifts of companion GNNs, each trained
+    without one of two folds of the training part's models (device kinds, for a device split)
+    and measured on that fold's slices (:mod:`learned.calibration`)."""
+    samples = _gnn_samples(split.train, config, max_train_samples, slices)
     devices: dict[str, Device] = {}
     roofline = RooflineCostModel()
     calibrated = roofline.calibrated((timing_features(t), _device(t.device_kind, devices), t.p50_ms / 1e3)
                                      for t in split.train)
     table = ProfileTableCostModel.from_timings(split.train, fallback=calibrated)
     gnn, report = train_gnn(samples, config, progress=progress, meta={"split": split.name})
+    calibration: dict[str, Any] = {"folds": [], "shift": [0.0, 0.0]}
+    if calibrate and slices is not None:
+        by = "device_kind" if split.name.startswith("device") else "model"
+        groups = {getattr(t, by) for t in split.train} if by == "device_kind" else set(slices.configs)
+        shifts: list[tuple[GnnCostModel, list[GraphSample]]] = []
+        for fit, held in group_folds(split.train, by, groups, seed=config.seed):
+            companion, _ = train_gnn(_gnn_samples(fit, config, max_train_samples, slices), config)
+            shifts.append((companion, [s.sample for s in timed_slices(
+                held, slices.configs, tokens_per_model=slices.test_tokens_per_model)]))
+            calibration["folds"].append(sorted({getattr(t, by) for t in held}))
+        if shifts:
+            gnn = gnn.with_quantile_shift(cross_conformal_shift(shifts))
+            calibration["shift"] = [round(x, 4) for x in gnn.quantile_shift]
     cases = held_out_cases(split.test, chains=chains)
     models: dict[str, CostModel] = {"roofline": roofline, "roofline-calibrated": calibrated, "table": table,
                                     "gnn": gnn}
-    return {
+    out = {
         "split": split.name, "description": split.description, "train_rows": len(split.train),
         "train_samples": len(samples), "held_out_cases": len(cases), "train_seconds": round(report.seconds, 1),
-        "final_train_mape_pct": round(100 * report.epochs[-1]["mape_train"], 2),
+        "final_train_mape_pct": round(100 * report.epochs[-1]["mape_train"], 2), "gnn_calibration": calibration,
         "models": {name: score(m, cases) for name, m in models.items()},
     }
+    if slices is not None:
+        test_slices = timed_slices(split.test, slices.configs, tokens_per_model=slices.test_tokens_per_model)
+        out["per_slice"] = {
+            "held_out_slices": len(test_slices), "held_out_models": sorted({s.model for s in test_slices}),
+            "models": {name: score_slices(m, test_slices) for name, m in models.items()},
+        }
+    return out
+
+
+def _gnn_samples(rows: Sequence[OpTiming], config: GnnConfig, cap: int | None,
+                 slices: SliceData | None) -> list[GraphSample]:
+    """Chains and single operators of ``rows`` (at most ``cap``), plus their traced slices."""
+    samples = training_samples(rows, seed=config.seed)
+    if cap is not None and len(samples) > cap:
+        pick = np.random.default_rng(config.seed).choice(len(samples), cap, replace=False)
+        samples = [samples[i] for i in sorted(pick)]
+    if slices is not None:
+        samples += [s.sample for s in timed_slices(rows, slices.configs, tokens_per_model=slices.train_tokens_per_model)]
+    return samples
 
 
 def load_vidur(data_dir: Path, *, attention: bool = True) -> list[OpTiming]:
@@ -203,8 +287,10 @@ def _config(args: argparse.Namespace) -> GnnConfig:
 
 
 def evaluate_all(data_dir: Path, splits: Sequence[str], config: GnnConfig, *, profile: Path | None = None,
-                 max_train_samples: int | None = None, verbose: bool = True) -> dict[str, Any]:
-    """Every requested Vidur split, plus the CPU split if ``profile`` is given.
+                 max_train_samples: int | None = None, verbose: bool = True,
+                 slices: SliceData | None = None) -> dict[str, Any]:
+    """Every requested Vidur split (with per-slice results if ``slices``), plus the CPU split if
+    ``profile`` is given.
 
     Device splits train the GNN with ``device_features=False`` (the held-out device is unseen).
     """
@@ -214,7 +300,7 @@ def evaluate_all(data_dir: Path, splits: Sequence[str], config: GnnConfig, *, pr
         # An unseen device: the GNN sees only device-independent features and scales by the roofline.
         cfg = replace(config, device_features=False) if name.startswith("device") else config
         results[name] = evaluate_split(vidur_split(name, rows), cfg, max_train_samples=max_train_samples,
-                                       progress=_print_progress(name) if verbose else None)
+                                       progress=_print_progress(name) if verbose else None, slices=slices)
     if profile is not None:
         cpu_rows = ProfileStore(profile).load()
         results["cpu"] = evaluate_split(cpu_split(cpu_rows, config.seed), config, chains=False,

@@ -1,15 +1,19 @@
-"""A graph neural network cost model over a slice's operator chain (torch-geometric).
+"""A graph neural network cost model over a slice's operator subgraph (torch-geometric).
 
-Input graph: one node per operator, edges both ways between consecutive operators (the data
-dependency of a slice's op sequence). Node features: kind one-hot, log FLOPs, log bytes, log
+Input graph: one node per operator, messages both ways along the slice's data dependencies:
+its real producer -> consumer edges (:meth:`GnnCostModel.predict_graph`, e.g. the residual
+connections of a transformer layer), or the chain of consecutive operators
+(:meth:`GnnCostModel.predict`, a slice known only as an op sequence). Node features: kind one-hot, log FLOPs, log bytes, log
 tokens, log dims, log context, log batch, and the two roofline times ``log(flops/peak)`` and
 ``log(bytes/bw)``; the device (log peak FLOP/s, log bandwidth) is broadcast to every node.
 Features are standardised with statistics saved in the artifact.
 
 Output, in log milliseconds: every node predicts its own log latency (by default as a
 correction to the default roofline time, so an unseen device is scaled physically); the slice's median is
-``logsumexp`` over its nodes (latencies add), so a chain of any length is answered and a node
-level loss can use per-operator medians. A graph head adds ``softplus`` gaps for p90 and p99
+``logsumexp`` over its nodes (latencies add), so a graph of any size is answered and a node
+level loss can use per-operator medians. A training sample may count only some of its nodes
+(``GraphSample.counted``): the others pass messages but their time is not in the target (an
+operator the profiles do not time, such as attention in a traced layer). A graph head adds ``softplus`` gaps for p90 and p99
 (monotone by construction), trained with the pinball loss on a detached median.
 
 Training (:func:`train_gnn`) is a function, never a constructor; artifacts live in a directory
@@ -36,7 +40,7 @@ from torch_geometric.nn import GraphConv
 from torch_geometric.utils import scatter
 
 from learned.roofline import RooflineCostModel
-from service.core.cost import OP_KINDS, Latency, OpFeatures
+from service.core.cost import OP_KINDS, Edge, Latency, OpFeatures, chain_edges, check_edges
 from service.domain.cluster import Device
 
 _KIND_INDEX = {k: i for i, k in enumerate(OP_KINDS)}
@@ -64,15 +68,19 @@ class GnnConfig:
 
 @dataclass(frozen=True, slots=True)
 class GraphSample:
-    """One training example: an operator chain on a device and its measured median (ms).
+    """One training example: an operator graph on a device and its measured median (ms).
 
-    ``op_targets_ms``: per-operator medians where known (same length as ``ops``), else None.
+    ``op_targets_ms``: per-operator medians where known (same length as ``ops``; nan for an
+    unknown one), else None. ``edges``: (producer, consumer) positions in ``ops``; None is the
+    chain. ``counted``: the operators whose time ``target_ms`` covers (None: all of them).
     """
 
     ops: tuple[OpFeatures, ...]
     device: Device
     target_ms: float
     op_targets_ms: tuple[float, ...] | None = None
+    edges: tuple[Edge, ...] | None = None
+    counted: tuple[bool, ...] | None = None
 
 
 @dataclass
@@ -82,8 +90,12 @@ class _Flat:
     x: np.ndarray  # [nodes, N_FEATURES] raw (unstandardised) features
     node_target: np.ndarray  # [nodes] log ms, nan where unknown
     base: np.ndarray  # [nodes] log ms of the default roofline (0 when roofline_base is off)
+    weight: np.ndarray  # [nodes] 1 where the node's time is in its sample's target, else 0
     offsets: np.ndarray  # [samples + 1]
     target: np.ndarray  # [samples] log ms
+    edges: np.ndarray  # [2, edges] (low, high) node positions within their sample
+    edge_offsets: np.ndarray  # [samples + 1]
+    graph: np.ndarray  # [samples] True where the sample's edges are not the chain
 
 
 def _raw_features(ops: Sequence[OpFeatures], device: Device) -> np.ndarray:
@@ -102,10 +114,16 @@ def _raw_features(ops: Sequence[OpFeatures], device: Device) -> np.ndarray:
 
 
 def _flatten(samples: Sequence[GraphSample], config: GnnConfig) -> _Flat:
-    xs, node_t, lengths, base = [], [], [], []
+    xs, node_t, lengths, base, weights, edges, edge_counts, graph = [], [], [], [], [], [], [], []
     roofline = RooflineCostModel()
     for s in samples:
         xs.append(_raw_features(s.ops, s.device))
+        chain = chain_edges(len(s.ops))
+        pairs = chain if s.edges is None else check_edges(len(s.ops), s.edges)
+        graph.append(pairs != chain)
+        edges.append(np.asarray(pairs, dtype=np.int64).reshape(-1, 2))
+        edge_counts.append(len(pairs))
+        weights.append(np.ones(len(s.ops)) if s.counted is None else np.asarray(s.counted, dtype=np.float64))
         if config.roofline_base:
             base.append(np.log([roofline.op_seconds(op, s.device) * 1e3 for op in s.ops]))
         else:
@@ -120,15 +138,15 @@ def _flatten(samples: Sequence[GraphSample], config: GnnConfig) -> _Flat:
     x = np.concatenate(xs)
     if not config.device_features:
         x[:, -4:] = 0.0
-    return _Flat(x, np.concatenate(node_t), np.concatenate(base), offsets, target)
+    return _Flat(x, np.concatenate(node_t), np.concatenate(base), np.concatenate(weights), offsets, target,
+                 np.concatenate(edges).T.copy(), np.concatenate([[0], np.cumsum(edge_counts)]).astype(np.int64),
+                 np.asarray(graph, dtype=bool))
 
 
-def _chain_edges(batch: np.ndarray) -> np.ndarray:
-    """Both-way edges between consecutive nodes of the same graph."""
-    idx = np.arange(len(batch))
-    same = batch[:-1] == batch[1:]
-    src, dst = idx[:-1][same], idx[1:][same]
-    return np.stack([np.concatenate([src, dst]), np.concatenate([dst, src])])
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The concatenated index ranges ``starts[i]:ends[i]``."""
+    lengths = ends - starts
+    return np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(lengths.sum())
 
 
 class _Net(nn.Module):
@@ -153,7 +171,8 @@ class _Net(nn.Module):
             h = norm(h + torch.nn.functional.silu(conv(h, edge_index)))
         node = base + self.node_head(h).squeeze(-1)
         w = torch.ones_like(node) if weight is None else weight
-        peak = scatter(node, batch, dim=0, dim_size=n_graphs, reduce="max")
+        # the largest counted node (a node weighted 0 is context only)
+        peak = scatter(node.detach().masked_fill(w <= 0, -1e4), batch, dim=0, dim_size=n_graphs, reduce="max")
         log_p50 = peak + torch.log(scatter(w * torch.exp(node - peak[batch]), batch, dim=0, dim_size=n_graphs,
                                            reduce="sum"))
         pooled = scatter(w[:, None] * h, batch, dim=0, dim_size=n_graphs, reduce="sum") \
@@ -175,24 +194,46 @@ class TrainReport:
 
 
 class GnnCostModel:
-    """A trained network plus its feature statistics; implements the CostModel protocol."""
+    """A trained network plus its feature statistics; implements the CostModel protocol.
+
+    ``quantile_shift``: log offsets added to the network's p90 and p99 for a graph whose edges
+    are not the chain (0 as trained; see :mod:`learned.calibration`), p50 <= p90 <= p99 kept. A
+    chain (an operator sequence, as the profiles time it) keeps the trained quantiles.
+    """
 
     def __init__(self, net: _Net, config: GnnConfig, mean: np.ndarray, std: np.ndarray,
-                 meta: dict[str, object] | None = None, name: str = "gnn") -> None:
+                 meta: dict[str, object] | None = None, name: str = "gnn",
+                 quantile_shift: tuple[float, float] = (0.0, 0.0)) -> None:
         self.name = name
         self.config = config
         self.meta = dict(meta or {})
+        self.quantile_shift = (float(quantile_shift[0]), float(quantile_shift[1]))
         self._net = net.eval()
         self._mean = mean.astype(np.float64)
         self._std = std.astype(np.float64)
         self._memo: dict[tuple[object, ...], Latency] = {}
         self.memo_hits = 0
 
+    def with_quantile_shift(self, shift: tuple[float, float]) -> GnnCostModel:
+        """The same network answering with ``shift`` (a fresh memo)."""
+        return GnnCostModel(self._net, self.config, self._mean, self._std, self.meta, self.name, shift)
+
     # -- the hot path -----------------------------------------------------------------------
     def predict(self, ops: Sequence[OpFeatures], device: Device) -> Latency:
+        """Latency of ``ops`` run as a chain (each feeds the next)."""
+        return self._cached(ops, None, device)
+
+    def predict_graph(self, ops: Sequence[OpFeatures], edges: Sequence[Edge], device: Device) -> Latency:
+        """Latency of the slice ``ops`` with data dependencies ``edges`` ((producer, consumer)
+        positions; messages pass both ways, so direction and repeats do not matter). The chain's
+        edges give exactly :meth:`predict`; bad edges are an ``InvalidInputError``."""
+        pairs = check_edges(len(ops), edges)
+        return self._cached(ops, None if pairs == chain_edges(len(ops)) else pairs, device)
+
+    def _cached(self, ops: Sequence[OpFeatures], edges: tuple[Edge, ...] | None, device: Device) -> Latency:
         if not ops:
             return Latency(0.0, 0.0, 0.0)
-        key = _memo_key(ops, device)
+        key = _memo_key(ops, device, edges)
         lat = self._memo.get(key)
         if lat is not None:
             self.memo_hits += 1
@@ -214,6 +255,14 @@ class GnnCostModel:
                 self._memo[k] = lat
         return [self._memo[k] for k in keys]
 
+    def predict_samples(self, samples: Sequence[GraphSample], chunk: int = 1024) -> list[Latency]:
+        """For evaluation: the latency of each sample's counted operators, run inside its whole
+        graph, as training sees it (``target_ms`` and ``op_targets_ms`` are ignored; no memo)."""
+        out: list[Latency] = []
+        for i in range(0, len(samples), chunk):
+            out += self._forward_samples(samples[i:i + chunk])
+        return out
+
     def predict_stack(self, prefix: Sequence[OpFeatures], block: Sequence[OpFeatures], repeats: int,
                       suffix: Sequence[OpFeatures], device: Device) -> Latency:
         """:meth:`predict` of ``prefix + block * repeats + suffix`` without unrolling the block.
@@ -225,7 +274,7 @@ class GnnCostModel:
         if repeats <= 3 or len(block) <= self.config.layers:
             return self.predict([*prefix, *(list(block) * repeats), *suffix], device)
         ops = [*prefix, *block, *block, *block, *suffix]
-        inner = _memo_key(ops, device)
+        inner = _memo_key(ops, device, None)
         key = ("stack", repeats, len(prefix), len(block), inner)
         lat = self._memo.get(key)
         if lat is not None:
@@ -239,18 +288,25 @@ class GnnCostModel:
         self._memo[key] = lat
         return lat
 
-    def _forward(self, slices: Sequence[tuple[Sequence[OpFeatures], Device]],
+    def _forward(self, slices: Sequence[tuple[Sequence[OpFeatures], tuple[Edge, ...] | None, Device]],
                  weight: np.ndarray | None = None) -> list[Latency]:
-        flat = _flatten([GraphSample(tuple(ops), dev, 1.0) for ops, dev in slices], self.config)
+        return self._forward_samples([GraphSample(tuple(ops), dev, 1.0, edges=edges) for ops, edges, dev in slices],
+                                     weight)
+
+    def _forward_samples(self, samples: Sequence[GraphSample], weight: np.ndarray | None = None) -> list[Latency]:
+        flat = _flatten(samples, self.config)
         # Graphs this small run fastest on one thread (20x faster than two on a busy 2-core machine).
         previous_threads = torch.get_num_threads()
         torch.set_num_threads(self.config.threads)
         try:
             with torch.no_grad():
-                _, q, _ = _run(self._net, flat, np.arange(len(slices)), self._mean, self._std, weight)
+                _, q, _ = _run(self._net, flat, np.arange(len(samples)), self._mean, self._std, weight)
         finally:
             torch.set_num_threads(previous_threads)
-        ms = np.exp(q.double().numpy())
+        log_ms = q.double().numpy()
+        p90 = np.maximum(log_ms[:, 1] + flat.graph * self.quantile_shift[0], log_ms[:, 0])
+        p99 = np.maximum(log_ms[:, 2] + flat.graph * self.quantile_shift[1], p90)
+        ms = np.exp(np.stack([log_ms[:, 0], p90, p99], axis=1))
         return [Latency(float(a) / 1e3, float(b) / 1e3, float(c) / 1e3) for a, b, c in ms]
 
     # -- artifacts ------------------------------------------------------------------------------
@@ -261,6 +317,7 @@ class GnnCostModel:
         (directory / "model.json").write_text(json.dumps({
             "config": asdict(self.config), "mean": self._mean.tolist(), "std": self._std.tolist(),
             "meta": self.meta, "n_features": N_FEATURES, "op_kinds": list(OP_KINDS),
+            "quantile_shift": list(self.quantile_shift),
         }, indent=2, default=str) + "\n")
         return directory
 
@@ -273,40 +330,52 @@ class GnnCostModel:
         config = GnnConfig(**doc["config"])
         net = _Net(config)
         net.load_state_dict(torch.load(directory / "weights.pt", weights_only=True))
-        return GnnCostModel(net, config, np.asarray(doc["mean"]), np.asarray(doc["std"]), doc.get("meta"))
+        shift = doc.get("quantile_shift", (0.0, 0.0))
+        return GnnCostModel(net, config, np.asarray(doc["mean"]), np.asarray(doc["std"]), doc.get("meta"),
+                            quantile_shift=(float(shift[0]), float(shift[1])))
 
 
 def _quantise(value: float) -> int:
     return round(math.log2(value + 1.0) * _BUCKETS_PER_OCTAVE)
 
 
-def _memo_key(ops: Sequence[OpFeatures], device: Device) -> tuple[object, ...]:
+def _memo_key(ops: Sequence[OpFeatures], device: Device, edges: tuple[Edge, ...] | None = None
+              ) -> tuple[object, ...]:
+    """Bucketed features; ``edges`` canonical (:func:`check_edges`), None for the chain."""
     return (float(device.peak_flops), float(device.mem_bw_bytes_per_s),
             tuple((op.kind, _quantise(op.flops), _quantise(op.bytes_moved), op.tokens, op.dim_in, op.dim_out,
-                   op.context, op.batch, op.dtype_bytes) for op in ops))
+                   op.context, op.batch, op.dtype_bytes) for op in ops), edges)
 
 
-def _representative(key: tuple[object, ...]) -> tuple[list[OpFeatures], Device]:
-    peak, bw, ops = key
+def _representative(key: tuple[object, ...]) -> tuple[list[OpFeatures], tuple[Edge, ...] | None, Device]:
+    peak, bw, ops, edges = key
     assert isinstance(peak, float) and isinstance(bw, float) and isinstance(ops, tuple)
+    assert edges is None or isinstance(edges, tuple)
     dev = Device("memo", "memo", "memo", 1, peak, bw)
     return [OpFeatures(kind, 2.0 ** (qf / _BUCKETS_PER_OCTAVE) - 1.0, 2.0 ** (qb / _BUCKETS_PER_OCTAVE) - 1.0,
                        tokens=t, dim_in=di, dim_out=do, context=c, batch=b, dtype_bytes=db)
-            for kind, qf, qb, t, di, do, c, b, db in ops], dev
+            for kind, qf, qb, t, di, do, c, b, db in ops], edges, dev
 
 
 def _run(net: _Net, flat: _Flat, samples: np.ndarray, mean: np.ndarray, std: np.ndarray,
          weight: np.ndarray | None = None) -> tuple[Tensor, Tensor, np.ndarray]:
     """Forward ``samples`` (indices into ``flat``): (node log ms, graph log quantiles, node indices);
-    ``weight``: node multiplicities of the selected nodes, in order (see :meth:`_Net.forward`)."""
+    ``weight``: node multiplicities of the selected nodes, in order (see :meth:`_Net.forward`),
+    times the flattened samples' own weights (0 for a node not counted)."""
     starts, ends = flat.offsets[samples], flat.offsets[samples + 1]
     lengths = ends - starts
     batch = np.repeat(np.arange(len(samples)), lengths)
-    nodes = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(lengths.sum())
+    nodes = _ranges(starts, ends)
+    # each selected sample's first node in the batch, repeated for each of its edges
+    first = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    e_starts, e_ends = flat.edge_offsets[samples], flat.edge_offsets[samples + 1]
+    shift = np.repeat(first, e_ends - e_starts)
+    pairs = flat.edges[:, _ranges(e_starts, e_ends)] + shift
+    edges = torch.from_numpy(np.concatenate([pairs, pairs[::-1]], axis=1))
     x = torch.from_numpy(((flat.x[nodes] - mean) / std).astype(np.float32))
-    edges = torch.from_numpy(_chain_edges(batch))
     base = torch.from_numpy(flat.base[nodes].astype(np.float32))
-    w = None if weight is None else torch.from_numpy(weight.astype(np.float32))
+    w_np = flat.weight[nodes] if weight is None else flat.weight[nodes] * weight
+    w = None if bool(np.all(w_np == 1.0)) else torch.from_numpy(w_np.astype(np.float32))
     node, q, _ = net(x, base, edges, torch.from_numpy(batch), len(samples), w)
     return node, q, nodes
 

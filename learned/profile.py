@@ -25,7 +25,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from service.core.cost import OpFeatures
+import numpy as np
+
+from service.core.cost import IterationOverhead, OpFeatures
 
 # Vidur's GPU folder names -> DEVICE_KINDS names.
 VIDUR_DEVICE_KINDS: dict[str, str] = {"a100": "A100-80GB", "h100": "H100-80GB", "a40": "A40"}
@@ -238,6 +240,24 @@ class ProfileStore:
                                           for k, v in row.items()}
                 rows.append(OpTiming(**values))
             return rows
+
+
+# Host-side parts of one engine step as Vidur sums them (model_execution overlaps the GPU).
+_OVERHEAD_COLUMNS = ("schedule_median", "sampler_e2e_median", "prepare_inputs_e2e_median",
+                     "process_model_outputs_median")
+
+
+def fit_host_overhead(path: Path) -> IterationOverhead | None:
+    """Least squares of the host milliseconds per step on ``[1, batch size]`` over the TP-1 rows
+    of a Vidur ``cpu_overheads.csv``; None without such rows."""
+    with path.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if int(r["tensor_parallel_degree"]) == 1]
+    if not rows:
+        return None
+    x = np.array([[1.0, float(r["batch_size"])] for r in rows])
+    y = np.array([sum(float(r[c]) for c in _OVERHEAD_COLUMNS) for r in rows]) / 1e3
+    coef = np.clip(np.linalg.lstsq(x, y, rcond=None)[0], 0.0, None)
+    return IterationOverhead(float(coef[0]), float(coef[1]), float(coef[1]))
 
 
 def file_digest(path: Path) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from service.domain.cluster import Device
+from service.domain.error import InvalidInputError
 from service.domain.opgraph import OperatorGraph, OperatorSpec
 
 # Operator kinds a cost model must accept (see service.models.trace._classify).
@@ -80,6 +81,56 @@ class CostModel(Protocol):
         ...
 
 
+Edge = tuple[int, int]
+
+
+@runtime_checkable
+class GraphCostModel(Protocol):
+    """A cost model that reads a slice's operator subgraph, not only its operator sequence."""
+
+    def predict_graph(self, ops: Sequence[OpFeatures], edges: Sequence[Edge], device: Device) -> Latency:
+        """Latency of the slice ``ops`` whose data dependencies are ``edges``: (producer,
+        consumer) positions in ``ops``. ``predict(ops, device)`` is the chain
+        ``[(0, 1), (1, 2), ...]``. Bad edges are an :class:`InvalidInputError`."""
+        ...
+
+
+def chain_edges(num_ops: int) -> tuple[Edge, ...]:
+    """The edges :meth:`CostModel.predict` assumes: each operator feeds the next."""
+    return tuple((i, i + 1) for i in range(num_ops - 1))
+
+
+def check_edges(num_ops: int, edges: Sequence[Edge]) -> tuple[Edge, ...]:
+    """``edges`` as sorted, distinct ``(low, high)`` position pairs; a cost model that passes
+    messages both ways sees nothing else of them (direction and repeats do not matter).
+
+    Raises :class:`InvalidInputError` for a pair that is not two integers, a position outside
+    ``0 .. num_ops - 1`` or an operator feeding itself.
+    """
+    out: set[Edge] = set()
+    for edge in edges:
+        if len(edge) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in edge):
+            raise InvalidInputError(f"edge {edge!r}: expected a pair of operator positions", culprit=repr(edge))
+        a, b = edge
+        if not (0 <= a < num_ops and 0 <= b < num_ops):
+            raise InvalidInputError(f"edge {edge!r}: positions must be in 0..{num_ops - 1} for a slice of "
+                                    f"{num_ops} operators", culprit=repr(edge))
+        if a == b:
+            raise InvalidInputError(f"edge {edge!r}: an operator cannot feed itself", culprit=repr(edge))
+        out.add((a, b) if a < b else (b, a))
+    return tuple(sorted(out))
+
+
+def predict_slice(model: CostModel, ops: Sequence[OpFeatures], edges: Sequence[Edge], device: Device) -> Latency:
+    """Latency of a slice with its real edges: :meth:`GraphCostModel.predict_graph` where the model
+    has it, else ``model.predict(ops, device)`` (a model that prices each operator alone, as the
+    table and the roofline do, sums them whatever the edges). Edges are checked either way."""
+    if isinstance(model, GraphCostModel):
+        return model.predict_graph(ops, edges, device)
+    check_edges(len(ops), edges)
+    return model.predict(ops, device)
+
+
 @dataclass(frozen=True, slots=True)
 class IterationOverhead:
     """Host-side time of one serving iteration that no operator profile sees (framework
@@ -138,9 +189,11 @@ def features_of(op: OperatorSpec, graph: OperatorGraph) -> OpFeatures:
     tokens = math.prod(x[:-1]) if len(x) > 1 else 1
     batch = x[0] if len(x) > 1 else 1
     if op.kind == "linear" and weights:
-        w = weights[0].shape
-        return OpFeatures(op.kind, float(op.flops), bytes_moved, tokens=int(tokens), dim_in=int(w[-1]),
-                          dim_out=int(w[0]), batch=int(batch), dtype_bytes=dtype_bytes)
+        # Rows from the output: the input may be a view of another shape (heads x head_dim).
+        w, rows = weights[0].shape, math.prod(out.shape[:-1]) if len(out.shape) > 1 else 1
+        return OpFeatures(op.kind, float(op.flops), bytes_moved, tokens=int(rows), dim_in=int(w[-1]),
+                          dim_out=int(w[0]), batch=int(out.shape[0] if len(out.shape) > 1 else 1),
+                          dtype_bytes=dtype_bytes)
     return OpFeatures(op.kind, float(op.flops), bytes_moved, tokens=int(tokens),
                       dim_in=int(x[-1]) if x else 1, dim_out=int(out.shape[-1]) if out.shape else 1,
                       batch=int(batch), dtype_bytes=dtype_bytes)
@@ -148,3 +201,27 @@ def features_of(op: OperatorSpec, graph: OperatorGraph) -> OpFeatures:
 
 def graph_features(graph: OperatorGraph) -> list[OpFeatures]:
     return [features_of(op, graph) for op in graph.operators]
+
+
+def slice_of(graph: OperatorGraph, op_ids: Sequence[str]) -> tuple[list[OpFeatures], list[Edge]]:
+    """The operators ``op_ids`` of ``graph`` as a cost model reads them: their features in the
+    graph's (topological) order, and the graph's producer -> consumer edges between them as
+    positions in that list (edges from or to operators outside the slice are left out).
+
+    Raises :class:`InvalidInputError` for an empty slice, an unknown or a repeated op id.
+    """
+    if not op_ids:
+        raise InvalidInputError(f"an empty slice of {graph.model_name!r}")
+    index = {op.op_id: op for op in graph.operators}
+    chosen: set[str] = set()
+    for op_id in op_ids:
+        if op_id not in index:
+            raise InvalidInputError(f"operator {op_id!r} is not in the graph of {graph.model_name!r} "
+                                    f"({graph.phase})", culprit=op_id)
+        if op_id in chosen:
+            raise InvalidInputError(f"operator {op_id!r} is named twice in one slice", culprit=op_id)
+        chosen.add(op_id)
+    members = sorted((index[o] for o in chosen), key=lambda op: op.index)
+    position = {op.op_id: i for i, op in enumerate(members)}
+    edges = [(position[a], position[b]) for a, b in graph.edges() if a in position and b in position]
+    return [features_of(op, graph) for op in members], edges

@@ -42,7 +42,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrainingInputs, Path
     for rel in TINY_FILES:
         (data / VIDUR_ROOT / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(VIDUR / rel, data / VIDUR_ROOT / rel)
-    inputs = TrainingInputs(data, (), TINY_CONFIG, 400)
+    inputs = TrainingInputs(data, (), TINY_CONFIG, 400, slice_tokens_per_model=3)
     cache = root / "cache"
     return inputs, cache, train_artifact(inputs, cache, progress=lambda _: None)
 
@@ -66,6 +66,11 @@ def test_artifact_records_choice_evidence_and_overheads(tiny: tuple[TrainingInpu
     assert set(evidence) == {"gnn", "table", "roofline"} and evidence["gnn"]["n"] > 0
     better = "gnn" if evidence["gnn"]["mape_pct"] < evidence["table"]["mape_pct"] else "table"
     assert meta["choice"] == {"A100-80GB": better}
+    # the held-out model's traced slices (6 kinds on each row of 3 token counts), priced by each model
+    on_slices = meta["slice_evidence"]["per_device_kind"]["A100-80GB"]
+    assert set(on_slices) == {"gnn", "table", "roofline"}
+    assert on_slices["gnn"]["n"] >= 18 and on_slices["gnn"]["n"] % 6 == 0
+    assert len(meta["gnn_quantile_shift"]["p90_p99_log"]) == 2
     assert meta["overheads"]["A100-80GB"]["per_iteration_s"] > 0
     assert not (inputs.data_dir / ATTENTION_CSV).exists()  # the tiny set trains without it
 
@@ -128,7 +133,8 @@ def test_replay_report_names_its_cost_model(tmp_path: Path, tiny: tuple[Training
     described = json.loads((out / "report.json").read_text())["config"]["cost_model"]
     assert described["kind"] == "learned" and described["artifact"] == str(target)
     assert described["sha256"] == load_cost_model("learned", cache_dir=cache, inputs=inputs).sha256
-    assert described["choice"] == json.loads((target / "meta.json").read_text())["choice"]
+    meta = json.loads((target / "meta.json").read_text())
+    assert described["choice"] == meta["choice"] and described["slice_choice"] == meta["slice_choice"]
     out2 = tmp_path / "out2"
     assert main(["replay", "--duration", "5", "--policy", "fifo/container", "--cost-model", "roofline",
                  "--out", str(out2)]) == 0
@@ -141,10 +147,10 @@ def test_train_command_makes_a_loadable_artifact(tmp_path: Path, tiny: tuple[Tra
     inputs, _, _ = tiny
     cache = tmp_path / "cache"
     args = ["--data-dir", str(inputs.data_dir), "--cache-dir", str(cache), "--epochs", "1",
-            "--max-train-samples", "200"]
+            "--max-train-samples", "200", "--slice-tokens", "3"]
     assert train_main(args) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    again = TrainingInputs(inputs.data_dir, (), GnnConfig(epochs=1), 200)
+    again = TrainingInputs(inputs.data_dir, (), GnnConfig(epochs=1), 200, 3)
     loaded = load_cost_model("gnn", cache_dir=cache, inputs=again)
     assert str(loaded.artifact) == printed["artifact"] and loaded.sha256 == printed["sha256"]
     assert train_main(args) == 0  # present: not retrained
