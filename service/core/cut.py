@@ -226,12 +226,12 @@ def cut_model(config: ModelConfig, phase: str, granularity: Granularity) -> tupl
     if phase not in PHASES:
         raise InvalidInputError(f"unknown phase {phase!r} (expected one of {PHASES})")
     granularity.check(config.n_layers, config.name)
-    return tuple(cut_graph(_traced(config, phase), granularity))
+    return tuple(cut_graph(traced_graph(config, phase), granularity))
 
 
 @lru_cache(maxsize=16)
-def _traced(config: ModelConfig, phase: str) -> OperatorGraph:
-    """The phase's operator graph, traced once per process for every granularity."""
+def traced_graph(config: ModelConfig, phase: str) -> OperatorGraph:
+    """The phase's operator graph that :func:`cut_model` cuts, traced once per process."""
     from service.models.trace import trace_phase  # torch: imported on first use only
 
     return trace_phase(config, phase, batch=1, tokens=min(TRACE_TOKENS, config.max_seq_len),

@@ -33,7 +33,8 @@ from typing import Protocol
 import numpy as np
 
 from service.core.batching import SIM_BATCHING
-from service.core.cost import CostModel, IterationOverhead
+from service.core.cost import CostModel, IterationOverhead, predict_slice, slice_of
+from service.core.cut import Granularity, cut_model, traced_graph
 from service.core.memory import Allocation, MemoryLedger
 from service.core.queue import FifoQueue, WaitingQueue
 from service.domain.cluster import ClusterSpec, Device
@@ -41,10 +42,8 @@ from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec
 from service.models.family import ModelConfig
 from service.sim.iteration import (
-    BatchFeatures,
     IterationCostTable,
     activation_bytes_per_token,
-    iteration_ops,
     kv_bytes_per_token,
     layers_weight_bytes,
     weight_bytes,
@@ -271,15 +270,46 @@ def _build_sliced(rs: ReplicaSpec, config: ModelConfig, *, devices: Mapping[str,
         kv_allocs.append(kv)
     first = devices[order[0]]
     table = IterationCostTable(config, cost_model, first, overhead=overheads.get(rs.model))
-    probe = iteration_ops(config, BatchFeatures(num_decodes=8, decode_context_sum=8 * 512, logits_rows=8))
-    lat = cost_model.predict(probe, first)
+    ranges = tuple((st.first_layer, st.last_layer) for st in stages)
+    shares, p90_ratio = slice_latency_shares(config, ranges, cost_model, first)
     n = config.n_layers
     return Replica(spec=rs, config=config, table=table, kv_bytes_per_token=kv_bytes_per_token(config),
                    act_bytes_per_token=activation_bytes_per_token(config), waiting=waiting, preempted=FifoQueue(),
                    kv_allocs=kv_allocs, act_allocs=[], prefilling=deque(), finishing={}, current=[],
                    decoding_by_tenant={}, ends=np.zeros(1024), kv_scale=tuple(layers[d] / n for d in order),
-                   weights_on=tuple(weights[d] for d in order), stage_share=tuple(st.num_layers / n for st in stages),
-                   p90_ratio=max(1.0, lat.p90_s / lat.p50_s) if lat.p50_s > 0 else 1.0)
+                   weights_on=tuple(weights[d] for d in order), stage_share=shares, p90_ratio=p90_ratio)
+
+
+_SHARES: dict[tuple[int, str, tuple[tuple[int, int], ...], Device], tuple[CostModel, tuple[tuple[float, ...], float]]] = {}
+
+
+def slice_latency_shares(config: ModelConfig, ranges: tuple[tuple[int, int], ...], cost_model: CostModel,
+                         device: Device) -> tuple[tuple[float, ...], float]:
+    """Each slice's share of an iteration and the largest p90/p50 among them, from the cost
+    model on each slice's own operator subgraph of the traced decode graph (its real edges:
+    :func:`service.core.cost.predict_slice`; the GNN where the artifact chose it). A slice covers
+    layers ``first..last``; operators outside the layers go with the first and the last slice,
+    as :func:`service.core.cut.cut_graph` places them."""
+    key = (id(cost_model), config.name, ranges, device)  # the entry keeps the model alive: ids stay unique
+    hit = _SHARES.get(key)
+    if hit is None:
+        hit = _SHARES[key] = (cost_model, _shares(config, ranges, cost_model, device))
+    return hit[1]
+
+
+def _shares(config: ModelConfig, ranges: tuple[tuple[int, int], ...], cost_model: CostModel,
+            device: Device) -> tuple[tuple[float, ...], float]:
+    cuts = cut_model(config, "decode", Granularity(1))
+    graph = traced_graph(config, "decode")
+    lats = []
+    for first, last in ranges:
+        op_ids = [op for c in cuts[first:last + 1] for op in c.op_ids]
+        ops, edges = slice_of(graph, op_ids)
+        lats.append(predict_slice(cost_model, ops, edges, device))
+    total = sum(x.p50_s for x in lats)
+    if total <= 0:
+        return tuple((b - a + 1) / config.n_layers for a, b in ranges), 1.0
+    return tuple(x.p50_s / total for x in lats), max(x.p90_s / x.p50_s if x.p50_s > 0 else 1.0 for x in lats)
 
 
 def remaining_after(live: Live) -> int:
