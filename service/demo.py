@@ -137,7 +137,8 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
     for note in runs["replica"]["decisions"][:8]:
         print(f"  scheduler: {note}")
 
-    _step("replay: the same policies on a simulated 8xA100 cluster (four tenants from Azure and Mooncake lengths)")
+    _step("replay: container, replica and operator-level slice placement on a simulated 8xA100 cluster "
+          "(four tenants from Azure and Mooncake lengths)")
     from service.replay.command import add_parser as add_replay
 
     replay = argparse.ArgumentParser(prog="slicesched")
@@ -146,7 +147,8 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
                               "60", "--policy", "fifo/container", "--policy", "fifo/replica", "--policy", "fifo/slice", "--out",
                               str(out / "replay")])
     args.func(args)
-    print(f"\nplots and JSON: {out}/live_latency.png, {out}/live.json, {out}/replay/*.png")
+    print(f"\nplots and JSON: {out}/live_latency.png, {out}/live.json, {out}/replay/*.png "
+          f"(the slice timeline: {out}/replay/timeline-fifo-slice-10s.png, thin bars are operator-level guest slices)")
 
 
 def _progress(message: str) -> None:
