@@ -239,6 +239,10 @@ def main() -> int:
     tasks += [Task("saturated", m, seeds[0], sat_s, placements, args.cost_model, plots, args.saturated_load)
               for m in mixes]
     queue_task = Task("mix", mixes[0], seeds[0], duration, ("container",), args.cost_model, plots) if mixes else None
+    if not mixes:
+        plots = args.out / "replay_headline-traces"
+        plots.mkdir(parents=True, exist_ok=True)
+        tasks = [Task("trace", t, seeds[0], duration, placements, args.cost_model, plots) for t in traces]
     done: list[tuple[Task, dict[str, Any], int]] = []
     queue_summary: dict[str, Any] = {}
     calib: dict[str, Any] = {}
@@ -279,7 +283,8 @@ def main() -> int:
                "ceiling_share": round(statistics.median(shares), 3) if shares else None}
     s4, s8, sr = (summary["slice_over_container_4tenants"], summary["slice_over_container_8tenants"],
                   summary["slice_over_replica_min"])
-    _record.write("replay_headline", args, {
+    # the trace variants alone (no mixes) are a record of their own
+    _record.write("replay_headline" if mixes else "replay_headline-traces", args, {
         "mixes": {m: MIXES.get(m, "8xA100-nvlink") for m in mixes}, "seeds": seeds, "placements": list(placements),
         "traces": {t: "dealt to a100-4tenants' tenants (" + ("session" if t == "mooncake" else "round-robin")
                    + f"), seed {seeds[0]}" for t in traces},
