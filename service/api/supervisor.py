@@ -47,6 +47,7 @@ class Supervisor:
         self.backoff_s = backoff_s
         self.loops: dict[str, LoopHealth] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
 
     def spawn(self, name: str, tick: Callable[[], Awaitable[None]], *, interval_s: float,
               stuck_after_s: float) -> LoopHealth:
@@ -57,7 +58,7 @@ class Supervisor:
         return health
 
     async def _run(self, health: LoopHealth, tick: Callable[[], Awaitable[None]]) -> None:
-        while True:
+        while not self._stopping:
             health.running = True
             try:
                 await tick()
@@ -85,7 +86,13 @@ class Supervisor:
         return {name: h.public(now) for name, h in sorted(self.loops.items())}
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Cancel every loop and wait for them. A cancellation can be lost (on Python 3.11,
+        ``asyncio.wait_for`` swallows one that arrives as its inner wait completes), so loops also
+        see the stop flag, and any still running after a second are cancelled again."""
+        self._stopping = True
+        pending = set(self._tasks)
+        while pending:
+            for t in pending:
+                t.cancel()
+            _, pending = await asyncio.wait(pending, timeout=1.0)
         self._tasks.clear()

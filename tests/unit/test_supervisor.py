@@ -55,3 +55,23 @@ def test_a_loop_that_never_succeeds_is_reported_stuck() -> None:
     stuck, dead = asyncio.run(run())
     assert stuck == ["dead"]
     assert dead["failures"] >= 2 and dead["last_error"] == "ValueError: always" and dead["last_ok_s_ago"] is None
+
+
+def test_stop_ends_a_loop_whose_tick_swallowed_the_cancellation() -> None:
+    """On Python 3.11 ``asyncio.wait_for`` can lose a cancellation; stop must still end the loop."""
+    swallowed: list[int] = []
+
+    async def tick() -> None:
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            swallowed.append(1)  # as the wait_for race does: the loop goes on
+
+    async def run() -> None:
+        sup = Supervisor()
+        sup.spawn("stubborn", tick, interval_s=0.0, stuck_after_s=10.0)
+        await asyncio.sleep(0.02)
+        await asyncio.wait_for(sup.stop(), 5.0)
+
+    asyncio.run(run())
+    assert swallowed
