@@ -153,6 +153,7 @@ def plot_timeline(path: Path, spans: Mapping[str, Sequence[tuple[float, float, s
             ax.broken_barh(xs, (row - 0.14, 0.28), facecolors=colours[tenant], edgecolors="black",
                            linewidth=0.4 if outline else 0)
     ax.set_yticks(range(len(devices)), devices)
+    ax.set_ylim(-0.6, len(devices) - 0.4)
     ax.set_xlim(lo, hi)
     ax.set_xlabel("simulated time (s)")
     ax.set_title(title)
