@@ -7,7 +7,8 @@ model the earlier records used), and reports wall time and simulated seconds per
 ``--quick`` replays the first 2,000 requests.
 
 Then the same trace with operator-level slices against container placement, side by side: the
-trace's tenant at home on four GPUs and a second tenant (no requests) owning the other four;
+trace's tenant at home on two GPUs (so that it queues) and a second tenant (no requests) owning
+the other six;
 ``container`` keeps that allocation, ``slice`` steps the slice policy every 5 s (candidate
 search, what-if forks, sliced replicas running slice by slice in the idle tenant's windows).
 ``results.slice_over_container_wall`` is the wall-time ratio (target <= 3).
@@ -107,8 +108,8 @@ def slice_vs_container(spec: ClusterSpec, model: CostModel, workload: Workload, 
     from service.sim.view import SimClusterView
 
     devices = [d.device_id for d in spec.devices]
-    homes = [ReplicaSpec(f"azure-conv/{i}", MODEL, (d,), tenant_id="azure-conv") for i, d in enumerate(devices[:4])]
-    homes += [ReplicaSpec(f"quiet/{i}", MODEL, (d,), tenant_id="quiet") for i, d in enumerate(devices[4:])]
+    homes = [ReplicaSpec(f"azure-conv/{i}", MODEL, (d,), tenant_id="azure-conv") for i, d in enumerate(devices[:2])]
+    homes += [ReplicaSpec(f"quiet/{i}", MODEL, (d,), tenant_id="quiet") for i, d in enumerate(devices[2:])]
     out: dict[str, Any] = {}
     for placement in ("container", "slice"):
         cluster = SimulatedCluster(spec, homes, model, rng=np.random.default_rng(seed))
@@ -129,7 +130,7 @@ def slice_vs_container(spec: ClusterSpec, model: CostModel, workload: Workload, 
         report = cluster.report()
         out[placement] = {"wall_s": round(wall, 2), "num_events": report.num_events, "sliced_replicas": added,
                           "sla_attainment": report.sla_attainment, "memory_violations": len(report.violations)}
-        print(f"[{NAME}] {placement} (4 home GPUs + 4 of a quiet tenant): wall {wall:.1f}s, "
+        print(f"[{NAME}] {placement} (2 home GPUs + 6 of a quiet tenant): wall {wall:.1f}s, "
               f"events {report.num_events}, sliced replicas {added}", flush=True)
     out["slice_over_container_wall"] = round(out["slice"]["wall_s"] / out["container"]["wall_s"], 3)
     return out
