@@ -20,10 +20,10 @@ drained when idle. It never places work the simulator predicts would overflow me
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from service.core.scheduler import ClusterView, Decision, PlacementPolicy, ReplicaChange, WhatIfOutcome
+from service.core.scheduler import ClusterView, Decision, PlacementPolicy, ReplicaChange, ReplicaInfo, WhatIfOutcome
 from service.core.slot import InputDep, Slot, SlotQuery, find_slots_in_memory
 from service.domain.cluster import ClusterSpec
 from service.domain.error import InvalidInputError
@@ -141,35 +141,49 @@ class ReplicaPlacementPolicy:
             if pressed:
                 decision.drain.append(r.replica_id)
                 decision.notes.append(f"drain {r.replica_id}: owner {pressed[0].model_uid} has {pressed[0].waiting} waiting")
-        backlog: dict[str, int] = {}
-        family_of: dict[str, str] = {}
-        guests: dict[str, int] = {}
-        for r in replicas:
-            if r.draining:
-                continue
-            backlog[r.model_uid] = backlog.get(r.model_uid, 0) + r.waiting
-            family_of[r.model_uid] = r.family
-            guests[r.model_uid] = guests.get(r.model_uid, 0) + int(r.guest)
-        pressing = sorted((m for m, n in backlog.items() if n >= self.min_backlog
-                           and guests.get(m, 0) < self.max_guests_per_tenant), key=lambda m: -backlog[m])
-        if not pressing:
-            return decision
-        best: tuple[float, ReplicaChange] | None = None
-        for model in pressing:
-            for group in self.find_devices(state, model, self.max_candidates):
-                change = ReplicaChange(model, family_of[model], group)
-                baseline, outcome = state.what_if(change, self.horizon_s)
-                decision.num_whatifs += 1
-                if outcome is None or not is_safe(outcome, baseline):
-                    continue
-                gain = outcome.output_tokens - baseline.output_tokens
-                if gain > 0 and (best is None or gain > best[0]):
-                    best = (gain, change)
+        pressing, family_of = pressing_models(replicas, self.min_backlog, self.max_guests_per_tenant)
+        best = best_by_what_if(state, (ReplicaChange(model, family_of[model], group) for model in pressing
+                                       for group in self.find_devices(state, model, self.max_candidates)),
+                               self.horizon_s, decision)
         if best is not None:
             decision.add.append(best[1])
             decision.notes.append(f"add {best[1].model_uid} on {','.join(best[1].device_ids)}: "
                                   f"+{best[0]:.0f} tokens in {self.horizon_s:.0f}s, no SLA or memory at risk")
         return decision
+
+
+def pressing_models(replicas: Sequence[ReplicaInfo], min_backlog: int, max_guests: int
+                    ) -> tuple[list[str], dict[str, str]]:
+    """Models with at least ``min_backlog`` waiting requests and fewer than ``max_guests`` guests,
+    most waiting first, and each model's family."""
+    backlog: dict[str, int] = {}
+    family_of: dict[str, str] = {}
+    guests: dict[str, int] = {}
+    for r in replicas:
+        if r.draining:
+            continue
+        backlog[r.model_uid] = backlog.get(r.model_uid, 0) + r.waiting
+        family_of[r.model_uid] = r.family
+        guests[r.model_uid] = guests.get(r.model_uid, 0) + int(r.guest)
+    pressing = sorted((m for m, n in backlog.items() if n >= min_backlog and guests.get(m, 0) < max_guests),
+                      key=lambda m: -backlog[m])
+    return pressing, family_of
+
+
+def best_by_what_if(state: ClusterView, changes: Iterable[ReplicaChange], horizon_s: float,
+                    decision: Decision) -> tuple[float, ReplicaChange] | None:
+    """The safe change (:func:`is_safe`) that gains most output tokens over ``horizon_s`` by the
+    what-if simulator, with its gain; ``None`` when none gains. Counts the what-ifs it runs."""
+    best: tuple[float, ReplicaChange] | None = None
+    for change in changes:
+        baseline, outcome = state.what_if(change, horizon_s)
+        decision.num_whatifs += 1
+        if outcome is None or not is_safe(outcome, baseline):
+            continue
+        gain = outcome.output_tokens - baseline.output_tokens
+        if gain > 0 and (best is None or gain > best[0]):
+            best = (gain, change)
+    return best
 
 
 def is_safe(outcome: WhatIfOutcome, baseline: WhatIfOutcome) -> bool:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from service.core.placement import is_safe
+from service.core.placement import best_by_what_if, pressing_models
 from service.core.scheduler import ClusterView, Decision, ReplicaChange, ReplicaInfo, SliceSize
 from service.core.slot import InputDep, Slot, SlotQuery, find_slots_in_memory
 
@@ -127,28 +127,12 @@ class SlicePlacementPolicy:
         decision = Decision()
         replicas = list(state.replicas())
         self._drains(state, replicas, decision)
-        backlog: dict[str, int] = {}
-        family_of: dict[str, str] = {}
-        guests: dict[str, int] = {}
-        for r in replicas:
-            if r.draining:
-                continue
-            backlog[r.model_uid] = backlog.get(r.model_uid, 0) + r.waiting
-            family_of[r.model_uid] = r.family
-            guests[r.model_uid] = guests.get(r.model_uid, 0) + int(r.guest)
-        pressing = sorted((m for m, n in backlog.items() if n >= self.min_backlog
-                           and guests.get(m, 0) < self.max_guests_per_tenant), key=lambda m: -backlog[m])
-        best: tuple[float, ReplicaChange] | None = None
-        for model in pressing:
-            for plan in self.find_plans(state, model, self.max_candidates, self.slice_budget_s):
-                change = ReplicaChange(model, family_of[model], tuple(dict.fromkeys(d for d, _, _ in plan)), plan)
-                baseline, outcome = state.what_if(change, self.horizon_s)
-                decision.num_whatifs += 1
-                if outcome is None or not is_safe(outcome, baseline):
-                    continue
-                gain = outcome.output_tokens - baseline.output_tokens
-                if gain > 0 and (best is None or gain > best[0]):
-                    best = (gain, change)
+        pressing, family_of = pressing_models(replicas, self.min_backlog, self.max_guests_per_tenant)
+        best = best_by_what_if(
+            state, (ReplicaChange(model, family_of[model], tuple(dict.fromkeys(d for d, _, _ in plan)), plan)
+                    for model in pressing
+                    for plan in self.find_plans(state, model, self.max_candidates, self.slice_budget_s)),
+            self.horizon_s, decision)
         if best is not None:
             tokens, change = best
             decision.add.append(change)
