@@ -122,25 +122,10 @@ class ReplicaPlacementPolicy:
     def step(self, now_s: float, state: ClusterView) -> Decision:
         decision = Decision()
         replicas = list(state.replicas())
-        homes_on: dict[str, list[str]] = {}  # device -> owners' (non-guest) replicas on it
-        for r in replicas:
-            if not r.guest:
-                for d in r.device_ids:
-                    homes_on.setdefault(d, []).append(r.replica_id)
-        by_id = {r.replica_id: r for r in replicas}
-        for r in replicas:
-            if not r.guest or r.draining:
-                continue
-            if r.waiting + r.running == 0 and r.idle_s >= self.idle_drain_s:
-                decision.drain.append(r.replica_id)
-                decision.notes.append(f"drain {r.replica_id}: idle {r.idle_s:.0f}s")
-                continue
-            # Owners first: a guest leaves a device as soon as the device's owner has a backlog.
-            owners = [by_id[h] for d in r.device_ids for h in homes_on.get(d, ()) if by_id[h].model_uid != r.model_uid]
-            pressed = [o for o in owners if o.waiting >= self.min_backlog]
-            if pressed:
-                decision.drain.append(r.replica_id)
-                decision.notes.append(f"drain {r.replica_id}: owner {pressed[0].model_uid} has {pressed[0].waiting} waiting")
+        # Owners first: a guest leaves a device as soon as the device's owner has a backlog.
+        drain_guests(replicas, self.idle_drain_s, decision,
+                     lambda guest, o, d: f"owner {o.model_uid} has {o.waiting} waiting"
+                     if o.waiting >= self.min_backlog else None)
         pressing, family_of = pressing_models(replicas, self.min_backlog, self.max_guests_per_tenant)
         best = best_by_what_if(state, (ReplicaChange(model, family_of[model], group) for model in pressing
                                        for group in self.find_devices(state, model, self.max_candidates)),
@@ -150,6 +135,30 @@ class ReplicaPlacementPolicy:
             decision.notes.append(f"add {best[1].model_uid} on {','.join(best[1].device_ids)}: "
                                   f"+{best[0]:.0f} tokens in {self.horizon_s:.0f}s, no SLA or memory at risk")
         return decision
+
+
+def drain_guests(replicas: Sequence[ReplicaInfo], idle_drain_s: float, decision: Decision,
+                 owner_reason: Callable[[ReplicaInfo, ReplicaInfo, str], str | None]) -> None:
+    """Drain every guest idle for ``idle_drain_s``, and every guest one of whose devices' owners
+    (the non-guest replicas of another model there) ``owner_reason(guest, owner, device)`` names a
+    reason for; the reason goes into the decision's notes."""
+    owners: dict[str, list[ReplicaInfo]] = {}
+    for r in replicas:
+        if not r.guest:
+            for d in r.device_ids:
+                owners.setdefault(d, []).append(r)
+    for r in replicas:
+        if not r.guest or r.draining:
+            continue
+        if r.waiting + r.running == 0 and r.idle_s >= idle_drain_s:
+            decision.drain.append(r.replica_id)
+            decision.notes.append(f"drain {r.replica_id}: idle {r.idle_s:.0f}s")
+            continue
+        reason = next((why for d in r.device_ids for o in owners.get(d, ()) if o.model_uid != r.model_uid
+                       and (why := owner_reason(r, o, d)) is not None), None)
+        if reason is not None:
+            decision.drain.append(r.replica_id)
+            decision.notes.append(f"drain {r.replica_id}: {reason}")
 
 
 def pressing_models(replicas: Sequence[ReplicaInfo], min_backlog: int, max_guests: int

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from service.core.placement import best_by_what_if, pressing_models
+from service.core.placement import best_by_what_if, drain_guests, pressing_models
 from service.core.scheduler import ClusterView, Decision, ReplicaChange, ReplicaInfo, SliceSize
 from service.core.slot import InputDep, Slot, SlotQuery, find_slots_in_memory
 
@@ -144,25 +144,9 @@ class SlicePlacementPolicy:
 
     def _drains(self, state: ClusterView, replicas: Sequence[ReplicaInfo], decision: Decision) -> None:
         free = {d.device_id: d.free_bytes for d in state.devices()}
-        owners: dict[str, list[ReplicaInfo]] = {}
-        for r in replicas:
-            if not r.guest:
-                for d in r.device_ids:
-                    owners.setdefault(d, []).append(r)
-        for r in replicas:
-            if not r.guest or r.draining:
-                continue
-            if r.waiting + r.running == 0 and r.idle_s >= self.idle_drain_s:
-                decision.drain.append(r.replica_id)
-                decision.notes.append(f"drain {r.replica_id}: idle {r.idle_s:.0f}s")
-                continue
-            starved = [(o, d) for d in r.device_ids for o in owners.get(d, ())
-                       if o.waiting >= self.min_backlog and free[d] < state.kv_reserve_bytes(o.family)]
-            if starved:
-                o, d = starved[0]
-                decision.drain.append(r.replica_id)
-                decision.notes.append(f"drain {r.replica_id}: owner {o.model_uid} has {o.waiting} waiting "
-                                      f"and {d} lacks its KV reserve")
+        drain_guests(replicas, self.idle_drain_s, decision,
+                     lambda guest, o, d: f"owner {o.model_uid} has {o.waiting} waiting and {d} lacks its KV reserve"
+                     if o.waiting >= self.min_backlog and free[d] < state.kv_reserve_bytes(o.family) else None)
 
 
 def slice_policy(*, find_plans: PlanFinder | None = None, horizon_s: float = 20.0, max_candidates: int = 2, min_backlog: int = 2, idle_drain_s: float = 30.0,
