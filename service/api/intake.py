@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 from service.api.records import LiveRequest
 from service.api.schemas import RequestIn
-from service.domain import tokenizer
 from service.domain.error import InvalidInputError
+from service.domain.tokenizer import BYTES
 
 if TYPE_CHECKING:
     from service.api.service import LiveService
@@ -20,7 +20,9 @@ def new_request(svc: LiveService, tenant_id: str, body: RequestIn, idempotency_k
     of the body that a retry must match."""
     if (body.prompt is None) == (body.prompt_tokens is None):
         raise InvalidInputError("give exactly one of prompt (text) and prompt_tokens (ids)")
-    prompt = tokenizer.encode(body.prompt) if body.prompt is not None else list(body.prompt_tokens or [])
+    model = svc.state.models.get(f"{tenant_id}/{body.model_id}")  # an unknown model is refused just below
+    tok = model.tokenizer if model is not None else BYTES
+    prompt = tok.encode(body.prompt) if body.prompt is not None else list(body.prompt_tokens or [])
     req = svc.state.new_request(tenant_id, body.model_id, prompt, body.max_tokens, body.sla_class)
     if idempotency_key is not None:
         req.idempotency_key = idempotency_key

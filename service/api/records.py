@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.domain.request import TERMINAL_STATUSES, RequestStatus
+from service.domain.tokenizer import BYTES, Tokenizer
 from service.models.family import MODEL_CONFIGS, ModelConfig
 from service.sim.iteration import weight_bytes
 
@@ -36,6 +37,7 @@ class LiveModel:
     family: str
     seed: int
     replicas: int  # home replicas wanted (container: whole devices)
+    tokenizer: Tokenizer = field(default=BYTES, repr=False, compare=False)
 
     @property
     def uid(self) -> str:
