@@ -4,11 +4,13 @@ Requests join at iteration boundaries. Each iteration prefills the requests admi
 (one forward pass per prompt, causal attention) and then runs one decode step for every
 request that already had its prefill, batched, over a KV pool with one slot per running
 request. Sequences of different lengths share a decode batch: the pool is left-aligned and an
-additive attention bias masks each sequence's unused positions. Greedy decoding; a request
-finishes after ``max_new_tokens`` tokens (no EOS: lengths come from the workload).
+additive attention bias masks each sequence's unused positions. Each request chooses its tokens
+with its own :class:`~executor.sampler.TokenSampler` (greedy by default; seeded sampling
+otherwise); it finishes after ``max_new_tokens`` tokens, or earlier when it produces one of its
+``stop_ids`` (kept as its last token).
 
-The outputs are bit-for-bit independent of batching up to float rounding: a request decoded in
-a batch yields the same tokens as the same request run alone (tested).
+The outputs are independent of batching up to float rounding: a request decoded in a batch
+yields the same tokens as the same request run alone (tested, greedy and seeded).
 
 The model is a :class:`~executor.runner.StagedModel` (a plain ``DecoderLM`` is run as one
 stage on its own device): the pool keeps one KV tensor per stage, on that stage's device.
@@ -26,6 +28,8 @@ from dataclasses import dataclass, field
 import torch
 
 from executor.runner import Stage, StagedModel, activation_bytes
+from executor.sampler import TokenSampler
+from service.domain.sampling import GREEDY, Sampling
 from service.models.family import DecoderLM
 
 Clock = Callable[[], float]
@@ -37,6 +41,8 @@ class GenerationRequest:
     prompt: list[int]
     max_new_tokens: int
     arrival_s: float = 0.0
+    sampling: Sampling = GREEDY
+    stop_ids: frozenset[int] = frozenset()  # producing one ends the request (finish reason "stop")
     # filled in while running
     tokens: list[int] = field(default_factory=list)
     admitted_s: float | None = None
@@ -46,10 +52,19 @@ class GenerationRequest:
     iterations: int = 0  # iterations this request took part in (its prefill and its decode steps)
     busy_s: float = 0.0  # sum of the durations of those iterations
     peak_bytes: int = 0  # largest peak memory of those iterations
+    sampler: TokenSampler = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.sampler = TokenSampler(self.sampling)
+
+    @property
+    def stopped(self) -> bool:
+        """It produced one of its stop ids."""
+        return bool(self.tokens) and self.tokens[-1] in self.stop_ids
 
     @property
     def done(self) -> bool:
-        return len(self.tokens) >= self.max_new_tokens
+        return len(self.tokens) >= self.max_new_tokens or self.stopped
 
 
 @dataclass(frozen=True)
@@ -188,7 +203,7 @@ class ContinuousBatcher:
             part[:, :, slot, :, : len(req.prompt)] = new[:, :, 0]
         self.running.append(req)
         self.lengths.append(len(req.prompt))
-        req.tokens.append(int(logits[0, -1].argmax()))
+        req.tokens.append(req.sampler.pick(logits[0, -1]))
 
     def _decode(self, slots: list[int]) -> None:
         n = len(slots)  # slots 0..n-1: running requests admitted before this iteration
@@ -203,11 +218,13 @@ class ContinuousBatcher:
         bias = torch.zeros(n, 1, 1, longest + 1, dtype=self.dtype, device=self.device)
         bias.masked_fill_(~visible[:, None, None, :], float("-inf"))
         logits, new_kv = self.model(ids, pos, kv_cache=cache, attn_bias=bias)
+        best = logits[:, -1].argmax(-1).tolist()  # every greedy row's token in one call (one device sync)
         for b, i in enumerate(slots):
             for part, new in zip(self.pool, new_kv, strict=True):
                 part[:, :, i, :, self.lengths[i]] = new[:, :, b, :, 0]
             self.lengths[i] += 1
-            self.running[i].tokens.append(int(logits[b, -1].argmax()))
+            req = self.running[i]
+            req.tokens.append(int(best[b]) if req.sampling.greedy else req.sampler.pick(logits[b, -1]))
 
     def _retire(self, now: float) -> None:
         """Move finished requests to ``finished`` and free their slots."""
@@ -241,15 +258,18 @@ def _whole_model_stage(model: DecoderLM) -> Stage:
     return Stage(device_id, 0, model.config.n_layers)
 
 
-def generate_alone(model: DecoderLM, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """Reference: greedy generation of one request with a growing KV cache, no batching."""
+def generate_alone(model: DecoderLM, prompt: list[int], max_new_tokens: int, sampling: Sampling = GREEDY,
+                   stop_ids: frozenset[int] = frozenset()) -> list[int]:
+    """Reference: generation of one request with a growing KV cache, no batching (greedy unless
+    ``sampling`` says otherwise; it ends early at a stop id, kept as its last token)."""
+    sampler = TokenSampler(sampling)
     with torch.inference_mode():
         ids = torch.tensor([prompt])
         logits, kv = model(ids, torch.arange(len(prompt))[None], last_logits_only=True)
-        tokens = [int(logits[0, -1].argmax())]
-        while len(tokens) < max_new_tokens:
+        tokens = [sampler.pick(logits[0, -1])]
+        while len(tokens) < max_new_tokens and tokens[-1] not in stop_ids:
             pos = torch.tensor([[kv.shape[4]]])
             logits, new_kv = model(torch.tensor([[tokens[-1]]]), pos, kv_cache=kv)
             kv = torch.cat([kv, new_kv], dim=4)
-            tokens.append(int(logits[0, -1].argmax()))
+            tokens.append(sampler.pick(logits[0, -1]))
     return tokens

@@ -2,8 +2,9 @@
 
 :class:`Worker` runs each lease's request in the continuous batcher of its replica: one
 :class:`~executor.batcher.ContinuousBatcher` per replica; a model is built once per
-``(family, seed, stages)`` and stays resident. A round steps every non-idle batcher once. It is
-driven from one thread (the daemon's main thread, :mod:`executor.daemon`).
+``(family, seed, stages)`` and stays resident. A round steps every non-idle batcher once; the
+new tokens of streaming leases are collected after it (:meth:`Worker.progress`). It is driven
+from one thread (the daemon's main thread, :mod:`executor.daemon`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 
 from executor.batcher import Clock, ContinuousBatcher, GenerationRequest
 from executor.runner import Stage, StagedModel, load_staged
-from service.domain.wire import Completion, Failure, LeaseGrant
+from service.domain.sampling import GREEDY, Sampling
+from service.domain.wire import Completion, Failure, LeaseGrant, ProgressUpdate
 
 log = logging.getLogger("slicesched.executor")
 
@@ -40,15 +42,18 @@ class Lease:
     prompt_tokens: tuple[int, ...]
     max_tokens: int
     received_s: float  # on the worker's clock: the origin of queued_s, ttft_s and e2e_s
+    sampling: Sampling = GREEDY
+    stop_ids: frozenset[int] = frozenset()
+    stream: bool = False  # report its tokens as they come
 
     @staticmethod
     def from_json(raw: Mapping[str, Any], received_s: float) -> Lease:
         """Parse a lease (:meth:`LeaseGrant.from_json <service.domain.wire.LeaseGrant.from_json>`);
-        ``KeyError``, ``TypeError`` or ``ValueError`` if it is malformed."""
+        ``KeyError``, ``TypeError``, ``ValueError`` or ``InvalidInputError`` if it is malformed."""
         g = LeaseGrant.from_json(raw)
         return Lease(g.lease_id, g.request_id, g.replica_id, g.family, g.seed,
                      tuple(Stage(s.device_id, s.start, s.end, s.url) for s in g.stages), g.prompt_tokens,
-                     g.max_tokens, received_s)
+                     g.max_tokens, received_s, g.sampling, frozenset(g.stop_ids), g.stream)
 
     @property
     def model_key(self) -> ModelKey:
@@ -85,7 +90,8 @@ class Worker:
 
     ``accept`` submits a lease's request (``ValueError`` or a domain error if it cannot run
     here), ``cancel`` drops it, ``step_round`` steps every non-idle batcher once and returns
-    what finished. Requests are keyed by lease id in the batchers.
+    what finished, ``progress`` the streaming leases' tokens since its last call. Requests are
+    keyed by lease id in the batchers.
     """
 
     def __init__(self, *, max_batch: int = 8, max_held: int | None = None, clock: Clock = time.perf_counter,
@@ -97,6 +103,7 @@ class Worker:
         self._models: dict[ModelKey, StagedModel] = {}
         self._batchers: dict[tuple[str, ModelKey], ContinuousBatcher] = {}
         self._held: dict[str, tuple[Lease, ContinuousBatcher]] = {}
+        self._streaming: dict[str, tuple[GenerationRequest, int]] = {}  # lease id -> (request, tokens reported)
         self.busy_s = 0.0  # wall seconds spent in iterations, all replicas (the service's utilisation)
 
     @property
@@ -116,9 +123,12 @@ class Worker:
         if lease.lease_id in self._held:
             return False
         batcher = self._batcher_for(lease)
-        batcher.submit(GenerationRequest(lease.lease_id, list(lease.prompt_tokens), lease.max_tokens,
-                                         arrival_s=lease.received_s))
+        request = GenerationRequest(lease.lease_id, list(lease.prompt_tokens), lease.max_tokens,
+                                    arrival_s=lease.received_s, sampling=lease.sampling, stop_ids=lease.stop_ids)
+        batcher.submit(request)
         self._held[lease.lease_id] = (lease, batcher)
+        if lease.stream:
+            self._streaming[lease.lease_id] = (request, 0)
         return True
 
     def cancel(self, lease_id: str) -> bool:
@@ -126,8 +136,19 @@ class Worker:
         held = self._held.pop(lease_id, None)
         if held is None:
             return False
+        self._streaming.pop(lease_id, None)
         held[1].remove(lease_id)
         return True
+
+    def progress(self) -> list[ProgressUpdate]:
+        """The tokens each held streaming lease produced since the last call (a finished lease's
+        last tokens travel with its completion instead)."""
+        updates = []
+        for lease_id, (request, reported) in self._streaming.items():
+            if len(request.tokens) > reported:
+                updates.append(ProgressUpdate(lease_id, reported, tuple(request.tokens[reported:])))
+                self._streaming[lease_id] = (request, len(request.tokens))
+        return updates
 
     def step_round(self) -> RoundResult:
         """One iteration of every non-idle batcher, round robin. A batcher whose step raises
@@ -147,6 +168,7 @@ class Worker:
                 self.busy_s += record.duration_s
             for request in batcher.take_finished():
                 lease, _ = self._held.pop(request.request_id)
+                self._streaming.pop(request.request_id, None)
                 result.completed.append((lease, completion_of(lease, request)))
         return result
 
@@ -154,6 +176,7 @@ class Worker:
         lease_ids = [lid for lid, (_, b) in self._held.items() if b is batcher]
         for lid in lease_ids:
             del self._held[lid]
+            self._streaming.pop(lid, None)
         return [Failure(lid, reason) for lid in lease_ids]
 
     def _batcher_for(self, lease: Lease) -> ContinuousBatcher:

@@ -1,10 +1,11 @@
 """The executor protocol's JSON shapes, shared by the service and the executor (docs/API.md).
 
 Both sides build and read these: the service sends a :class:`LeaseGrant` from the long poll and
-takes back :class:`Completion` and :class:`Failure`; the executor sends :class:`Poll` and
-:class:`Heartbeat` bodies. ``to_json`` gives the body as sent; ``from_json`` parses one and
-raises ``KeyError``, ``TypeError`` or ``ValueError`` when it is malformed. The service's
-pydantic bodies (``service/api/schemas.py``) add the HTTP bounds on the same fields.
+takes back :class:`Completion` and :class:`Failure`; the executor sends :class:`Poll`,
+:class:`Heartbeat` and (for streaming leases) :class:`ProgressUpdate` bodies. ``to_json`` gives
+the body as sent; ``from_json`` parses one and raises ``KeyError``, ``TypeError`` or
+``ValueError`` when it is malformed. The service's pydantic bodies (``service/api/schemas.py``)
+add the HTTP bounds on the same fields.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from service.domain.sampling import GREEDY, Sampling
 
 
 @dataclass(frozen=True)
@@ -55,17 +58,32 @@ class LeaseGrant:
     tenant_id: str = ""
     model_id: str = ""
     expires_in_s: float = 0.0  # the lease's lifetime unless renewed (heartbeats renew it)
+    sampling: Sampling = GREEDY  # how the next token is chosen (service.domain.sampling)
+    stop_ids: tuple[int, ...] = ()  # producing one of these ends the request early
+    stream: bool = False  # report tokens as they come (POST /v1/leases/progress)
 
     def to_json(self) -> dict[str, Any]:
-        return {"lease_id": self.lease_id, "request_id": self.request_id, "tenant_id": self.tenant_id,
-                "model_id": self.model_id, "family": self.family, "seed": self.seed, "replica_id": self.replica_id,
-                "stages": [s.to_json() for s in self.stages], "prompt_tokens": list(self.prompt_tokens),
-                "max_tokens": self.max_tokens, "expires_in_s": self.expires_in_s}
+        """The lease as sent; sampling, stop ids and streaming only when not the defaults (the
+        long poll's hot path stays as lean as a greedy lease needs)."""
+        out = {"lease_id": self.lease_id, "request_id": self.request_id, "tenant_id": self.tenant_id,
+               "model_id": self.model_id, "family": self.family, "seed": self.seed, "replica_id": self.replica_id,
+               "stages": [s.to_json() for s in self.stages], "prompt_tokens": list(self.prompt_tokens),
+               "max_tokens": self.max_tokens, "expires_in_s": self.expires_in_s}
+        if self.sampling is not GREEDY:
+            out.update(temperature=self.sampling.temperature, top_p=self.sampling.top_p,
+                       sampling_seed=self.sampling.seed)
+        if self.stop_ids:
+            out["stop_ids"] = list(self.stop_ids)
+        if self.stream:
+            out["stream"] = True
+        return out
 
     @staticmethod
     def from_json(raw: Mapping[str, Any]) -> LeaseGrant:
         """A missing or null ``seed`` is 0 (``build_model``'s default); the fields an executor
-        does not need to run the lease (tenant, model, lifetime) may be missing."""
+        does not need to run the lease (tenant, model, lifetime) may be missing, and missing
+        sampling fields mean greedy, no stop ids, no streaming. A sampling parameter out of its
+        range is an :class:`~service.domain.error.InvalidInputError`."""
         return LeaseGrant(
             lease_id=str(raw["lease_id"]),
             request_id=str(raw["request_id"]),
@@ -78,6 +96,10 @@ class LeaseGrant:
             tenant_id=str(raw.get("tenant_id") or ""),
             model_id=str(raw.get("model_id") or ""),
             expires_in_s=float(raw.get("expires_in_s") or 0.0),
+            sampling=Sampling(float(raw.get("temperature") or 0.0), float(raw.get("top_p") or 1.0),
+                              int(raw.get("sampling_seed") or 0)),
+            stop_ids=tuple(int(t) for t in raw.get("stop_ids") or ()),
+            stream=bool(raw.get("stream", False)),
         )
 
 
@@ -108,6 +130,19 @@ class Failure:
 
     def to_json(self) -> dict[str, Any]:
         return {"reason": self.reason}
+
+
+@dataclass(frozen=True)
+class ProgressUpdate:
+    """New tokens of a streaming lease: ``tokens`` are its output from position ``offset`` on
+    (positions are absolute, so a repeated or re-leased run's tokens are recognised)."""
+
+    lease_id: str
+    offset: int
+    tokens: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lease_id": self.lease_id, "offset": self.offset, "tokens": list(self.tokens)}
 
 
 @dataclass(frozen=True)
