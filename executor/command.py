@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stage-host", default="127.0.0.1",
                    help="address of this node's stage server (layers placed here by leases held on other nodes)")
     p.add_argument("--stage-port", type=int, default=0, help="its port (0: any free port; -1: no stage server)")
+    p.add_argument("--progress-interval-s", type=float, default=0.01,
+                   help="streaming leases: new tokens are posted at most this often (coalesced)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: one executor per core; more threads contend on small models)")
     return p
@@ -71,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no key: pass --key or set SLICESCHED_EXECUTOR_KEY (an executor pool's key; "
               "'slicesched keys create-pool POOL' makes one)", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.max_batch < 1 or args.poll_wait_s < 0 or args.threads < 1:
-        print("error: --max-batch and --threads must be >= 1 and --poll-wait-s >= 0", file=sys.stderr)
+    if args.max_batch < 1 or args.poll_wait_s < 0 or args.threads < 1 or not 0 <= args.progress_interval_s <= 10:
+        print("error: --max-batch and --threads must be >= 1, --poll-wait-s >= 0 and --progress-interval-s "
+              "in [0, 10]", file=sys.stderr)
         return EXIT_BAD_INPUT
     torch.set_num_threads(args.threads)
     try:
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     host = socket.gethostname()
     settings = Settings(server=args.server, key=key, executor_id=args.executor_id or f"{host}-{os.getpid()}",
                         host_id=args.host_id or host, devices=tuple(devices), max_batch=args.max_batch,
-                        poll_wait_s=args.poll_wait_s)
+                        poll_wait_s=args.poll_wait_s, progress_interval_s=args.progress_interval_s)
     stage_server = None
     if args.stage_port >= 0:
         from executor.remote import StageServer

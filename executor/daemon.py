@@ -5,7 +5,8 @@ the :class:`~executor.worker.Worker` (the torch side) and posts a completion whe
 finishes (the protocol is in ``docs/API.md``, its shapes in :mod:`service.domain.wire`). The
 main thread polls, runs the worker's rounds and posts results; a heartbeat thread renews the
 held leases every ``heartbeat_s`` and passes the service's cancellations (and its drain flag)
-to the main thread.
+to the main thread; a progress thread (:mod:`executor.progress`) posts the new tokens of
+streaming leases after each round and passes on the cancellations it is answered.
 
 A replica's batcher has ``max_batch`` KV slots (the service never leases a replica more); the
 daemon holds at most ``2 * max_batch`` leases per device (it polls for the free slots only), so
@@ -28,9 +29,11 @@ from typing import Any
 import httpx
 
 from executor.batcher import Clock
+from executor.progress import PATH as PROGRESS_PATH
+from executor.progress import ProgressSender
 from executor.settings import Backoff, Settings
 from executor.worker import Lease, Worker
-from service.domain.error import ApiError, RegisterRefused, TransientError
+from service.domain.error import ApiError, InvalidInputError, RegisterRefused, TransientError
 from service.domain.wire import Completion, Failure, Heartbeat, Poll
 
 log = logging.getLogger("slicesched.executor")
@@ -100,6 +103,10 @@ class ExecutorDaemon:
         self._last_contact_s = clock()
         self._completions: list[tuple[Lease, Completion]] = []
         self._failures: list[Failure] = []
+        self._progress = ProgressSender(
+            settings.executor_id, self._client, lambda client, body: self._call(client, "POST", PROGRESS_PATH, body),
+            on_cancel=self._cancelled, on_unknown=self._unknown, interval_s=settings.progress_interval_s,
+            backoff=Backoff(clock, base_s=settings.retry_base_s))
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -108,10 +115,12 @@ class ExecutorDaemon:
                 return 0  # stopped before it could register: it holds nothing
             heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
             heartbeat.start()
+            self._progress.start()
             try:
                 self._loop(client)
             finally:
                 self._finished.set()
+                self._progress.close()
                 heartbeat.join()
                 self._deregister(client)
         return 0
@@ -209,6 +218,9 @@ class ExecutorDaemon:
                 return
             polled = self._poll(client)
             result = self.worker.step_round()
+            updates = self.worker.progress()
+            if updates:
+                self._progress.offer(updates)
             self._mailbox.publish_running(self.worker.lease_ids)
             self._mailbox.busy_s = self.worker.busy_s
             self._completions.extend(result.completed)
@@ -219,6 +231,14 @@ class ExecutorDaemon:
             self._mailbox.publish_running(self.worker.lease_ids + [lease.lease_id for lease, _ in self._completions])
             if not self.worker.busy and not polled:
                 self._pause(IDLE_PAUSE_S)
+
+    def _cancelled(self, lease_ids: list[str]) -> None:
+        """Leases the service cancelled (from the progress thread): the main loop drops them next."""
+        self._mailbox.post_cancel(lease_ids)
+        self._wake.set()
+
+    def _unknown(self) -> None:
+        self._mailbox.needs_register = True
 
     def _drained_or_unreachable(self) -> bool:
         """While stopping with nothing running: True when every result is posted, or when the
@@ -266,7 +286,7 @@ class ExecutorDaemon:
         """Submit one polled lease to the worker; a lease that cannot run here is failed."""
         try:
             lease = Lease.from_json(raw, received_s)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, InvalidInputError) as exc:
             lease_id = raw.get("lease_id") if isinstance(raw, dict) else None
             log.error("malformed lease %s: %r", lease_id, exc)
             if lease_id is not None:

@@ -44,3 +44,4 @@ class Settings:
     timeout_s: float = 10.0  # per call, on top of a long poll's wait
     retry_base_s: float = 0.5  # first delay after a transient failure (doubling up to 10 s)
     stage_url: str | None = None  # this node's stage server, for drivers on other nodes (executor.remote)
+    progress_interval_s: float = 0.01  # streaming leases' tokens are posted at most this often (coalesced)

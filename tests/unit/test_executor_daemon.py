@@ -34,10 +34,11 @@ TWO = [{"device_id": "cpu:0", "layers": [0, 1]}, {"device_id": "cpu:1", "layers"
 
 
 def lease_json(lease_id: str, *, replica: str = "acme/chat@cpu:0", family: str = "tiny", seed: int = 3,
-               stages: list[dict[str, Any]] = ONE, prompt: Sequence[int] = (1, 2, 3), max_tokens: int = 4) -> dict[str, Any]:
+               stages: list[dict[str, Any]] = ONE, prompt: Sequence[int] = (1, 2, 3), max_tokens: int = 4,
+               stream: bool = False) -> dict[str, Any]:
     return {"lease_id": lease_id, "request_id": f"req-{lease_id}", "tenant_id": "acme", "model_id": "chat",
             "family": family, "seed": seed, "replica_id": replica, "stages": stages,
-            "prompt_tokens": list(prompt), "max_tokens": max_tokens, "expires_in_s": 10.0}
+            "prompt_tokens": list(prompt), "max_tokens": max_tokens, "expires_in_s": 10.0, "stream": stream}
 
 
 def run_rounds(worker: Worker) -> dict[str, Completion]:
@@ -158,6 +159,8 @@ class ScriptedService:
         self.daemon: ExecutorDaemon | None = None
         self.stop_when: set[str] = set()  # request a stop once these leases are completed or cancelled
         self.cancelled: set[str] = set()
+        self.streamed: dict[str, list[int]] = {}  # lease id -> tokens reported by progress
+        self.cancel_after: dict[str, int] = {}  # progress answers cancel a lease once it reported this many
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content) if request.content else None
@@ -185,6 +188,15 @@ class ScriptedService:
             self.cancelled.update(cancel)
             self._maybe_stop()
             return httpx.Response(200, json={"renewed": body["running"], "cancel": cancel, "drain": False})
+        if path == "/v1/leases/progress":
+            for u in body["updates"]:
+                got = self.streamed.setdefault(u["lease_id"], [])
+                assert u["offset"] == len(got), "progress is contiguous"
+                got.extend(u["tokens"])
+            cancel = sorted(lid for lid, n in self.cancel_after.items() if len(self.streamed.get(lid, ())) >= n)
+            self.cancelled.update(cancel)
+            self._maybe_stop()
+            return httpx.Response(200, json={"cancel": cancel})
         if path == "/v1/leases/complete":
             for result in body["results"]:
                 self.completed[result["lease_id"]] = result
@@ -229,6 +241,21 @@ def test_the_daemon_registers_runs_leases_honours_cancellation_and_leaves() -> N
     held = 2 * 4 * 1  # two batchers' KV slots per device, one device
     assert all(0 < b["max_leases"] <= held for b in polls) and polls[0]["max_leases"] == held
     assert service.calls[-1][:2] == ("DELETE", "/v1/executors/node-1")
+
+
+def test_streaming_leases_report_their_tokens_and_stop_when_a_progress_answer_cancels_them() -> None:
+    torch.set_num_threads(1)
+    service = ScriptedService([lease_json("L1", max_tokens=40, stream=True),
+                               lease_json("L2", prompt=[7, 8], max_tokens=500, stream=True),
+                               lease_json("L3", max_tokens=6)])
+    service.cancel_after = {"L2": 5}
+    service.stop_when = {"L1", "L2", "L3"}
+    assert daemon_for(service, max_batch=4).run() == 0
+    assert set(service.completed) == {"L1", "L3"} and "L2" in service.cancelled
+    out = service.completed["L1"]["output_tokens"]
+    assert len(service.streamed["L1"]) >= 2 and out[: len(service.streamed["L1"])] == service.streamed["L1"]
+    assert "L3" not in service.streamed  # not a streaming lease
+    assert 5 <= len(service.streamed["L2"]) < 250  # stopped promptly, long before its 500 tokens
 
 
 def test_transient_failures_are_retried_and_each_completion_is_posted_once() -> None:
