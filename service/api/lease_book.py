@@ -7,7 +7,8 @@ expires unless renewed (executor heartbeats renew all its leases); an expired le
 goes back to its queue; a completion is accepted only for a live lease, and a request's result
 is recorded once. Each mutation returns the :class:`~service.api.records.Write` rows the GMG must
 receive (the caller persists them: a new request synchronously before answering, everything
-else batched). What is registered and where (tenants, models, executors, replicas) is the
+else batched); ``on_end`` observes every request's end (done, cancelled, failed or adopted from
+Neo4j), once it is applied. What is registered and where (tenants, models, executors, replicas) is the
 :class:`~service.api.registry.Registry`'s.
 """
 
@@ -59,6 +60,7 @@ class LeaseBook:
                                          "completions_rejected": 0}
         self._lease_ids = itertools.count(1)
         self._lease_prefix = secrets.token_hex(3)  # lease ids never repeat across restarts
+        self.on_end: Callable[[LiveRequest], None] = lambda req: None  # a request ended (observer)
 
     # ---- requests ----------------------------------------------------------------------------
     def open_queue(self, model_uid: str) -> None:
@@ -100,7 +102,8 @@ class LeaseBook:
         tenant = self.registry.tenants.get(req.tenant_id)
         queue = self.queues.setdefault(req.model_uid, RequestQueue(self.policy))
         queue.push(QueuedRequest(req.request_id, req.tenant_id, req.model_uid, req.arrival, len(req.prompt),
-                                 req.token_budget, priority=tenant.priority if tenant else 0,
+                                 req.token_budget, priority=req.priority if req.priority is not None
+                                 else tenant.priority if tenant else 0,
                                  weight=tenant.weight if tenant else 1.0, true_output_tokens=req.max_tokens),
                    req.request_id)
 
@@ -140,6 +143,7 @@ class LeaseBook:
         if req.lease_id is not None:
             writes += self._end_lease(req.lease_id, SliceState.CANCELLED)
         req.status, req.finished_at = RequestStatus.CANCELLED, self.wall()
+        self.on_end(req)
         return [*writes, Write("request", req.update_row())]
 
     def waiting(self, model_uid: str) -> int:
@@ -163,12 +167,18 @@ class LeaseBook:
         now = self.clock()
         e.last_seen = now
         e.busy_s = max(e.busy_s, busy_s)
+        reported = set(running)
         renewed = []
-        for lid in set(running) & e.leases:
+        for lid in reported & e.leases:
             self.leases[lid].expires_at = now + self.lease_ttl_s
             renewed.append(lid)
-        cancel = [lid for lid in e.leases if self.requests[self.leases[lid].request_id].status != RequestStatus.LEASED]
-        return sorted(renewed), sorted(cancel)
+        return sorted(renewed), self.stale(executor_id, reported)
+
+    def stale(self, executor_id: str, reported: Iterable[str]) -> list[str]:
+        """Of the leases an executor reports, those it should stop: no longer its live leases
+        (cancelled, expired, or granted by a previous process). Their results would be refused."""
+        e = self.registry.executor(executor_id)
+        return sorted(set(reported) - e.leases)
 
 
     def drop_executor(self, executor_id: str) -> list[Write]:
@@ -255,9 +265,11 @@ class LeaseBook:
         req = self.requests[lease.request_id]
         if req.status != RequestStatus.LEASED or req.lease_id != c.lease_id:
             raise ConflictError(f"lease {c.lease_id} no longer holds request {req.request_id}")
-        if len(c.output_tokens) != req.max_tokens:
-            raise InvalidInputError(f"lease {c.lease_id}: {len(c.output_tokens)} output tokens, "
-                                    f"the request asked for {req.max_tokens}")
+        n = len(c.output_tokens)
+        if n != req.max_tokens and not (0 < n < req.max_tokens and
+                                        c.output_tokens[-1] in self.registry.models[req.model_uid].tokenizer.stop_ids):
+            raise InvalidInputError(f"lease {c.lease_id}: {n} output tokens, the request asked for "
+                                    f"{req.max_tokens} (fewer only when the last is a stop id)")
         self.begin_finish(req)
         wall = self.wall()
         waited = lease.granted_wall - req.arrival
@@ -282,6 +294,8 @@ class LeaseBook:
         req.output_tokens = list(stored.get("output_tokens") or [])
         req.queued_s, req.ttft_s, req.e2e_s = stored.get("queued_s"), stored.get("ttft_s"), stored.get("e2e_s")
         req.finished_at, req.error = stored.get("finished_at"), stored.get("error")
+        if req.status in TERMINAL:
+            self.on_end(req)
         return writes
 
     def complete(self, c: Completion, row: dict[str, Any]) -> None:
@@ -301,6 +315,7 @@ class LeaseBook:
             mean = c.busy_s / c.iterations
             old = self.iteration_s.get(family)
             self.iteration_s[family] = mean if old is None else old + 0.1 * (mean - old)
+        self.on_end(req)
 
     def fail_row(self, lease_id: str, executor_id: str | None, reason: str) -> dict[str, Any] | None:
         """The durable form of a failed lease when it ends its request (out of attempts: the
@@ -325,6 +340,7 @@ class LeaseBook:
         writes = self._end_lease(lease_id, SliceState.FAILED, requeue=req.attempts < self.max_attempts)
         if req.status == RequestStatus.LEASED:  # not requeued: out of attempts
             req.status, req.error, req.finished_at = RequestStatus.FAILED, reason[:500], self.wall()
+            self.on_end(req)
         return [*writes, Write("request", req.update_row())]
 
     def expire(self) -> list[Write]:

@@ -1,5 +1,6 @@
 """The executor side of a request's life, behind ``/v1/leases``: the long poll that hands out
-leases and a lease's failure. Completions are :meth:`LiveService.complete`."""
+leases, the progress of streaming leases and a lease's failure. Completions are
+:meth:`LiveService.complete`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from service.domain.slice_state import SliceState
-from service.domain.wire import LeaseGrant
+from service.domain.wire import LeaseGrant, ProgressUpdate
 
 if TYPE_CHECKING:
     from service.api.service import LiveService
@@ -33,13 +34,26 @@ async def poll_leases(svc: LiveService, executor_id: str, max_leases: int, wait_
                     family=model.family, seed=model.seed,
                     stages=state.stages(replica, executor_id, model.config.n_layers),
                     prompt_tokens=tuple(req.prompt), max_tokens=req.max_tokens, tenant_id=req.tenant_id,
-                    model_id=req.model_id, expires_in_s=svc.settings.lease_ttl_s).to_json())
+                    model_id=req.model_id, expires_in_s=svc.settings.lease_ttl_s, sampling=req.sampling,
+                    stop_ids=model.tokenizer.stop_ids, stream=svc.streams.wants_progress(req.request_id)).to_json())
             return leases
         remaining = deadline - loop.time()
         if remaining <= 0:
             return []
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(woken.wait(), remaining)
+
+
+def progress(svc: LiveService, executor_id: str, updates: list[ProgressUpdate]) -> list[str]:
+    """New tokens of the executor's streaming leases, to their streams; returns those of the
+    leases that it should stop (no longer live, e.g. cancelled: as a heartbeat does), whose
+    updates change nothing."""
+    leases = svc.state.leases
+    for u in updates:
+        lease = leases.get(u.lease_id)
+        if lease is not None and lease.executor_id == executor_id:
+            svc.streams.offer(lease.request_id, u.offset, u.tokens)
+    return svc.state.book.stale(executor_id, (u.lease_id for u in updates))
 
 
 async def fail_lease(svc: LiveService, lease_id: str, executor_id: str | None, reason: str) -> None:

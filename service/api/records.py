@@ -7,13 +7,16 @@ and change them; :class:`Write` is the row a change hands the GMG writer.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from service.domain.request import TERMINAL_STATUSES, RequestStatus
+from service.domain.sampling import GREEDY, Sampling
 from service.domain.tokenizer import BYTES, Tokenizer
 from service.models.family import MODEL_CONFIGS, ModelConfig
 from service.sim.iteration import weight_bytes
+from service.sim.sla import SLA_CLASSES, SlaClass
 
 LIVE_FAMILIES = tuple(name for name, c in MODEL_CONFIGS.items() if not c.shape_only)
 TERMINAL = TERMINAL_STATUSES
@@ -38,6 +41,7 @@ class LiveModel:
     seed: int
     replicas: int  # home replicas wanted (container: whole devices)
     tokenizer: Tokenizer = field(default=BYTES, repr=False, compare=False)
+    created_at: float = field(default_factory=time.time)  # epoch seconds of its registration
 
     @property
     def uid(self) -> str:
@@ -108,15 +112,34 @@ class LiveRequest:
     idempotency_key: str | None = None  # the client's key: a retry with it returns this request
     body_sha: str | None = None  # digest of what was submitted under that key
     finishing: bool = False  # its end (completion or cancel) is being written: nothing else may end it
+    temperature: float = 0.0  # sampling (service.domain.sampling): 0 is greedy
+    top_p: float = 1.0
+    seed: int | None = None  # the sampling seed (chosen at intake when sampled and not given)
+    slo_ttft_s: float | None = None  # the request's own TTFT target (x-slo-ttft-ms); None: its class's
+    slo_tpot_s: float | None = None  # its own time-per-output-token target (x-slo-tpot-ms)
+    priority: int | None = None  # its own queue priority (x-priority); None: its tenant's
 
     @property
     def model_uid(self) -> str:
         return f"{self.tenant_id}/{self.model_id}"
 
+    @property
+    def sampling(self) -> Sampling:
+        if self.temperature == 0.0:
+            return GREEDY  # top_p and seed change nothing
+        return Sampling(self.temperature, self.top_p, self.seed or 0)
+
+    @property
+    def sla(self) -> SlaClass:
+        """The targets it is held to: its SLA class's, with its own TTFT and TPOT targets first."""
+        return SLA_CLASSES[self.sla_class].with_targets(self.slo_ttft_s, self.slo_tpot_s)
+
     def public(self) -> dict[str, Any]:
         return {"request_id": self.request_id, "tenant_id": self.tenant_id, "model_id": self.model_id,
                 "status": self.status.value, "prompt_tokens": len(self.prompt), "max_tokens": self.max_tokens,
-                "sla_class": self.sla_class, "token_budget": self.token_budget, "attempts": self.attempts,
+                "sla_class": self.sla_class, "slo_ttft_s": self.slo_ttft_s, "slo_tpot_s": self.slo_tpot_s,
+                "priority": self.priority, "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
+                "token_budget": self.token_budget, "attempts": self.attempts,
                 "output_tokens": list(self.output_tokens), "queued_s": self.queued_s, "ttft_s": self.ttft_s,
                 "e2e_s": self.e2e_s, "arrival": self.arrival, "finished_at": self.finished_at, "error": self.error}
 
@@ -134,7 +157,9 @@ class LiveRequest:
                 "status": self.status.value, "attempts": self.attempts, "output_tokens": self.output_tokens,
                 "queued_s": self.queued_s, "ttft_s": self.ttft_s, "e2e_s": self.e2e_s,
                 "finished_at": self.finished_at, "error": self.error,
-                "idempotency_key": self.idempotency_key, "body_sha": self.body_sha}
+                "idempotency_key": self.idempotency_key, "body_sha": self.body_sha,
+                "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
+                "slo_ttft_s": self.slo_ttft_s, "slo_tpot_s": self.slo_tpot_s, "priority": self.priority}
 
 
 @dataclass

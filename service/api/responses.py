@@ -201,6 +201,12 @@ class LeaseOut(Out):
     prompt_tokens: list[int]
     max_tokens: int
     expires_in_s: float
+    temperature: float = Field(0.0, description="0 (absent): greedy; the sampling fields only when sampled")
+    top_p: float = 1.0
+    sampling_seed: int = Field(0, description="the request's generator seed (the model's weights have `seed`)")
+    stop_ids: list[int] = Field(default_factory=list, description="producing one ends the request (absent: none)")
+    stream: bool = Field(False, description="report the tokens as they come (POST /v1/leases/progress); "
+                                            "only when true")
 
 
 class PollOut(Out):
@@ -220,6 +226,10 @@ class RejectedOut(Out):
 class CompleteOut(Out):
     accepted: list[str] = Field(description="lease ids whose results are durable")
     rejected: list[RejectedOut]
+
+
+class ProgressOut(Out):
+    cancel: list[str] = Field(description="the executor's lease ids to stop: their requests ended")
 
 
 class LeaseFailedOut(Out):
@@ -247,6 +257,12 @@ class RequestOut(Out):
     prompt_tokens: int = Field(description="the prompt's length in tokens")
     max_tokens: int
     sla_class: str
+    slo_ttft_s: float | None = Field(description="its own TTFT target (x-slo-ttft-ms); null: its class's")
+    slo_tpot_s: float | None = Field(description="its own time-per-output-token target (x-slo-tpot-ms); null: its class's")
+    priority: int | None = Field(description="its own queue priority (x-priority); null: its tenant's")
+    temperature: float = Field(description="0: greedy")
+    top_p: float
+    seed: int | None = Field(description="the sampling seed; null: greedy with none given")
     token_budget: int
     attempts: int
     output_tokens: list[int]

@@ -21,6 +21,7 @@ from service.core.scheduler import ClusterView, Decision, DeviceInfo, ReplicaCha
 from service.core.slot import InputDep, Slot, SlotQuery
 from service.domain.error import InvalidInputError, InvariantError
 from service.domain.request import RequestSpec, RequestStatus
+from service.sim.sla import SLA_CLASSES
 
 log = logging.getLogger("slicesched.service")
 
@@ -69,15 +70,18 @@ class SchedulingLoop(HomePlanner):
             rows.append((e.executor_id, e.executor_id, members[0].kind, sum(d.mem_bytes for d in members)))
         start = now_wall - window_s
         recent = []
+        sla_classes = dict(SLA_CLASSES)  # and the targets of requests with their own (x-slo-* headers)
         for req in state.requests.values():
             if (req.status in TERMINAL and req.arrival < start) or req.status == RequestStatus.CANCELLED:
                 continue
+            sla = req.sla
+            sla_classes.setdefault(sla.name, sla)
             recent.append(RequestSpec(req.request_id, req.model_uid, family[req.model_uid],
-                                      max(0.0, req.arrival - start), len(req.prompt), req.token_budget,
-                                      req.sla_class))
+                                      max(0.0, req.arrival - start), len(req.prompt), req.token_budget, sla.name))
         return LiveSnapshot(now - self.started, live_spec(rows), tuple(replicas), tuple(devices),
                             {r.replica_id: r.max_batch for r in state.replicas.values()}, tuple(recent), window_s,
-                            window_start_wall=start, iteration_s=dict(state.iteration_s), devices_of=devices_of)
+                            window_start_wall=start, iteration_s=dict(state.iteration_s), devices_of=devices_of,
+                            sla_classes=sla_classes)
 
     def _utilisation(self, executor_id: str) -> float:
         e = self.state.executors[executor_id]

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.api.records import LIVE_FAMILIES
+from service.domain.sampling import MAX_SEED, MAX_TEMPERATURE
 from service.sim.sla import SLA_CLASSES
 
 ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
@@ -63,6 +64,10 @@ class RequestIn(Body):
     sla_class: str | None = Field(None, max_length=32, json_schema_extra={"enum": [*SLA_CLASSES, None]},
                                   description="default: the tenant's")
     tenant_id: str | None = Field(None, pattern=ID, description="admin keys only")
+    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE, description="0 (default): greedy")
+    top_p: float | None = Field(None, gt=0, le=1, description="nucleus mass (default 1: every token)")
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED), BeforeValidator(_whole)] | None = Field(
+        None, description="the sampling seed (default: a random one, kept with the request)")
 
 
 class RequestBatchIn(Body):
@@ -112,6 +117,17 @@ class CompletionIn(Body):
     peak_bytes: Int = Field(0, ge=0, le=2**50)  # bounds below 2**53: a JSON number is a double
 
 
+class ProgressUpdateIn(Body):
+    lease_id: str = Field(max_length=64)
+    offset: Int = Field(ge=0, le=1_000_000, description="the position of the first token in the output")
+    tokens: IntList = Field(max_length=1_000_000)
+
+
+class ProgressIn(Body):
+    executor_id: str = Field(pattern=ID)
+    updates: list[ProgressUpdateIn] = Field(max_length=4096)
+
+
 class CompleteIn(Body):
     executor_id: str = Field(pattern=ID)
     results: list[CompletionIn] = Field(max_length=1024)
@@ -140,7 +156,7 @@ class InspectIn(Body):
 # ---- responses -------------------------------------------------------------------------------------
 class ErrorDetail(BaseModel):
     kind: str = Field(description="unauthorized, forbidden, read_only, not_found, conflict, invalid_input, http, "
-                                  "unavailable or internal")
+                                  "overloaded, unavailable or internal")
     message: str = Field(description="what was wrong, in one line")
 
 

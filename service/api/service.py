@@ -35,6 +35,7 @@ from service.api.records import TERMINAL, LiveModel, LiveRequest
 from service.api.scheduling import SchedulingLoop
 from service.api.settings import ServiceSettings
 from service.api.state import LiveState
+from service.api.streams import StreamBook
 from service.api.supervisor import Supervisor
 from service.api.writer import GmgWriter
 from service.core.policies import make_placement_policy
@@ -60,6 +61,8 @@ class LiveService(DurableWrites, SchedulingLoop):
                                lease_ttl_s=settings.lease_ttl_s, max_attempts=settings.max_attempts,
                                max_batch=settings.max_batch)
         self.metrics = LiveMetrics(self.state)
+        self.streams = StreamBook()  # tokens on their way to waiting clients (the OpenAI endpoints)
+        self.state.book.on_end = self.streams.end
         self.pools = ExecutorPools(settings.executor_key, settings.executor_kinds)  # executor keys
         self.driver: Any = None
         self.neo4j_uri: str | None = None
@@ -125,7 +128,7 @@ class LiveService(DurableWrites, SchedulingLoop):
                                   int(t["priority"] or 0), t["key_hash"])
         for m in await asyncio.to_thread(repo.live_models):
             self.state.add_model(LiveModel(m["tenant_id"], m["model_id"], m["family"], int(m["seed"]),
-                                           int(m["replicas"] or 1)))
+                                           int(m["replicas"] or 1), created_at=float(m["created_at"] or 0.0)))
         rows = await asyncio.to_thread(repo.live_requests, time.time() - RECOVER_FINISHED_S)
         requeued = 0
         for row in rows:
@@ -136,7 +139,10 @@ class LiveService(DurableWrites, SchedulingLoop):
                               output_tokens=list(row.get("output_tokens") or []), queued_s=row.get("queued_s"),
                               ttft_s=row.get("ttft_s"), e2e_s=row.get("e2e_s"), finished_at=row.get("finished_at"),
                               error=row.get("error"), idempotency_key=row.get("idempotency_key"),
-                              body_sha=row.get("body_sha"))
+                              body_sha=row.get("body_sha"), temperature=float(row.get("temperature") or 0.0),
+                              top_p=float(row.get("top_p") or 1.0), seed=row.get("seed"),
+                              slo_ttft_s=row.get("slo_ttft_s"), slo_tpot_s=row.get("slo_tpot_s"),
+                              priority=row.get("priority"))
             if req.model_uid not in self.state.models:
                 continue
             requeued += req.status not in TERMINAL

@@ -36,6 +36,7 @@ class ServiceSettings:
     db_timeout_s: float = 2.0  # a call that cannot reach Neo4j fails (503, Retry-After) within about this
     call_timeout_s: float = 10.0  # a call that reached Neo4j but has no answer by then: 503, outcome unknown
     max_pending_writes: int = 500_000  # GMG mirror rows kept during an outage (coalesced per object)
+    max_queued: int = 200_000  # requests waiting per model; beyond, a submission is refused (429)
     neo4j: Neo4jSettings = field(default_factory=Neo4jSettings.from_env)
     cost_model: str = DEFAULT_KIND  # the what-if mirror's iteration costs (learned.choice.KINDS)
 
@@ -56,6 +57,8 @@ class ServiceSettings:
         if not (0 < self.db_timeout_s <= 60 and 0 < self.call_timeout_s <= 600 and self.max_pending_writes >= 1000):
             raise InvalidInputError("db_timeout_s must be in (0, 60], call_timeout_s in (0, 600]; "
                                     "max_pending_writes >= 1000")
+        if self.max_queued < 1:
+            raise InvalidInputError("max_queued must be >= 1")
 
     @staticmethod
     def from_env(**overrides: object) -> ServiceSettings:
@@ -78,6 +81,7 @@ class ServiceSettings:
             "db_timeout_s": float(env.get("SLICESCHED_DB_TIMEOUT_S", "2")),
             "call_timeout_s": float(env.get("SLICESCHED_CALL_TIMEOUT_S", "10")),
             "max_pending_writes": int(env.get("SLICESCHED_MAX_PENDING_WRITES", "500000")),
+            "max_queued": int(env.get("SLICESCHED_MAX_QUEUED", "200000")),
             "cost_model": kind_from(None),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})

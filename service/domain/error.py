@@ -15,6 +15,8 @@ ReadOnlyViolationError     403          read_only        2
 UnauthorizedError          401          unauthorized     2
 ForbiddenError             403          forbidden        2
 ConflictError              409          conflict         2
+QueueFullError             429          overloaded       3
+NotServedError             409          not_served       3
 InvariantError             400 [1]      invalid_input    1
 DatabaseUnavailableError   503          unavailable      3
 Neo4jServerError           400 [1]      invalid_input    3
@@ -117,6 +119,23 @@ class ConflictError(SliceschedError):
     http_status = 409
     kind = "conflict"
     exit_code = EXIT_BAD_INPUT
+
+
+class QueueFullError(SliceschedError):
+    """A model's queue holds as many requests as it may: nothing was accepted; retry later."""
+
+    http_status = 429
+    kind = "overloaded"
+    exit_code = EXIT_UNAVAILABLE
+
+
+class NotServedError(SliceschedError):
+    """No executor serves the model now (no replica of it: it is not live), so a caller waiting
+    for the answer would wait until one does. Nothing was accepted; retry later."""
+
+    http_status = 409
+    kind = "not_served"
+    exit_code = EXIT_UNAVAILABLE
 
 
 class DatabaseUnavailableError(SliceschedError):

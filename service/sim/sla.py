@@ -11,7 +11,7 @@ negative means violated).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,18 @@ class SlaClass:
     def slack_s(self, ttft_s: float, tbt_mean_s: float, e2e_s: float, prompt_tokens: int = 0) -> float:
         """The smallest of the three slacks (negative: the SLA is missed)."""
         return min(self.ttft_target_s(prompt_tokens) - ttft_s, self.tbt_s - tbt_mean_s, self.e2e_s - e2e_s)
+
+    def with_targets(self, ttft_s: float | None = None, tbt_s: float | None = None) -> SlaClass:
+        """This class with a request's own TTFT and TPOT targets in place of its own (``None``:
+        the class's). A TTFT given is the whole target, with no per-prompt-token allowance. The
+        result is named after its targets, so equal targets make equal classes."""
+        if ttft_s is None and tbt_s is None:
+            return self
+        parts = [self.name] + [f"{what}={1e3 * value:g}ms" for what, value in (("ttft", ttft_s), ("tpot", tbt_s))
+                               if value is not None]
+        return replace(self, name="+".join(parts), ttft_s=self.ttft_s if ttft_s is None else ttft_s,
+                       ttft_per_prompt_token_s=self.ttft_per_prompt_token_s if ttft_s is None else 0.0,
+                       tbt_s=self.tbt_s if tbt_s is None else tbt_s)
 
 
 SLA_CLASSES: dict[str, SlaClass] = {

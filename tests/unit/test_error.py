@@ -18,6 +18,8 @@ TABLE = [  # class, HTTP status (None: unmapped, answered 400 invalid_input), ki
     (e.UnauthorizedError, 401, "unauthorized", 2),
     (e.ForbiddenError, 403, "forbidden", 2),
     (e.ConflictError, 409, "conflict", 2),
+    (e.QueueFullError, 429, "overloaded", 3),
+    (e.NotServedError, 409, "not_served", 3),
     (e.InvariantError, None, "invalid_input", 1),
     (e.DatabaseUnavailableError, 503, "unavailable", 3),
     (e.Neo4jServerError, None, "invalid_input", 3),

@@ -9,6 +9,7 @@ from service.api.records import LiveModel
 from service.api.state import LiveState
 from service.core.queue import make_queue_policy
 from service.domain.error import ConflictError, InvalidInputError, NotFoundError
+from service.domain.tokenizer import ByteTokenizer
 from service.domain.wire import Completion
 
 
@@ -90,7 +91,7 @@ def test_heartbeat_renews_the_leases_the_executor_reports() -> None:
     leases = [lease.lease_id for lease, _, _ in state.grant("e1", 8)]
     clock.t += 4.0
     renewed, cancel = state.heartbeat("e1", 0.0, [*leases[:2], "L-unknown"])
-    assert renewed == sorted(leases[:2]) and cancel == []
+    assert renewed == sorted(leases[:2]) and cancel == ["L-unknown"]  # not live here: its result would be refused
     clock.t += 4.0  # 8 s after the grant, 4 s after the renewal
     state.expire()
     # The lease it no longer reports (its result dropped) expires and its request runs again.
@@ -103,6 +104,7 @@ def test_cancel_of_a_running_request_is_announced_at_the_next_heartbeat() -> Non
     [(lease, _, _)] = state.grant("e1", 1)
     state.cancel(state.requests[rid])
     assert state.requests[rid].status == "cancelled"
+    assert state.heartbeat("e1", 0.0, [lease.lease_id]) == ([], [lease.lease_id])
     with pytest.raises(ConflictError):
         complete(state, "e1", done(lease.lease_id))
     with pytest.raises(ConflictError):
@@ -158,3 +160,37 @@ def test_budget_calibration_follows_observed_outputs() -> None:
     state.calibrator.observe("a/m", 100, 100, 50)
     assert state.calibrator.budget("a/m", 100) < 100
     assert state.calibrator.budget("b/m", 100) == 100
+
+
+def test_a_requests_own_priority_orders_the_queue_before_its_tenants() -> None:
+    state, clock = make_state("priority")
+    ids = []
+    for priority in (None, 5, -3, 5):  # the tenant's priority is 0
+        req = state.new_request("a", "m", [1, 2], 3, None)
+        req.priority = priority
+        state.accept(req)
+        ids.append(req.request_id)
+        clock.t += 1.0
+    assert [req.request_id for _, _, req in state.grant("e1", 8)] == [ids[1], ids[3], ids[0], ids[2]]
+
+
+def test_a_completion_may_end_early_only_at_a_stop_id() -> None:
+    state, _ = make_state()
+    state.models["a/m"].tokenizer = StopAt(9)
+    submit(state, "a", 2, max_tokens=5)
+    (first, _, _), (second, _, _) = state.grant("e1", 2)
+    with pytest.raises(InvalidInputError, match="stop id"):
+        complete(state, "e1", Completion(first.lease_id, [7, 7], 0.0, 0.1, 0.2, 2, 0.05, 1000))
+    complete(state, "e1", Completion(second.lease_id, [7, 9], 0.0, 0.1, 0.2, 2, 0.05, 1000))
+    assert state.requests[second.request_id].status == "done"
+
+
+class StopAt(ByteTokenizer):
+    """Bytes, with one stop id."""
+
+    def __init__(self, stop: int) -> None:
+        self.stop = stop
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        return (self.stop,)

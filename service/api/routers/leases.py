@@ -1,5 +1,5 @@
-"""Executor leases: long poll, renew, complete, fail. Poll and complete are the hot paths: they
-answer plain ``JSONResponse`` (no response-model encoding) and document their schema."""
+"""Executor leases: long poll, renew, progress, complete, fail. Poll, progress and complete are the
+hot paths: they answer plain ``JSONResponse`` (no response-model encoding) and document their schema."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from fastapi.responses import JSONResponse
 
 from service.api import leasing
 from service.api.deps import ExecutorPrincipal, Svc
-from service.api.responses import CompleteOut, LeaseFailedOut, LeaseRenewedOut, PollOut
-from service.api.schemas import CompleteIn, FailIn, PollIn
-from service.domain.wire import Completion
+from service.api.responses import CompleteOut, LeaseFailedOut, LeaseRenewedOut, PollOut, ProgressOut
+from service.api.schemas import CompleteIn, FailIn, PollIn, ProgressIn
+from service.domain.wire import Completion, ProgressUpdate
 
 router = APIRouter(tags=["leases"])
 
@@ -29,6 +29,16 @@ async def poll(body: PollIn, svc: Svc, p: ExecutorPrincipal) -> JSONResponse:
 async def renew(lease_id: str, svc: Svc, p: ExecutorPrincipal) -> dict[str, Any]:
     svc.pools.check_lease(p, svc.state, lease_id)
     return {"lease_id": lease_id, "expires_in_s": svc.state.renew(lease_id)}
+
+
+@router.post("/v1/leases/progress", response_class=JSONResponse, responses={200: {"model": ProgressOut}})
+async def progress(body: ProgressIn, svc: Svc, p: ExecutorPrincipal) -> JSONResponse:
+    """New tokens of streaming leases (``offset``: the position of the first); the answer lists
+    the executor's leases to stop (their requests ended, e.g. a client went away)."""
+    svc.pools.check_owner(p, body.executor_id)
+    cancel = leasing.progress(svc, body.executor_id,
+                              [ProgressUpdate(u.lease_id, u.offset, tuple(u.tokens)) for u in body.updates])
+    return JSONResponse({"cancel": cancel})
 
 
 @router.post("/v1/leases/complete", response_class=JSONResponse, responses={200: {"model": CompleteOut}})

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Header, Query
 
 from service.api import intake, reports
 from service.api.deps import AnyPrincipal, Svc, TenantScope, scoped_tenant
+from service.api.intake import Hints
 from service.api.records import STATUSES
 from service.api.responses import AcceptedBatchOut, AcceptedOut, RequestOut
 from service.api.schemas import RequestBatchIn, RequestIn
@@ -21,25 +22,27 @@ IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_lengt
 
 
 @router.post("/v1/requests", status_code=202, response_model=AcceptedOut)
-async def submit(body: RequestIn, svc: Svc, p: AnyPrincipal, idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
+async def submit(body: RequestIn, svc: Svc, p: AnyPrincipal, hints: Hints,
+                 idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
     """Submit a request; it is in Neo4j when this answers. With an ``Idempotency-Key``, a retry
-    returns the first request (409 if the body differs) and never creates a second."""
-    req = intake.new_request(svc, scoped_tenant(p, body.tenant_id), body, idempotency_key)
+    returns the first request (409 if the body differs) and never creates a second. The
+    ``x-slo-*`` and ``x-priority`` headers give it targets and a priority of its own."""
+    req = intake.new_request(svc, scoped_tenant(p, body.tenant_id), body, idempotency_key, hints)
     (answer,) = await svc.accept_requests([req])
     return reports.accepted_public(answer)
 
 
 @router.post("/v1/requests/batch", status_code=202, response_model=AcceptedBatchOut)
-async def submit_batch(body: RequestBatchIn, svc: Svc, p: AnyPrincipal,
+async def submit_batch(body: RequestBatchIn, svc: Svc, p: AnyPrincipal, hints: Hints,
                        idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
     """Submit up to 1,000 requests at once: all are accepted, or none (the error names the first
     bad one). With an ``Idempotency-Key``, item ``i`` carries the key ``<key>#<i>``: a retry of
-    the batch returns the first requests and creates none."""
+    the batch returns the first requests and creates none. The headers apply to every item."""
     reqs = []
     for i, item in enumerate(body.requests):
         try:
             reqs.append(intake.new_request(svc, scoped_tenant(p, item.tenant_id), item,
-                                           None if idempotency_key is None else f"{idempotency_key}#{i}"))
+                                           None if idempotency_key is None else f"{idempotency_key}#{i}", hints))
         except InvalidInputError as exc:
             raise InvalidInputError(f"requests[{i}]: {exc}") from None
     answers = await svc.accept_requests(reqs)
