@@ -4,7 +4,9 @@ authentication and roles: :mod:`service.api.deps`.
 ``create_app(settings)`` builds an app whose lifespan starts a :class:`LiveService` (Neo4j
 driver, state recovered from the GMG, writer, scheduler) and stops it. Every error leaves as
 ``{"error": {"kind", "message"}}`` with a 4xx status; an unexpected one is logged and is a 500
-with no internals in it. The OpenAPI document lists these answers on every operation
+with no internals in it. On the OpenAI-compatible routes errors take OpenAI's shape
+(``{"error": {"message", "type", "param", "code"}}``) and a body that does not match the schema
+is a 400, as OpenAI answers (:func:`service.api.openai.is_openai_route`). The OpenAPI document lists these answers on every operation
 (:data:`ERROR_RESPONSES`), and a 405 names the path's methods in ``Allow``.
 """
 
@@ -23,6 +25,8 @@ from fastapi.responses import JSONResponse
 from neo4j.exceptions import ServiceUnavailable, SessionExpired
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.api.openai import error_body as openai_error
+from service.api.openai import is_openai_route
 from service.api.routers import ROUTERS
 from service.api.schemas import ErrorOut
 from service.api.service import LiveService
@@ -42,6 +46,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     403: {"model": ErrorOut, "description": "The key's role may not do this, or a write in read-only Cypher"},
     404: {"model": ErrorOut, "description": "No such object, or one the key may not see"},
     409: {"model": ErrorOut, "description": "Contradicts the current state (exists already, finished, not live)"},
+    429: {"model": ErrorOut, "description": "The model's queue is full (SLICESCHED_MAX_QUEUED); retry later"},
     422: {"model": ErrorOut, "description": "The body, path or query does not match the schema"},
     503: {"model": ErrorOut, "description": "Neo4j is unavailable; retry shortly"},
     500: {"model": ErrorOut, "description": "An unexpected error (logged on the server, nothing internal in it)"},
@@ -50,9 +55,12 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 def errors_as_json(doc: dict[str, Any]) -> dict[str, Any]:
     """Error answers are JSON on every operation, also where success is not (``/metrics``): FastAPI
-    documents a route's extra responses in the route's own media type."""
+    documents a route's extra responses in the route's own media type. The OpenAI-compatible
+    operations answer a body off the schema with a 400, never FastAPI's 422."""
     for operations in doc.get("paths", {}).values():
         for operation in operations.values():
+            if "openai" in operation.get("tags", ()):
+                operation.get("responses", {}).pop("422", None)
             for status, response in operation.get("responses", {}).items():
                 content = response.get("content")
                 if not status.startswith("2") and content and "application/json" not in content:
@@ -60,7 +68,10 @@ def errors_as_json(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def _error(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def _error(request: Request, status: int, kind: str, message: str, headers: dict[str, str] | None = None,
+           param: str | None = None) -> JSONResponse:
+    if is_openai_route(request):
+        return JSONResponse(openai_error(status, kind, message, param), status_code=status, headers=headers)
     return JSONResponse({"error": {"kind": kind, "message": message}}, status_code=status, headers=headers)
 
 
@@ -79,37 +90,41 @@ def _template_regex(template: str) -> re.Pattern[str]:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    async def domain(_: Request, exc: Exception) -> JSONResponse:
+    async def domain(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, SliceschedError)
+        param = getattr(exc, "culprit", None)
         if exc.http_status is not None:  # each error class declares its answer: service/domain/error.py
-            return _error(exc.http_status, exc.kind, str(exc))
+            return _error(request, exc.http_status, exc.kind, str(exc), param=param)
         log.error("unmapped domain error: %r", exc)
-        return _error(400, "invalid_input", str(exc))
+        return _error(request, 400, "invalid_input", str(exc), param=param)
 
-    async def validation(_: Request, exc: Exception) -> JSONResponse:
+    async def validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        parts = []
+        parts, params = [], []
         for e in exc.errors()[:5]:
             where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
             parts.append(f"{where}: {e.get('msg', 'invalid')}")
-        return _error(422, "invalid_input", "; ".join(parts) or "invalid request")
+            params.append(where)
+        status = 400 if is_openai_route(request) else 422
+        return _error(request, status, "invalid_input", "; ".join(parts) or "invalid request",
+                      param=params[0] if params else None)
 
     async def http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         headers = dict(exc.headers or {})
         if exc.status_code == 405 and (methods := allowed_methods(request)):
             headers["Allow"] = ", ".join(methods)
-        return _error(exc.status_code, "http", str(exc.detail), headers)
+        return _error(request, exc.status_code, "http", str(exc.detail), headers)
 
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error", exc_info=exc)
-        return _error(500, "internal", "internal error (logged on the server)")
+        return _error(request, 500, "internal", "internal error (logged on the server)")
 
-    async def neo4j_down(_: Request, exc: Exception) -> JSONResponse:
+    async def neo4j_down(request: Request, exc: Exception) -> JSONResponse:
         log.warning("Neo4j unavailable: %s", exc)
         retry = getattr(exc, "retry_after_s", 2.0)
         message = str(exc) if isinstance(exc, SliceschedError) else "Neo4j is unavailable; retry shortly"
-        response = _error(503, "unavailable", message)
+        response = _error(request, 503, "unavailable", message)
         response.headers["Retry-After"] = str(max(1, round(retry)))
         return response
 
@@ -139,8 +154,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                   description="Operator-level scheduling for multi-tenant model serving: tenants, models, "
                               "requests, executor leases, what-if and Cypher inspection. See docs/API.md.")
     install_error_handlers(app)
-    for router in ROUTERS:
-        app.include_router(router, responses=ERROR_RESPONSES)
+    for router in ROUTERS:  # a router documenting its own errors (the OpenAI one) keeps them
+        app.include_router(router, responses=None if router.responses else ERROR_RESPONSES)
     documented = app.openapi
 
     def openapi() -> dict[str, Any]:

@@ -30,14 +30,18 @@ def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-@pytest.fixture(autouse=True)
-def fresh_live_state(repo: Any) -> None:
-    """Each test starts from a GMG without live tenants, executor pools, requests or leases (one
-    service's world)."""
+def reset_live_state(repo: Any) -> None:
+    """A GMG without live tenants, executor pools, requests or leases (one service's world)."""
     for row in repo.live_tenants():
         repo.delete_tenant(row["tenant_id"])
     with repo.driver.session() as s:
         s.run("MATCH (n) WHERE n:Request OR (n:Slice AND n.live) OR n:ExecutorPool DETACH DELETE n").consume()
+
+
+@pytest.fixture(autouse=True)
+def fresh_live_state(repo: Any) -> None:
+    """Each test starts from a fresh live state (:func:`reset_live_state`)."""
+    reset_live_state(repo)
 
 
 @pytest.fixture

@@ -101,7 +101,7 @@ def test_isolation_between_tenants(client: TestClient, uid: str) -> None:
                         headers=auth(key_b)).json()["request_id"]
     assert client.get(f"/v1/requests/{rid_b}", headers=auth(key_a)).status_code == 404
     assert client.post(f"/v1/requests/{rid_b}/cancel", headers=auth(key_a)).status_code == 404
-    assert client.get("/v1/models/m", params={"tenant_id": f"ib{uid}"}, headers=auth(key_a)).status_code == 404
+    assert client.get("/v1/catalog/models/m", params={"tenant_id": f"ib{uid}"}, headers=auth(key_a)).status_code == 404
     assert client.get(f"/v1/tenants/ib{uid}", headers=auth(key_a)).status_code == 404
     assert all(r["tenant_id"] == f"ia{uid}" for r in client.get("/v1/requests", headers=auth(key_a)).json())
     r = client.post("/v1/inspect", json={"name": "my_requests", "params": {"tenant_id": f"ib{uid}"}}, headers=auth(key_a))
@@ -295,9 +295,15 @@ def test_openapi_documents_every_error_and_405_names_the_allowed_methods(client:
     error = {"$ref": "#/components/schemas/ErrorOut"}
     assert set(doc["components"]["schemas"]["ErrorOut"]["properties"]) == {"error"}
     assert set(doc["components"]["schemas"]["ErrorDetail"]["required"]) == {"kind", "message"}
+    openai_error = {"$ref": "#/components/schemas/OpenAIErrorOut"}
     for path, operations in doc["paths"].items():
         for method, op in operations.items():
-            for status in ("400", "401", "403", "404", "409", "422", "503"):
+            if "openai" in op["tags"]:  # OpenAI's error shape, and a body off the schema is a 400 there
+                assert "422" not in op["responses"], (path, method)
+                for status in ("400", "401", "403", "404", "429", "503"):
+                    assert op["responses"][status]["content"] == {"application/json": {"schema": openai_error}}
+                continue
+            for status in ("400", "401", "403", "404", "409", "422", "429", "503"):
                 if (path, status) == ("/readyz", "503"):  # not ready: the readiness report (test_openapi)
                     continue
                 assert op["responses"][status]["content"] == {"application/json": {"schema": error}}, (path, method)
@@ -308,3 +314,14 @@ def test_openapi_documents_every_error_and_405_names_the_allowed_methods(client:
     r = client.put("/v1/tenants/x", headers=auth(ADMIN))
     assert r.status_code == 405 and r.headers["allow"] == "GET"
     assert client.delete("/v1/requests/batch", headers=auth(ADMIN)).headers["allow"] == "POST"  # not /{request_id}
+    r = client.put("/v1/completions", headers=auth(ADMIN))
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert r.json()["error"]["type"] == "invalid_request_error" and set(r.json()["error"]) == {"message", "type",
+                                                                                               "param", "code"}
+
+
+def test_openai_requests_for_a_model_no_executor_serves_are_refused_at_once(client: TestClient, uid: str) -> None:
+    key = setup_tenant_model(client, f"ns{uid}")
+    r = client.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 2}, headers=auth(key))
+    assert r.status_code == 409 and r.json()["error"]["code"] == "not_served", r.text
+    assert client.get("/v1/requests", headers=auth(key)).json() == []  # nothing was queued

@@ -63,7 +63,7 @@ def check_tokens(c: httpx.Client, got: list[dict[str, Any]], ids: dict[str, tupl
     family = dict(TENANTS)
     models = {}
     for tenant, _ in TENANTS:
-        seed = c.get("/v1/models/m", params={"tenant_id": tenant}).json()["seed"]
+        seed = c.get("/v1/catalog/models/m", params={"tenant_id": tenant}).json()["seed"]
         models[tenant] = build_model(model_config(family[tenant]), seed=seed)
     for g in got:
         tenant, prompt = ids[g["request_id"]]

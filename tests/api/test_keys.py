@@ -128,18 +128,18 @@ def test_tenant_keys_rotate_and_revoke_at_once_and_after_a_restart(make_client: 
     assert client.get(f"/v1/tenants/t{uid}", headers=auth(old)).status_code == 401  # at once
     assert client.get(f"/v1/tenants/t{uid}", headers=auth(new)).status_code == 200
     newer = client.post(f"/v1/tenants/t{uid}/keys/rotate", headers=auth(ADMIN)).json()["api_key"]
-    assert client.get("/v1/models", headers=auth(new)).status_code == 401
+    assert client.get("/v1/catalog/models", headers=auth(new)).status_code == 401
     # A restart (a second service on the same Neo4j) keeps the rotation.
     restarted = make_client()
     assert restarted.get(f"/v1/tenants/t{uid}", headers=auth(old)).status_code == 401
     assert restarted.get(f"/v1/tenants/t{uid}", headers=auth(new)).status_code == 401
-    assert restarted.get("/v1/models", headers=auth(newer)).json()[0]["model_id"] == "m"
+    assert restarted.get("/v1/catalog/models", headers=auth(newer)).json()[0]["model_id"] == "m"
     r = restarted.post(f"/v1/tenants/t{uid}/keys/revoke", headers=auth(ADMIN))
     assert r.status_code == 200 and r.json()["revoked"] is True
-    assert restarted.get("/v1/models", headers=auth(newer)).status_code == 401
+    assert restarted.get("/v1/catalog/models", headers=auth(newer)).status_code == 401
     again = make_client()  # the revocation survives a restart; the tenant and its models stay
-    assert again.get("/v1/models", headers=auth(newer)).status_code == 401
-    assert [m["model_id"] for m in again.get("/v1/models", params={"tenant_id": f"t{uid}"},
+    assert again.get("/v1/catalog/models", headers=auth(newer)).status_code == 401
+    assert [m["model_id"] for m in again.get("/v1/catalog/models", params={"tenant_id": f"t{uid}"},
                                              headers=auth(ADMIN)).json()] == ["m"]
     fresh = again.post(f"/v1/tenants/t{uid}/keys/rotate", headers=auth(ADMIN)).json()["api_key"]
     assert again.get(f"/v1/tenants/t{uid}", headers=auth(fresh)).status_code == 200
@@ -204,7 +204,7 @@ def test_keys_command(client: TestClient, uid: str, monkeypatch: pytest.MonkeyPa
     assert f"executor pool p{uid}: new key pool-p{uid}_" in capsys.readouterr().out
     assert main(["keys", "rotate", "--tenant", f"t{uid}", "--json", *server]) == 0
     new = capsys.readouterr().out
-    assert f"t{uid}_" in new and client.get("/v1/models", headers=auth(old)).status_code == 401
+    assert f"t{uid}_" in new and client.get("/v1/catalog/models", headers=auth(old)).status_code == 401
     assert main(["keys", "revoke", "--pool", f"p{uid}", *server]) == 0
     assert capsys.readouterr().out.strip() == f"executor pool p{uid}: key revoked"
     for argv in (["keys", "rotate", "--tenant", "a", "--pool", "b"], ["keys", "revoke"],

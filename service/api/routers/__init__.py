@@ -1,10 +1,11 @@
-"""One router per resource; :func:`service.api.app.create_app` includes them in :data:`ROUTERS` order."""
+"""One router per resource; :func:`service.api.app.create_app` includes them in :data:`ROUTERS` order
+(a router that documents its own error answers, the OpenAI-compatible one, keeps them)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.api.routers import executors, keys, leases, models, ops, requests, scheduling, tenants
+from service.api.routers import executors, keys, leases, models, openai, ops, requests, scheduling, tenants
 
 ROUTERS: tuple[APIRouter, ...] = (ops.router, tenants.router, models.router, executors.router, requests.router,
-                                  leases.router, scheduling.router, keys.router)
+                                  leases.router, scheduling.router, keys.router, openai.router)

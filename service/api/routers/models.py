@@ -1,4 +1,6 @@
-"""Models: register a built-in runnable model (traced into the GMG), list, read."""
+"""Models: register a built-in runnable model (traced into the GMG), list, read. The project's
+model resource is ``/v1/catalog/models``; ``POST /v1/models`` registers too (``GET /v1/models``
+is the OpenAI-compatible listing, :mod:`service.api.routers.openai`)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from service.api.schemas import ModelIn
 router = APIRouter(tags=["models"])
 
 
+@router.post("/v1/catalog/models", status_code=201, response_model=ModelOut)
 @router.post("/v1/models", status_code=201, response_model=ModelOut)
 async def create_model(body: ModelIn, svc: Svc, p: AnyPrincipal) -> dict[str, Any]:
     """Register one of the built-in runnable models; its operator graph is traced into the GMG."""
@@ -22,7 +25,7 @@ async def create_model(body: ModelIn, svc: Svc, p: AnyPrincipal) -> dict[str, An
     return reports.model_public(model)
 
 
-@router.get("/v1/models", response_model=list[ModelOut])
+@router.get("/v1/catalog/models", response_model=list[ModelOut])
 async def list_models(svc: Svc, p: AnyPrincipal, tenant_id: str | None = None) -> list[dict[str, Any]]:
     if p.role == "tenant":  # a tenant sees its own; an admin every tenant's, or the one it names
         tenant_id = scoped_tenant(p, tenant_id)
@@ -32,6 +35,6 @@ async def list_models(svc: Svc, p: AnyPrincipal, tenant_id: str | None = None) -
             if tenant_id is None or m.tenant_id == tenant_id]
 
 
-@router.get("/v1/models/{model_id}", response_model=ModelOut)
+@router.get("/v1/catalog/models/{model_id}", response_model=ModelOut)
 async def get_model(model_id: str, svc: Svc, p: AnyPrincipal, tenant_id: str | None = None) -> dict[str, Any]:
     return reports.model_public(svc.state.model(scoped_tenant(p, tenant_id), model_id))
