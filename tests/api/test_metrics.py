@@ -1,11 +1,15 @@
 """``/metrics`` after real traffic (in-process app on the real Neo4j, the test as the executor so
 every time is known): vLLM's names with the ``slicesched:`` prefix, their types and labels, and
-values equal to what the requests reported; and the scheduler's metrics."""
+values equal to what the requests reported; the scheduler's metrics; and every metric the
+Grafana dashboard's PromQL names exists in the output."""
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +20,7 @@ from prometheus_client.samples import Sample
 from tests.api.conftest import ADMIN, EXECUTOR, auth
 from tests.api.test_api import poll, register, setup_tenant_model
 
+DASHBOARD = Path(__file__).resolve().parents[2] / "docker" / "grafana" / "dashboards" / "slicesched.json"
 REQUEST_LABELS = {"model_name", "tenant"}
 
 
@@ -35,6 +40,13 @@ class Scrape:
         found = [s.value for s in self.samples if s.name == name and labels.items() <= s.labels.items()]
         assert len(found) <= 1, (name, labels, found)
         return float(found[0]) if found else 0.0
+
+    def names(self) -> set[str]:
+        """Every sample name the output declares or carries (a histogram declared without a
+        series yet still names its _bucket, _sum and _count)."""
+        suffixes = {"histogram": ("_bucket", "_sum", "_count"), "counter": ("_total",), "gauge": ("",)}
+        declared = {f.name + sfx for f in self.families.values() for sfx in suffixes.get(str(f.type), ("",))}
+        return declared | {s.name for s in self.samples}
 
 
 def scrape(client: TestClient) -> Scrape:
@@ -175,6 +187,25 @@ def test_request_metrics_are_vllms_with_the_values_of_the_traffic(make_client: C
     assert m.value("slicesched:placements_applied_total", policy="admin", action="add", kind="slice") == 1
     assert m.value("slicesched:slices_planned", tenant=a) == 1 + 2
     assert m.value("slicesched:gmg_write_lag_seconds_sum") > 0 and m.value("slicesched:neo4j_up") == 1
+
+    # every metric a dashboard panel asks for is in the output, with the labels its selectors use
+    names = m.names()
+    for panel, expr in dashboard_queries():
+        used = re.findall(r"slicesched:[A-Za-z0-9_:]+", expr)
+        assert used, (panel, expr)
+        assert set(used) <= names, (panel, set(used) - names)
+        for metric, selector in re.findall(r"(slicesched:[A-Za-z0-9_:]+)\{([^}]*)\}", expr):
+            have = {label for s in m.samples if s.name == metric for label in s.labels}
+            assert {lbl for lbl in re.findall(r"([a-z_]+)\s*[!=]~?", selector)} <= have, (panel, metric, have)
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every query of the shipped dashboard (template variables too)."""
+    dash = json.loads(DASHBOARD.read_text())
+    out = [(p["title"], t["expr"]) for p in dash["panels"] for t in p.get("targets", [])]
+    out += [(f"${v['name']}", v["definition"]) for v in dash["templating"]["list"]]
+    assert len(out) > 20
+    return out
 
 
 def test_scheduler_steps_are_timed(make_client: Callable[..., TestClient], uid: str) -> None:
