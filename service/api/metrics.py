@@ -79,7 +79,8 @@ def placement_kind(replica: LiveReplica) -> str:
 
 class TokenHistogram(Collector):
     """A histogram whose observations carry a count: a request's ``n - 1`` inter-token gaps are
-    one value observed ``n - 1`` times, in O(buckets) (prometheus_client's ``observe`` counts one)."""
+    one value observed ``n - 1`` times, in O(buckets) (prometheus_client's ``observe`` counts one).
+    Used on the event loop only (observed and collected there: no lock)."""
 
     def __init__(self, name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> None:
         self.name, self.doc, self.labels, self.bounds = name, doc, labels, buckets

@@ -36,7 +36,9 @@ class Scrape:
 
     def value(self, name: str, **labels: str) -> float:
         """The sample ``name`` whose labels include ``labels`` (exactly one), or 0 when none has
-        been observed (a labelled series appears at its first observation)."""
+        been observed (a labelled series appears at its first observation); the name itself
+        must be in the output."""
+        assert name in self.names(), name
         found = [s.value for s in self.samples if s.name == name and labels.items() <= s.labels.items()]
         assert len(found) <= 1, (name, labels, found)
         return float(found[0]) if found else 0.0
