@@ -52,16 +52,20 @@ class HomePlanner(Neo4jGate):
         wanted = self._homes(models, devices) if devices and models else []
         current = {r.replica_id: r for r in state.replicas.values() if not r.guest and not r.pinned}
         keep = set()
+        added, drained = [], []
         for uid, device_ids in wanted:
             rid = f"{uid}@{'+'.join(device_ids)}"
             keep.add(rid)
             if rid in current:
                 current[rid].draining = False
             else:
-                state.add_replica(uid, device_ids, guest=False)
+                added.append(state.add_replica(uid, device_ids, guest=False))
         for rid, r in current.items():
-            if rid not in keep:
+            if rid not in keep and not r.draining:
                 r.draining = True
+                drained.append(r)
+        self.metrics.placed("container", "add", added)
+        self.metrics.placed("container", "drain", drained)
         self._gmg_dirty = True
         self.work.notify()
 

@@ -25,7 +25,8 @@ serve several models).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -93,13 +94,16 @@ class DecisionTarget(Protocol):
 
 class LiveClusterView:
     """``target``: where :meth:`apply` puts decisions (none: a read-only view, for previews);
-    ``cost_model`` costs the mirror's iterations."""
+    ``cost_model`` costs the mirror's iterations; ``on_what_if`` is told each what-if's wall
+    seconds (the metrics)."""
 
     def __init__(self, snap: LiveSnapshot, *, cost_model: CostModel, target: DecisionTarget | None = None,
-                 batching: BatchingConfig = LIVE_BATCHING, seed: int = 0) -> None:
+                 batching: BatchingConfig = LIVE_BATCHING, seed: int = 0,
+                 on_what_if: Callable[[float], None] | None = None) -> None:
         self.snap = snap
         self.cost_model = cost_model
         self.target = target
+        self.on_what_if = on_what_if
         self.batching = batching
         self.seed = seed
         self._built: SimClusterView | None = None
@@ -154,7 +158,12 @@ class LiveClusterView:
         return observed / tp if observed else self._sim.iteration_s(family, tp)
 
     def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
-        return self._sim.what_if(change, horizon_s)
+        started = time.perf_counter()
+        try:
+            return self._sim.what_if(change, horizon_s)
+        finally:
+            if self.on_what_if is not None:
+                self.on_what_if(time.perf_counter() - started)
 
     def apply(self, decision: Decision) -> Applied:
         if self.target is None:

@@ -95,6 +95,7 @@ async def pin_replica(svc: LiveService, tenant_id: str, model_id: str, device_id
     if f"{model.uid}@{'+'.join(device_ids)}" in state.replicas:
         raise ConflictError("that replica exists")
     replica = state.add_replica(model.uid, tuple(device_ids), guest=False, pinned=True)
+    svc.metrics.placed("admin", "add", [replica])
     await svc.replan()
     return {"replica_id": replica.replica_id, "device_ids": list(replica.device_ids),
             "stages": [s.to_json() for s in state.stages(replica, state.devices[replica.device_ids[0]].executor_id,
