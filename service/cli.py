@@ -342,6 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_replay(sub)
 
+    from service.data.command import add_parser as add_data
+
+    add_data(sub)
+
     tr = sub.add_parser("trace", help="production traces").add_subparsers(dest="action", required=True)
     ts = tr.add_parser("stats", help="summarise an Azure CSV or Mooncake JSONL trace")
     ts.add_argument("file")
