@@ -17,7 +17,7 @@ KUSTOMIZE_VERSION := v5.7.1
 KUSTOMIZE_HOME := $(SLICESCHED_CACHE)/tools/kustomize-$(KUSTOMIZE_VERSION)
 KUSTOMIZE := $(KUSTOMIZE_HOME)/kustomize
 
-.PHONY: venv kustomize neo4j demo test lint typecheck bench clean
+.PHONY: venv kustomize neo4j data demo test lint typecheck bench clean
 
 # The environment: exactly uv.lock (--locked also fails if pyproject.toml changed without
 # `uv lock`), the dev extra included. A .venv of the old bootstrap layout is replaced.
@@ -56,10 +56,15 @@ $(KUSTOMIZE):
 neo4j: venv
 	@$(VENV)/bin/slicesched neo4j start
 
-demo: venv
+# The public traces and profiles (service/data/manifest.json): fetched and verified into
+# ~/.cache/slicesched/data only where no data folder (that cache, ../shared/data) holds them.
+data: venv
+	@$(VENV)/bin/slicesched data fetch --missing
+
+demo: venv data
 	@$(VENV)/bin/slicesched demo
 
-test: venv kustomize
+test: venv kustomize data
 	@$(RUN) -m pytest $(PYTEST_ARGS)
 
 lint: venv

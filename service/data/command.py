@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from service.console import print_table
 from service.data.inventory import FileStatus, list_files
-from service.data.location import CACHE_ENV, MIRROR_ENV, DataRoots
+from service.data.location import CACHE_ENV, MIRROR_ENV, DataRoots, find, is_present
 from service.data.manifest import load_manifest
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ def add_parser(sub: Any) -> None:
     f.add_argument("--mirror", default=os.environ.get(MIRROR_ENV) or None,
                    help=f"base URL replacing the upstream URLs: files at <mirror>/<data path>, e.g. "
                         f"file:///path/to/data (default ${MIRROR_ENV})")
+    f.add_argument("--missing", action="store_true",
+                   help="only the data sets that no data folder holds yet (what `make test` and `make demo` run)")
     f.set_defaults(func=cmd_fetch)
     ls = actions.add_parser("list", help="each data set: files present, missing or corrupt, and where")
     ls.add_argument("names", nargs="*", metavar="NAME", help="data sets to list (default: all)")
@@ -58,6 +60,13 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     roots = DataRoots.from_env()
     manifest = load_manifest()
     datasets = manifest.select(args.names)  # an unknown name fails here, before any download
+    if args.missing:
+        held = [d for d in datasets if is_present(d.name, roots=roots, manifest=manifest)]
+        for d in held:
+            print(f"{d.name}: present in {find(d.name, roots=roots, manifest=manifest)}")
+        datasets = [d for d in datasets if d not in held]
+        if not datasets:
+            return 0
     events = fetch([d.name for d in datasets], mirror=args.mirror, progress=_print_progress, roots=roots,
                    manifest=manifest)
     states = Counter((e.file.dataset, e.state) for e in events)
