@@ -94,3 +94,12 @@ def shared_data() -> Path:
     if data_absent():
         pytest.skip(f"public data not found at {SHARED_DATA} (it is present in CI)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny random Hugging Face model directories, ``llama`` and ``gpt2`` (tests/hf_dirs.py)."""
+    from tests.hf_dirs import make_model_dir
+
+    root = tmp_path_factory.mktemp("hf-models")
+    return {kind: make_model_dir(root / kind, kind) for kind in ("llama", "gpt2")}
