@@ -38,9 +38,8 @@ class HFTokenizer:
         try:
             tok = AutoTokenizer.from_pretrained(p, local_files_only=True)
         except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise InvalidInputError(f"{p}: no usable tokenizer: {str(exc).splitlines()[0][:300]}") from None
-        if isinstance(tok, bool) or not hasattr(tok, "apply_chat_template"):
-            raise InvalidInputError(f"{p}: no tokenizer files (tokenizer.json or the model's own)")
+            raise InvalidInputError(f"{p}: no usable tokenizer (tokenizer.json, or the files of the model's own "
+                                    f"tokenizer class): {str(exc).splitlines()[0][:300]}") from None
         return HFTokenizer(tok, stop_ids_of(p, tok.eos_token_id))
 
     def encode(self, text: str) -> list[int]:

@@ -165,6 +165,11 @@ def test_unusable_directories_are_refused_with_the_reason(hf_dirs: dict[str, Pat
     (other / "config.json").write_text(json.dumps({**raw, "intermediate_size": 128}))
     with pytest.raises(InvalidInputError, match=r"mlp\.gate_proj\.weight has shape"):
         check_weights(other, hf_config(other))
+    (other / "config.json").write_text(json.dumps(raw))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (other / name).unlink()
+    with pytest.raises(InvalidInputError, match="no usable tokenizer"):
+        HFTokenizer.load(other)
     (other / "model.safetensors").unlink()
     with pytest.raises(InvalidInputError, match=r"no \*\.safetensors weights"):
         hf_config(other)
