@@ -102,3 +102,11 @@ def tenant() -> str:
 def cluster_name() -> str:
     return f"c-{uuid.uuid4().hex[:8]}"
 
+
+@pytest.fixture(scope="session")
+def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny random Hugging Face model directories, ``llama`` and ``gpt2`` (tests/hf_dirs.py)."""
+    from tests.hf_dirs import make_model_dir
+
+    root = tmp_path_factory.mktemp("hf-models")
+    return {kind: make_model_dir(root / kind, kind) for kind in ("llama", "gpt2")}

@@ -124,8 +124,8 @@ class HomePlanner(Neo4jGate):
         demands = [TenantDemand(m.uid, m.family, self.state.tenant(m.tenant_id).weight) for m in models]
         fits = min(len(models), len(devices))
         by_weight = sorted(demands, key=lambda t: (-t.device_s_per_s, t.tenant_id))
-        placed = container_replicas(spec, by_weight[:fits], weight_bytes=lambda f: weight_bytes(MODEL_CONFIGS[f]),
-                                    reserve_bytes=lambda f: 0)
+        sizes = {m.family: m.weight_bytes for m in models}
+        placed = container_replicas(spec, by_weight[:fits], weight_bytes=sizes.__getitem__, reserve_bytes=lambda f: 0)
         out = [(uid, devs) for uid, _, devs in placed]
         load: dict[str, int] = {d.device_id: 0 for d in devices}
         for _, devs in out:

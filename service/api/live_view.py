@@ -47,6 +47,7 @@ from service.core.slot import ClusterState
 from service.domain.cluster import DEVICE_KINDS, ClusterSpec, Device, Link
 from service.domain.error import InvariantError
 from service.domain.request import RequestSpec
+from service.models.family import MODEL_CONFIGS, ModelConfig
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
 from service.sim.view import SimClusterView
 
@@ -84,6 +85,7 @@ class LiveSnapshot:
     window_start_wall: float  # epoch seconds at the mirror's t = 0 (mirror seconds + this = epoch seconds)
     iteration_s: dict[str, float] = field(default_factory=dict)  # family -> observed mean iteration time
     devices_of: dict[str, tuple[str, ...]] = field(default_factory=dict)  # compute unit -> its live devices
+    configs: dict[str, ModelConfig] = field(default_factory=dict)  # family -> config, models from disk included
 
 
 class DecisionTarget(Protocol):
@@ -118,7 +120,7 @@ class LiveClusterView:
             replicas = [ReplicaSpec(r.replica_id, r.family, r.device_ids, max_num_seqs=snap.max_batch[r.replica_id],
                                     tenant_id=r.model_uid, guest=r.guest) for r in snap.replicas if not r.draining]
             mirror = SimulatedCluster(snap.spec, replicas, self.cost_model, rng=np.random.default_rng(self.seed),
-                                      overheads=overheads)
+                                      overheads=overheads, model_configs={**MODEL_CONFIGS, **snap.configs})
             mirror.submit(sorted(snap.recent, key=lambda r: r.arrival_s))
             mirror.run(until=snap.window_s)
             self._built = SimClusterView(mirror, batching=self.batching, model_uid=lambda tenant, family: tenant)

@@ -77,7 +77,8 @@ class SchedulingLoop(HomePlanner):
                                       req.sla_class))
         return LiveSnapshot(now - self.started, live_spec(rows), tuple(replicas), tuple(devices),
                             {r.replica_id: r.max_batch for r in state.replicas.values()}, tuple(recent), window_s,
-                            window_start_wall=start, iteration_s=dict(state.iteration_s), devices_of=devices_of)
+                            window_start_wall=start, iteration_s=dict(state.iteration_s), devices_of=devices_of,
+                            configs={m.family: m.config for m in state.models.values()})
 
     def _utilisation(self, executor_id: str) -> float:
         e = self.state.executors[executor_id]

@@ -55,17 +55,19 @@ class LeaseGrant:
     tenant_id: str = ""
     model_id: str = ""
     expires_in_s: float = 0.0  # the lease's lifetime unless renewed (heartbeats renew it)
+    model_path: str | None = None  # a model directory on the executors' nodes; None: the built-in family
 
     def to_json(self) -> dict[str, Any]:
         return {"lease_id": self.lease_id, "request_id": self.request_id, "tenant_id": self.tenant_id,
                 "model_id": self.model_id, "family": self.family, "seed": self.seed, "replica_id": self.replica_id,
                 "stages": [s.to_json() for s in self.stages], "prompt_tokens": list(self.prompt_tokens),
-                "max_tokens": self.max_tokens, "expires_in_s": self.expires_in_s}
+                "max_tokens": self.max_tokens, "expires_in_s": self.expires_in_s, "model_path": self.model_path}
 
     @staticmethod
     def from_json(raw: Mapping[str, Any]) -> LeaseGrant:
         """A missing or null ``seed`` is 0 (``build_model``'s default); the fields an executor
-        does not need to run the lease (tenant, model, lifetime) may be missing."""
+        does not need to run the lease (tenant, model, lifetime) may be missing, and so may
+        ``model_path`` (a built-in model)."""
         return LeaseGrant(
             lease_id=str(raw["lease_id"]),
             request_id=str(raw["request_id"]),
@@ -78,6 +80,7 @@ class LeaseGrant:
             tenant_id=str(raw.get("tenant_id") or ""),
             model_id=str(raw.get("model_id") or ""),
             expires_in_s=float(raw.get("expires_in_s") or 0.0),
+            model_path=str(raw["model_path"]) if raw.get("model_path") else None,
         )
 
 

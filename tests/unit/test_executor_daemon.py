@@ -54,9 +54,9 @@ def test_leases_of_several_replicas_complete_with_the_tokens_of_the_model_run_al
     torch.set_num_threads(1)
     loads: list[tuple[str, int]] = []
 
-    def loader(family: str, seed: int, stages: Sequence[Stage]) -> StagedModel:
+    def loader(family: str, seed: int, stages: Sequence[Stage], path: str | None) -> StagedModel:
         loads.append((family, seed))
-        return load_staged(family, seed, stages)
+        return load_staged(family, seed, stages, path)
 
     worker = Worker(max_batch=8, loader=loader)
     specs = {
@@ -127,10 +127,10 @@ class _Broken(StagedModel):
 
 
 def test_a_failing_iteration_fails_the_leases_of_its_replica_only() -> None:
-    def loader(family: str, seed: int, stages: Sequence[Stage]) -> StagedModel:
+    def loader(family: str, seed: int, stages: Sequence[Stage], path: str | None) -> StagedModel:
         if family == "tiny-llama":
             return _Broken(build_model(model_config(family), seed=seed), stages)
-        return load_staged(family, seed, stages)
+        return load_staged(family, seed, stages, path)
 
     worker = Worker(loader=loader)
     now = time.perf_counter()
