@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from service.api.live_tenants import register, reset_tenants
 from service.api.stack import LiveStack
 from service.graph.connection import Neo4jSettings
 from service.sim.sla import SLA_CLASSES
@@ -68,21 +69,6 @@ class TenantCapacity:
 ROLES: dict[str, tuple[str, float]] = {"acme": ("saturated", 1.5), "globex": ("steady", 0.3),
                                        "initech": ("idle then bursty", 0.6)}
 BURSTY_IDLE_SHARE = 0.4
-
-
-def register(stack: LiveStack, loads: Sequence[TenantLoad]) -> dict[str, str]:
-    """Create each tenant (its SLA class) and its model ``m``; returns the tenants' keys."""
-    keys: dict[str, str] = {}
-    with stack.client(timeout_s=120.0) as admin:
-        for load in sorted(loads, key=lambda t: t.tenant_id):
-            r = admin.post("/v1/tenants", json={"tenant_id": load.tenant_id, "sla_class": load.sla_class})
-            if r.status_code == 409:
-                raise RuntimeError(f"tenant {load.tenant_id} already exists in this Neo4j: use a clean graph")
-            r.raise_for_status()
-            keys[load.tenant_id] = r.json()["api_key"]
-            admin.post("/v1/models", json={"model_id": "m", "family": load.model, "tenant_id": load.tenant_id}
-                       ).raise_for_status()
-    return keys
 
 
 def _cpu_jiffies() -> tuple[int, int] | None:
@@ -167,8 +153,6 @@ def probe_capacity(loads: Sequence[TenantLoad], *, neo4j: Neo4jSettings | None =
                    progress: Callable[[str], None] | None = None) -> dict[str, TenantCapacity]:
     """Each tenant's capacity on its container devices (see the module docstring), one tenant at a
     time on a live stack like the comparison's: container placement, two executors x two devices."""
-    from service.api.live_run import reset_tenants
-
     say = progress or (lambda _: None)
     if neo4j is not None:
         reset_tenants(neo4j, sorted(t.tenant_id for t in loads))

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from service.api.capacity import register
+from service.api.live_tenants import register, reset_tenants
 from service.api.metrics import sla_met
 from service.api.records import LiveRequest
 from service.api.stack import LiveStack
@@ -140,17 +140,6 @@ def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None 
             finished = admin.get("/v1/requests", params={"limit": 10_000}).json()
             stats = admin.get("/v1/stats").json()
     return summarise(placement, finished, stats)
-
-
-def reset_tenants(neo4j: Neo4jSettings, tenant_ids: Sequence[str]) -> None:
-    """Delete everything these tenants own in the graph (models, requests, slices, keys)."""
-    from service.graph.connection import open_driver
-    from service.graph.repository import GraphRepository
-
-    with open_driver(neo4j) as driver:
-        repo = GraphRepository(driver)
-        for tenant in tenant_ids:
-            repo.delete_tenant(tenant)
 
 
 def summarise(placement: str, rows: list[dict[str, Any]], stats: dict[str, Any]) -> LiveRunResult:
