@@ -13,8 +13,11 @@ SLICESCHED_CACHE ?= $(HOME)/.cache/slicesched
 UV_VERSION := 0.13.9
 UV_HOME := $(SLICESCHED_CACHE)/tools/uv-$(UV_VERSION)
 UV := $(UV_HOME)/bin/uv
+KUSTOMIZE_VERSION := v5.7.1
+KUSTOMIZE_HOME := $(SLICESCHED_CACHE)/tools/kustomize-$(KUSTOMIZE_VERSION)
+KUSTOMIZE := $(KUSTOMIZE_HOME)/kustomize
 
-.PHONY: venv neo4j demo test lint typecheck bench clean
+.PHONY: venv kustomize neo4j data demo test lint typecheck bench clean
 
 # The environment: exactly uv.lock (--locked also fails if pyproject.toml changed without
 # `uv lock`), the dev extra included. A .venv of the old bootstrap layout is replaced.
@@ -34,13 +37,34 @@ $(UV):
 	  if [ -x "$$tmp/bin/uv" ]; then mv -T "$$tmp" "$(UV_HOME)" 2>/dev/null || rm -rf "$$tmp"; \
 	  else rm -rf "$$tmp"; echo "[venv] could not install uv with $(PY) (venv or pip needed)" >&2; exit 1; fi
 
+# kustomize, pinned, built from source with Go into $(SLICESCHED_CACHE)/tools (once per machine;
+# 1-3 minutes on two cores) for tests/unit/test_deploy.py, which renders deploy/. v5.7.1 builds
+# with Go >= 1.22.7 (v5.8.3 wants Go 1.27). Without Go it says so and goes on (that test then
+# skips); a failed build is reported and that test fails saying `make kustomize`.
+kustomize: $(KUSTOMIZE)
+
+$(KUSTOMIZE):
+	@if ! command -v go >/dev/null 2>&1; then \
+	  echo "[kustomize] Go is not installed: deploy/ is not rendered (tests/unit/test_deploy.py skips)"; exit 0; fi; \
+	  echo "[kustomize] building kustomize $(KUSTOMIZE_VERSION) into $(KUSTOMIZE_HOME) with $$(go version) (once per machine)"; \
+	  mkdir -p $(dir $(KUSTOMIZE_HOME)); \
+	  tmp=$$(mktemp -d "$(KUSTOMIZE_HOME).tmp.XXXXXX") || exit 1; \
+	  if GOBIN="$$tmp" GOFLAGS=-buildvcs=false go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION); then \
+	    mv -T "$$tmp" "$(KUSTOMIZE_HOME)" 2>/dev/null || rm -rf "$$tmp"; \
+	  else rm -rf "$$tmp"; echo "[kustomize] could not build kustomize (the Go module proxy is needed once)" >&2; fi
+
 neo4j: venv
 	@$(VENV)/bin/slicesched neo4j start
 
-demo: venv
+# The public traces and profiles (service/data/manifest.json): fetched and verified into
+# ~/.cache/slicesched/data only where no data folder (that cache, ../shared/data) holds them.
+data: venv
+	@$(VENV)/bin/slicesched data fetch --missing
+
+demo: venv data
 	@$(VENV)/bin/slicesched demo
 
-test: venv
+test: venv kustomize data
 	@$(RUN) -m pytest $(PYTEST_ARGS)
 
 lint: venv

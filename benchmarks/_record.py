@@ -17,7 +17,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-SHARED_DATA = Path(os.environ.get("SLICESCHED_DATA", ROOT.parent / "shared" / "data"))
 
 
 class _Parser(argparse.ArgumentParser):

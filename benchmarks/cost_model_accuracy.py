@@ -24,11 +24,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._record import SHARED_DATA, parser, write
+from benchmarks._record import parser, write
 from executor.profiler import Sweep, profile_cpu
-from learned.evaluate import SPLITS, SliceData, evaluate_all
+from learned.evaluate import SPLITS, VIDUR_DATASET, SliceData, evaluate_all
 from learned.gnn import GnnConfig
 from learned.profile import ProfileStore
+from service.data import resolve
 
 NAME = "cost_model_accuracy"
 QUICK_EPOCHS = 12
@@ -45,15 +46,16 @@ def main() -> None:
     max_train = 6000 if args.quick else None
     # token counts per profiled model for the traced slices (training, held out)
     slice_tokens = (12, 12) if args.quick else (24, 32)
-    slices = SliceData.of(SHARED_DATA, train_tokens=slice_tokens[0], test_tokens=slice_tokens[1])
+    data_dir = resolve(VIDUR_DATASET).parent  # the data folder holding the Vidur profiles
+    slices = SliceData.of(data_dir, train_tokens=slice_tokens[0], test_tokens=slice_tokens[1])
 
-    results = evaluate_all(SHARED_DATA, splits, vidur_config, max_train_samples=max_train, slices=slices)
+    results = evaluate_all(data_dir, splits, vidur_config, max_train_samples=max_train, slices=slices)
     per_slice = {split: results[split].pop("per_slice") for split in splits}
     sweep = Sweep.quick() if args.quick else Sweep.full()
     print(f"profiling the CPU ({'quick' if args.quick else 'full'} sweep) ...", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         profile = ProfileStore(Path(tmp) / "cpu.csv").save(profile_cpu(sweep, threads=1, seed=args.seed))
-        results.update(evaluate_all(SHARED_DATA, [], cpu_config, profile=profile))
+        results.update(evaluate_all(data_dir, [], cpu_config, profile=profile))
 
     summary: dict[str, dict[str, float]] = {}
     for split, r in results.items():

@@ -20,18 +20,26 @@ from benchmarks import _record
 def main() -> int:
     p = _record.parser("live_e2e", __doc__.splitlines()[0])
     p.add_argument("--duration-s", type=float, default=60.0, help="seconds of arrivals per placement")
-    p.add_argument("--load", type=float, default=1.0, help="arrival-rate multiple of the demo mix")
+    p.add_argument("--load", type=float, default=1.0, help="arrival-rate multiple of the (calibrated) demo mix")
+    p.add_argument("--fixed", action="store_true",
+                   help="offer the demo's fixed rates instead of rates sized by a capacity probe on this machine")
     args = p.parse_args()
     if args.quick:
         args.duration_s = 20.0
 
-    from service.api.live_run import compare_placements, demo_workload
+    from service.api.capacity import calibrate
+    from service.api.live_run import DEMO_TENANTS, compare_placements, demo_workload
 
-    workload = demo_workload(args.seed, args.duration_s)
+    calibration = None
+    loads = list(DEMO_TENANTS)
+    if not args.fixed:
+        loads, calibration = calibrate(DEMO_TENANTS, args.duration_s, progress=lambda m: print(" ", m, flush=True))
+    workload = demo_workload(args.seed, args.duration_s, loads)
     if args.load != 1.0:
         workload = workload.scaled(args.load)
     plots = args.out / "live_e2e"
-    record = compare_placements(workload, plots, seed=args.seed, progress=lambda m: print(" ", m, flush=True))
+    record = compare_placements(workload, plots, seed=args.seed, progress=lambda m: print(" ", m, flush=True),
+                                calibration=calibration)
     (plots / "live.json").unlink()  # the record below holds it
     runs = record["runs"]
     results = {
@@ -43,8 +51,10 @@ def main() -> int:
         "scheduler_cpu_s": {k: v["scheduler_cpu_s"] for k, v in runs.items()},
         "per_tenant": {k: v["tenants"] for k, v in runs.items()},
         "workload": record["workload"], "plot": "live_e2e/live_latency.png",
+        "calibration": calibration,
     }
-    _record.write("live_e2e", args, {"duration_s": args.duration_s, "load": args.load, "executors": 2,
+    _record.write("live_e2e", args, {"duration_s": args.duration_s, "load": args.load, "calibrated": not args.fixed,
+                                     "executors": 2,
                                      "devices_per_executor": 2}, results)
     return 0
 

@@ -23,17 +23,18 @@ import itertools
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._record import SHARED_DATA, parser, write
+from benchmarks._record import parser, write
 from learned.artifact import load_cost_model
 from learned.choice import add_cost_model_argument
 from service.core.cost import NO_OVERHEAD
+from service.data import resolve
 from service.domain.cluster import DEVICE_KINDS, ClusterSpec, Device, Link
 from service.domain.request import RequestSpec
 from service.replay.context import fit_context
@@ -42,7 +43,7 @@ from service.sim.config import SimConfig
 from service.workload.readers import read_azure
 
 NAME = "peer_agreement"
-TRACE = SHARED_DATA / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
+TRACE = "azure-llm-2023/AzureLLMInferenceTrace_conv.csv"  # in the data folders (service.data)
 MODEL = "llama2-7b"
 REPLICAS = 4
 MAX_NUM_SEQS = 128
@@ -91,7 +92,7 @@ def main() -> None:
                    help="price iterations by the operator model alone, without the learned artifact's host "
                         "overhead per iteration (a diagnostic: how much of a difference the overhead makes)")
     args = p.parse_args()
-    read = read_azure(TRACE, tenant_id="azure-conv", model=MODEL, limit=2000 if args.quick else None)
+    read = read_azure(resolve(TRACE), tenant_id="azure-conv", model=MODEL, limit=2000 if args.quick else None)
     fitted, counts = fit_context(read.requests, "clamp")
     spec = a100_cluster(REPLICAS)
     replicas = [ReplicaSpec(f"r{i}", MODEL, (d.device_id,), max_num_seqs=MAX_NUM_SEQS,
@@ -143,7 +144,7 @@ def main() -> None:
         "memory_violations": len(report.violations),
         "wall_s": time.perf_counter() - wall0,
     }
-    config = {"trace": TRACE.name, "model": MODEL, "replicas": REPLICAS, "tp": 1, "routing": "round-robin",
+    config = {"trace": PurePosixPath(TRACE).name, "model": MODEL, "replicas": REPLICAS, "tp": 1, "routing": "round-robin",
               "queue": "fcfs", "batching": "prefill-first (vLLM v0)", "max_num_seqs": MAX_NUM_SEQS,
               "max_batched_tokens": MAX_BATCHED_TOKENS, "kv": "paged/16", "context": "clamp 4096",
               "cost_model": cost.describe(), "host_overhead": not args.no_host_overhead, "target_rel_diff": TARGET, "peer": "Vidur (MLSys 2024)"}

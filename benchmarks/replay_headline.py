@@ -177,7 +177,7 @@ def queues_and_calibration(task: Task) -> tuple[dict[str, Any], dict[str, Any]]:
     """Queue policies on container where requests queue, and output-length calibration."""
     from learned.artifact import load_cost_model
     from learned.estimator import calibration_study
-    from service.replay.mix import data_dir
+    from service.data import resolve
     from service.replay.report import plot_latency_cdfs
     from service.replay.runner import PolicyName, ReplayConfig, run_policy
     from service.workload.readers import read_azure
@@ -202,8 +202,8 @@ def queues_and_calibration(task: Task) -> tuple[dict[str, Any], dict[str, Any]]:
                 "p99_change": round(r.e2e_s["p99"] / fifo.e2e_s["p99"] - 1, 4),
                 "max_wait_long_s": round(r.max_wait_s_long, 2), "sla_violation": round(r.sla_violation_rate, 4)}
     plot_latency_cdfs(task.plots / "latency_cdf.png", all_queue)
-    code = read_azure(data_dir() / "azure-llm-2023/AzureLLMInferenceTrace_code.csv", tenant_id="t", model="llama2-7b")
-    conv = read_azure(data_dir() / "azure-llm-2023/AzureLLMInferenceTrace_conv.csv", tenant_id="t", model="llama2-7b")
+    code = read_azure(resolve("azure-llm-2023/AzureLLMInferenceTrace_code.csv"), tenant_id="t", model="llama2-7b")
+    conv = read_azure(resolve("azure-llm-2023/AzureLLMInferenceTrace_conv.csv"), tenant_id="t", model="llama2-7b")
     return summary, calibration_study(code.requests, conv.requests)
 
 

@@ -18,18 +18,19 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._record import SHARED_DATA, parser, write
+from benchmarks._record import parser, write
 from learned.artifact import load_cost_model
 from learned.choice import KINDS
 from service.cluster.spec import load_cluster_spec
 from service.core.cost import CostModel
+from service.data import resolve
 from service.domain.cluster import ClusterSpec
 from service.domain.request import Workload
 from service.sim.analytic import RooflineLike
@@ -37,7 +38,7 @@ from service.sim.cluster import ReplicaSpec, SimulatedCluster
 from service.workload.readers import read_azure
 
 NAME = "sim_speed"
-TRACE = SHARED_DATA / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
+TRACE = "azure-llm-2023/AzureLLMInferenceTrace_conv.csv"  # in the data folders (service.data)
 MODEL = "llama2-7b"
 CLUSTER = "8xA100-nvlink"
 
@@ -52,7 +53,7 @@ def main() -> None:
     p.add_argument("--cost-model", choices=[*KINDS, "roofline-like"], default=None,
                    help="default $SLICESCHED_COST_MODEL or learned (see `slicesched replay --help`)")
     args = p.parse_args()
-    workload = read_trace(TRACE, 2000 if args.quick else None)
+    workload = read_trace(resolve(TRACE), 2000 if args.quick else None)
     spec = load_cluster_spec(CLUSTER)
     replicas = [ReplicaSpec(f"{MODEL}-{i}", MODEL, (d.device_id,)) for i, d in enumerate(spec.devices)]
     model: CostModel
@@ -95,7 +96,7 @@ def main() -> None:
         "num_memory_violations": len(report.violations),
     }
     results.update(slice_vs_container(spec, model, workload, args.seed))
-    config = {"trace": str(TRACE.name), "cluster": CLUSTER, "model": MODEL,
+    config = {"trace": PurePosixPath(TRACE).name, "cluster": CLUSTER, "model": MODEL,
               "replicas": "one per GPU (8), least-loaded routing", "cost_model": described,
               "max_batched_tokens": replicas[0].max_batched_tokens, "max_num_seqs": replicas[0].max_num_seqs}
     write(NAME, args, config, results)

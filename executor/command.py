@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from executor.daemon import ExecutorDaemon
-from executor.device import torch_device
+from executor.device import parse_device_ids, torch_device
 from executor.settings import Settings
 from service.domain.error import EXIT_BAD_INPUT, RegisterRefused
 
@@ -43,7 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="slicesched executor",
                                 description="Run leases from a slicesched service on this node's devices.")
     p.add_argument("--server", required=True, help="base URL of the service, e.g. http://127.0.0.1:8000")
-    p.add_argument("--devices", required=True, help="comma-separated device ids, e.g. cpu:0,cpu:1 or cuda:0")
+    p.add_argument("--devices", required=True,
+                   help="comma-separated device ids, e.g. cpu:0,cpu:1 or cuda:0; auto: every CUDA device this "
+                        "process sees (cuda:0,...), else cpu:0")
     p.add_argument("--mem-gib", type=float, default=None, help="memory per device to register (default: detected)")
     p.add_argument("--key", default=None,
                    help="executor key: an executor pool's (POST /v1/executor-pools, 'slicesched keys create-pool') "
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     torch.set_num_threads(args.threads)
     try:
-        devices = describe_devices([d.strip() for d in args.devices.split(",") if d.strip()], args.mem_gib)
+        devices = describe_devices(parse_device_ids(args.devices), args.mem_gib)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

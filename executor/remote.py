@@ -4,7 +4,8 @@ A placement may split a model's layers over devices of different executors. The 
 holding the lease (the *driver*) runs the embedding, its own stages and the head; for a stage
 on another node it sends the stage's input activations over HTTP to that node's
 :class:`StageServer`, which runs the stage's blocks on its device with the weights resident
-there (built once per ``(family, seed, layers, device)`` from the same seed as everywhere) and
+there (built once per ``(family, seed, layers, device)`` from the same seed as everywhere, or,
+for a model from disk, read once per ``(path, layers, device)``: only the stage's layers) and
 answers with the output activations and the stage's new KV entries.
 
 The driver keeps every stage's KV cache (a remote stage's cache lives in the driver's pool and
@@ -33,6 +34,7 @@ from torch import Tensor, nn
 from executor.device import torch_device
 from service.domain.error import SliceschedError
 from service.models.family import build_model, model_config
+from service.models.hf import hf_config, load_model
 
 log = logging.getLogger("slicesched.executor.remote")
 
@@ -57,17 +59,18 @@ def unpack(data: bytes) -> dict[str, Any]:
 
 
 class RemoteStage(nn.Module):
-    """Blocks ``[start, end)`` of ``family`` run by the stage server at ``url`` on its ``device``.
+    """Blocks ``[start, end)`` of ``family`` (of the model directory ``path`` when given) run by
+    the stage server at ``url`` on its ``device``.
 
     ``forward(x, rope, cache, bias) -> (x, new_kv)`` with ``new_kv`` stacked over the stage's
     layers, as a local stage returns them; tensors come back on the caller's device.
     """
 
     def __init__(self, url: str, family: str, seed: int, start: int, end: int, device: str,
-                 *, timeout_s: float = 60.0) -> None:
+                 *, path: str | None = None, timeout_s: float = 60.0) -> None:
         super().__init__()
         self.url = url.rstrip("/") + PATH
-        self.spec = {"family": family, "seed": seed, "start": start, "end": end, "device": device}
+        self.spec = {"family": family, "seed": seed, "start": start, "end": end, "device": device, "path": path}
         self._client = httpx.Client(timeout=timeout_s)
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -95,7 +98,7 @@ class StageServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
                  device_map: Callable[[str], torch.device] | None = None) -> None:
         self._device = device_map or torch_device
-        self._blocks: dict[tuple[str, int, int, int, str], nn.ModuleList] = {}
+        self._blocks: dict[tuple[str, int, str | None, int, int, str], nn.ModuleList] = {}
         self._lock = threading.Lock()
         self.calls = 0
         server = self
@@ -142,9 +145,10 @@ class StageServer:
 
     def forward(self, msg: dict[str, Any]) -> bytes:
         family, seed = str(msg["family"]), int(msg["seed"])
+        path = str(msg["path"]) if msg.get("path") else None
         start, end, device_id = int(msg["start"]), int(msg["end"]), str(msg["device"])
         device = self._device(device_id)
-        blocks = self._stage(family, seed, start, end, device_id, device)
+        blocks = self._stage(family, seed, path, start, end, device_id, device)
         x: Tensor = msg["x"].to(device)
         rope = None if msg["rope"] is None else (msg["rope"][0].to(device), msg["rope"][1].to(device))
         cache: Tensor | None = None if msg["cache"] is None else msg["cache"].to(device)
@@ -159,18 +163,22 @@ class StageServer:
             self.calls += 1
         return pack({"x": x.cpu(), "kv": torch.stack(kvs).cpu()})
 
-    def _stage(self, family: str, seed: int, start: int, end: int, device_id: str,
+    def _stage(self, family: str, seed: int, path: str | None, start: int, end: int, device_id: str,
                device: torch.device) -> nn.ModuleList:
-        key = (family, seed, start, end, device_id)
+        key = (family, seed, path, start, end, device_id)
         with self._lock:
             blocks = self._blocks.get(key)
             if blocks is None:
-                config = model_config(family)
+                config = hf_config(path) if path is not None else model_config(family)
                 if not 0 <= start < end <= config.n_layers:
-                    raise ValueError(f"layers [{start}, {end}) outside {family}'s {config.n_layers}")
-                model = build_model(config, seed=seed)
-                blocks = nn.ModuleList(model.blocks[start:end]).to(device).eval()
+                    raise ValueError(f"layers [{start}, {end}) outside {config.name}'s {config.n_layers}")
+                if path is not None:  # this stage's layers only, read straight onto the device
+                    model = load_model(path, device=device, layers=range(start, end), ends=False)
+                    blocks = nn.ModuleList(model.blocks[start:end]).eval()
+                else:
+                    model = build_model(config, seed=seed)
+                    blocks = nn.ModuleList(model.blocks[start:end]).to(device).eval()
                 self._blocks[key] = blocks
-                log.info("stage server: %s (seed %d) layers [%d, %d) resident on %s", family, seed, start, end,
-                         device_id)
+                log.info("stage server: %s (seed %d) layers [%d, %d) resident on %s", path or family, seed, start,
+                         end, device_id)
         return blocks

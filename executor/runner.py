@@ -1,11 +1,14 @@
-"""A staged model runner: one built-in model with its layers split over devices.
+"""A staged model runner: one model (built-in, or from a model directory) with its layers split
+over devices.
 
 A lease names a placement as ``stages``: ``[{device_id, layers: [start, end)}]``. The
 embedding runs on the first stage, blocks ``[start, end)`` on each stage's device, the final
 norm and the head on the last stage; activations move between stages with ``.to(device)``.
 Each stage holds only its own layers' weights on its device, resident for as long as the
-model lives. Device ids ``cpu:N`` all map to the torch ``cpu`` device (on one host the "CPU
-devices" share memory, so a CPU split moves nothing); ``cuda:N`` maps to CUDA device ``N``.
+model lives (a model from disk is read only for the layers this node runs: a remote stage's
+layers are read by the node that runs them). Device ids ``cpu:N`` all map to the torch ``cpu``
+device (on one host the "CPU devices" share memory, so a CPU split moves nothing); ``cuda:N``
+maps to CUDA device ``N``.
 
 :class:`StagedModel` keeps :class:`~service.models.family.DecoderLM`'s forward contract except
 for the KV cache, which is kept per stage (a list with one ``[Ls, 2, B, Hkv, C, Dh]`` tensor
@@ -62,12 +65,13 @@ class StagedModel(nn.Module):
     It takes over ``model``'s modules: they move to their stage's device in place.
     """
 
-    def __init__(self, model: DecoderLM, stages: Sequence[Stage], *, seed: int | None = None) -> None:
+    def __init__(self, model: DecoderLM, stages: Sequence[Stage], *, seed: int | None = None,
+                 path: str | None = None) -> None:
         super().__init__()
         c = model.config
         check_stages(stages, c.n_layers)
-        if any(s.url for s in stages) and seed is None:
-            raise ValueError("remote stages need the model's seed (they build the same weights there)")
+        if any(s.url for s in stages) and seed is None and path is None:
+            raise ValueError("remote stages need the model's seed or path (they load the same weights there)")
         self.config: ModelConfig = c
         self.stages = tuple(stages)
         # The embedding and the head always run on this node; a remote stage's KV cache stays
@@ -82,7 +86,7 @@ class StagedModel(nn.Module):
             inv_freq: Tensor = model.inv_freq  # type: ignore[assignment]  # a registered buffer
             self.register_buffer("inv_freq", inv_freq.to(first), persistent=False)
         self.stage_blocks = nn.ModuleList(
-            RemoteStage(s.url, c.name, cast(int, seed), s.start, s.end, s.device_id) if s.url
+            RemoteStage(s.url, c.name, seed or 0, s.start, s.end, s.device_id, path=path) if s.url
             else nn.ModuleList(b.to(d) for b in model.blocks[s.start : s.end])
             for s, d in zip(stages, self.devices, strict=True)
         )
@@ -131,14 +135,23 @@ class StagedModel(nn.Module):
         return sum(p.numel() * p.element_size() for p in self.parameters())
 
 
-def load_staged(family: str, seed: int, stages: Sequence[Stage]) -> StagedModel:
-    """Build ``family`` with ``seed`` (the same weights on every node) and place it by ``stages``.
+def load_staged(family: str, seed: int, stages: Sequence[Stage], path: str | None = None) -> StagedModel:
+    """Build ``family`` with ``seed`` (the same weights on every node), or with ``path`` load the
+    model directory's weights (:func:`service.models.hf.load_model`: this node's layers only),
+    and place it by ``stages``.
 
     The model is built on the first stage's device; the other stages' layers move from there.
     """
+    device = torch_device(stages[0].device_id)
+    if path is not None:
+        from service.models.hf import hf_config, load_model
+
+        check_stages(stages, hf_config(path).n_layers)
+        local = {i for s in stages if not s.url for i in range(s.start, s.end)}
+        return StagedModel(load_model(path, device=device, layers=local), stages, path=path)
     config = model_config(family)
     check_stages(stages, config.n_layers)
-    model = build_model(config, seed=seed, device=torch_device(stages[0].device_id))
+    model = build_model(config, seed=seed, device=device)
     return StagedModel(model, stages, seed=seed)
 
 

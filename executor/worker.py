@@ -1,10 +1,11 @@
 """The executor's torch side: leases in, completions out, no network.
 
 :class:`Worker` runs each lease's request in the continuous batcher of its replica: one
-:class:`~executor.batcher.ContinuousBatcher` per replica; a model is built once per
-``(family, seed, stages)`` and stays resident. A round steps every non-idle batcher once; the
-new tokens of streaming leases are collected after it (:meth:`Worker.progress`). It is driven
-from one thread (the daemon's main thread, :mod:`executor.daemon`).
+:class:`~executor.batcher.ContinuousBatcher` per replica; a model is built (or, from a model
+directory, loaded) once per ``(family, seed, path, stages)`` and stays resident. A round steps
+every non-idle batcher once; the new tokens of streaming leases are collected after it
+(:meth:`Worker.progress`). It is driven from one thread (the daemon's main thread,
+:mod:`executor.daemon`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ log = logging.getLogger("slicesched.executor")
 
 ITERATION_HISTORY = 1024  # iteration records kept per batcher (the daemon reports per request)
 
-ModelKey = tuple[str, int, tuple[Stage, ...]]
-ModelLoader = Callable[[str, int, Sequence[Stage]], StagedModel]
+ModelKey = tuple[str, int, str | None, tuple[Stage, ...]]
+ModelLoader = Callable[[str, int, Sequence[Stage], str | None], StagedModel]  # family, seed, stages, path
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Lease:
     prompt_tokens: tuple[int, ...]
     max_tokens: int
     received_s: float  # on the worker's clock: the origin of queued_s, ttft_s and e2e_s
+    path: str | None = None  # the model directory to load (None: build the family from the seed)
     sampling: Sampling = GREEDY
     stop_ids: frozenset[int] = frozenset()
     stream: bool = False  # report its tokens as they come
@@ -53,12 +55,12 @@ class Lease:
         g = LeaseGrant.from_json(raw)
         return Lease(g.lease_id, g.request_id, g.replica_id, g.family, g.seed,
                      tuple(Stage(s.device_id, s.start, s.end, s.url) for s in g.stages), g.prompt_tokens,
-                     g.max_tokens, received_s, g.sampling, frozenset(g.stop_ids), g.stream)
+                     g.max_tokens, received_s, g.model_path, g.sampling, frozenset(g.stop_ids), g.stream)
 
     @property
     def model_key(self) -> ModelKey:
         """Leases with equal keys run the very same weights placed the same way."""
-        return (self.family, self.seed, self.stages)
+        return (self.family, self.seed, self.path, self.stages)
 
 
 @dataclass
@@ -184,9 +186,9 @@ class Worker:
         if key not in self._batchers:
             model = self._models.get(lease.model_key)
             if model is None:
-                model = self._loader(lease.family, lease.seed, lease.stages)
+                model = self._loader(lease.family, lease.seed, lease.stages, lease.path)
                 self._models[lease.model_key] = model
-                log.info("loaded %s (seed %d) on %s", lease.family, lease.seed,
+                log.info("loaded %s (seed %d) on %s", lease.path or lease.family, lease.seed,
                          ", ".join(f"{s.device_id}[{s.start}:{s.end})" for s in lease.stages))
             self._batchers[key] = ContinuousBatcher(model, max_batch=self.max_batch, clock=self.clock,
                                                     history=ITERATION_HISTORY)

@@ -53,11 +53,12 @@ from learned.calibration import conformal_shift
 from learned.choice import TRAIN_COMMAND, kind_from
 from learned.evaluate import (
     ATTENTION_CSV,
-    DATA_DIR,
     MODEL_TEST,
+    VIDUR_DATASET,
     VIDUR_ROOT,
     Case,
     cpu_split,
+    default_data_dir,
     held_out_cases,
     load_vidur,
     score,
@@ -86,6 +87,7 @@ from service.core.cost import (
     StackedCostModel,
     predict_slice,
 )
+from service.data import fetch_hint
 from service.domain.cluster import DEVICE_KINDS, Device
 from service.domain.error import InvalidInputError
 
@@ -115,9 +117,14 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class TrainingInputs:
-    """What an artifact is trained from; :meth:`key` names it in the cache."""
+    """What an artifact is trained from; :meth:`key` names it in the cache.
 
-    data_dir: Path = DATA_DIR
+    ``data_dir`` is the data folder holding ``vidur-profiling/`` (default: the first of
+    ``$SLICESCHED_DATA`` and ``../shared/data`` with the whole data set). The key hashes the
+    files' bytes, never their paths, so the same profiles in another folder name the same artifact.
+    """
+
+    data_dir: Path = field(default_factory=default_data_dir)
     profiles: tuple[Path, ...] = ()
     config: GnnConfig = SHIPPED_GNN
     max_train_samples: int | None = SHIPPED_MAX_SAMPLES
@@ -131,8 +138,9 @@ class TrainingInputs:
     def key(self) -> str:
         files = self.files()
         if not any(p.name == "mlp.csv" for p in files):
-            raise MissingArtifactError(f"no Vidur profiles under {self.data_dir / VIDUR_ROOT} (set $SLICESCHED_DATA "
-                                       f"or --data-dir to the folder holding vidur-profiling/)")
+            raise MissingArtifactError(f"no Vidur profiles under {self.data_dir / VIDUR_ROOT}: "
+                                       f"{fetch_hint(VIDUR_DATASET)} (or pass --data-dir, the folder holding "
+                                       f"{VIDUR_DATASET}/)")
         for p in self.profiles:
             if not p.is_file():
                 raise InvalidInputError(f"profile {p} does not exist", culprit=str(p))
@@ -404,7 +412,9 @@ def train_artifact(inputs: TrainingInputs, cache_dir: Path, *, force: bool = Fal
         (tmp / "table.json").write_text(json.dumps(table.to_doc()) + "\n")
         (tmp / "meta.json").write_text(json.dumps({
             "inputs_key": key, "code_sha256": code_digest(),
-            "inputs": {"data_dir": str(inputs.data_dir), "files": [str(p) for p in inputs.files()],
+            # data files by their data-folder path and digest: the artifact does not depend on where they were found
+            "inputs": {"files": {p.relative_to(inputs.data_dir).as_posix(): file_digest(p)
+                                 for p in inputs.files() if p.is_relative_to(inputs.data_dir)},
                        "profiles": [str(p) for p in inputs.profiles], "rows": len(rows)},
             "gnn_config": asdict(inputs.config), "max_train_samples": inputs.max_train_samples,
             "slice_tokens_per_model": inputs.slice_tokens_per_model,
@@ -430,7 +440,8 @@ def train_artifact(inputs: TrainingInputs, cache_dir: Path, *, force: bool = Fal
 def train_main(argv: Sequence[str] | None = None) -> int:
     """``slicesched cost-model train``: train the default cost-model artifact into the cache."""
     p = argparse.ArgumentParser(prog=TRAIN_COMMAND, description=train_main.__doc__)
-    p.add_argument("--data-dir", type=Path, default=DATA_DIR, help="folder holding vidur-profiling/")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="folder holding vidur-profiling/ (default: $SLICESCHED_DATA, then ../shared/data)")
     p.add_argument("--profile", type=Path, action="append", default=[],
                    help="an own OpTiming CSV (from `slicesched profile`) to train on too (repeatable; default "
                         "$SLICESCHED_COST_MODEL_PROFILES)")
@@ -445,7 +456,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads while training")
     p.add_argument("--force", action="store_true", help="retrain even if the artifact exists")
     args = p.parse_args(argv)
-    inputs = TrainingInputs(args.data_dir, tuple(args.profile) or profiles_from_env(),
+    inputs = TrainingInputs(args.data_dir or default_data_dir(), tuple(args.profile) or profiles_from_env(),
                             replace(SHIPPED_GNN, epochs=args.epochs, threads=args.threads), args.max_train_samples,
                             args.slice_tokens)
     target = train_artifact(inputs, args.cache_dir or default_cache_dir(), force=args.force)

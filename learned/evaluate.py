@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -50,14 +49,21 @@ from learned.roofline import RooflineCostModel, device_of_kind
 from learned.slices import SLICE_KINDS, TimedSlice, timed_slices, vidur_configs
 from learned.table import ProfileTableCostModel
 from service.core.cost import CostModel, Latency, OpFeatures
+from service.data import locate, resolve
 from service.domain.cluster import Device
 from service.models.family import ModelConfig
 
-DATA_DIR = Path(os.environ.get("SLICESCHED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-VIDUR_ROOT = Path("vidur-profiling") / "profiling"
+VIDUR_DATASET = "vidur-profiling"  # its name in the data manifest (service/data/manifest.json)
+VIDUR_ROOT = Path(VIDUR_DATASET) / "profiling"
 ATTENTION_CSV = VIDUR_ROOT / "legacy-a100" / "attention.csv"
 MODEL_TEST = ("internlm-20b", "Qwen-72B")
 SPLITS: tuple[str, ...] = ("model", "device-a40", "device-a40-to-gpus", "device-a100")
+
+
+def default_data_dir() -> Path:
+    """The data folder whose Vidur profiles are complete: ``$SLICESCHED_DATA``, else
+    ``../shared/data`` (:func:`service.data.locate`); the cache, where fetch puts them, when neither."""
+    return locate(VIDUR_DATASET).parent
 
 
 @dataclass(frozen=True)
@@ -270,7 +276,8 @@ def _print_progress(prefix: str) -> Callable[[dict[str, float]], None]:
 
 
 def _gnn_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", type=Path, default=DATA_DIR, help="folder holding vidur-profiling/")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="folder holding vidur-profiling/ (default: $SLICESCHED_DATA, then ../shared/data)")
     p.add_argument("--epochs", type=int, default=GnnConfig.epochs, help="training epochs")
     p.add_argument("--hidden", type=int, default=GnnConfig.hidden, help="GNN hidden width")
     p.add_argument("--seed", type=int, default=0, help="seed of initialisation, shuffling and splits")
@@ -316,7 +323,8 @@ def evaluate_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-train-samples", type=int, default=None, help="subsample training graphs")
     args = p.parse_args(argv)
     splits = [s for s in args.splits.split(",") if s]
-    results = evaluate_all(args.data_dir, splits, _config(args), profile=args.profile,
+    data_dir = args.data_dir or (resolve(VIDUR_DATASET).parent if splits else default_data_dir())
+    results = evaluate_all(data_dir, splits, _config(args), profile=args.profile,
                            max_train_samples=args.max_train_samples)
     print(json.dumps({"config": asdict(_config(args)), "results": results}))
     return 0

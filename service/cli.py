@@ -107,11 +107,24 @@ def cmd_model_list(args: argparse.Namespace) -> int:
 
 
 def _trace(args: argparse.Namespace) -> Any:
+    """The phase's operator graph of the built-in model ``args.name`` or of the model directory
+    ``args.path`` (its config.json, traced on the meta device: no weights are read)."""
+    from dataclasses import replace
+
+    from service.domain.error import InvalidInputError
     from service.models.family import model_config
     from service.models.trace import trace_phase
 
+    if (args.name is None) == (args.path is None):
+        raise InvalidInputError("name a built-in model (see 'slicesched model list') or pass --path DIR"
+                                + (" or --graph FILE" if hasattr(args, "graph") else ""))
     overrides = {"n_layers": args.layers} if args.layers else {}
-    config = model_config(args.name, **overrides)
+    if args.path is not None:
+        from service.models.hf import hf_config
+
+        config = replace(hf_config(Path(args.path).absolute()), **overrides)
+    else:
+        config = model_config(args.name, **overrides)
     return trace_phase(config, args.phase, batch=args.batch, tokens=args.tokens, context=args.context)
 
 
@@ -129,10 +142,8 @@ def cmd_model_import(args: argparse.Namespace) -> int:
         graph = OperatorGraph.from_dict(data)
         model_id = args.model_id or graph.model_name
     else:
-        if not args.name:
-            raise InvalidInputError("name a built-in model (see 'slicesched model list') or pass --graph FILE")
         graph = _trace(args)
-        model_id = args.model_id or args.name
+        model_id = args.model_id or args.name or Path(args.path).absolute().name
     stats = _repository().import_model(args.tenant, model_id, graph, device_id=args.device)
     print(f"imported {stats.model_uid} {stats.phase}: {stats.operators} operators, {stats.tensors} tensors, "
           f"{stats.edges} edges in {stats.seconds:.2f}s"
@@ -322,7 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     for action, helptext in (("import", "trace a model phase (or read --graph FILE) into the GMG for a tenant"),
                              ("export", "trace a model phase and print its operator graph as JSON")):
         m = mo.add_parser(action, help=helptext)
-        m.add_argument("name", nargs="?" if action == "import" else None, help="built-in model (see 'model list')")
+        m.add_argument("name", nargs="?", help="built-in model (see 'model list'); or give --path")
+        m.add_argument("--path", help="a Hugging Face model directory (config.json; model_type llama or gpt2) "
+                                      "traced instead of a built-in model")
         m.add_argument("--phase", choices=["prefill", "decode"], default="prefill")
         m.add_argument("--batch", type=int, default=1, help="sequences in the batch")
         m.add_argument("--tokens", type=int, default=128, help="prefill: tokens per sequence")
@@ -341,6 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
     from service.replay.command import add_parser as add_replay
 
     add_replay(sub)
+
+    from service.data.command import add_parser as add_data
+
+    add_data(sub)
 
     tr = sub.add_parser("trace", help="production traces").add_subparsers(dest="action", required=True)
     ts = tr.add_parser("stats", help="summarise an Azure CSV or Mooncake JSONL trace")

@@ -112,14 +112,22 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
     with the three placements (container, replica, operator-level slice)."""
     from pathlib import Path
 
-    from service.api.live_run import compare_placements, demo_workload
+    from service.api.capacity import calibrate
+    from service.api.live_run import DEMO_TENANTS, compare_placements, demo_workload
 
     out = Path(getattr(args, "out", None) or "demo-output")
     duration = float(getattr(args, "live_duration", 30.0))
-    _step(f"live: slicesched serve + 2 executor daemons (cpu:0,cpu:1 each), three tenants, {duration:.0f}s per placement")
-    workload = demo_workload(getattr(args, "seed", 0), duration)
-    record = compare_placements(workload, out, neo4j=settings.resolved(), progress=_progress)
+    _step("live: what this machine serves (a capacity probe per tenant's model, container placement)")
+    offered, calibration = calibrate(DEMO_TENANTS, duration, neo4j=settings.resolved(), progress=_progress)
     print()
+    print_calibration(calibration)
+    _step(f"live: slicesched serve + 2 executor daemons (cpu:0,cpu:1 each), three tenants, {duration:.0f}s per placement")
+    workload = demo_workload(getattr(args, "seed", 0), duration, offered)
+    record = compare_placements(workload, out, neo4j=settings.resolved(), progress=_progress, calibration=calibration)
+    print()
+    from service.api.capacity import machine_busy
+
+    after = machine_busy()  # other work that started during the comparison shows here
     runs = record["runs"]
     rows = []
     for placement, run in runs.items():
@@ -134,6 +142,10 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
                   f"{r['gmg_write_lag_s']['p50'] or 0:.3f} / {r['gmg_write_lag_s']['p99'] or 0:.3f}"]
                  for p, r in runs.items()], title="summary")
     print(f"replica / container tokens/s: {record['tokens_per_s_ratio']:.2f}x (live executors run whole replicas)")
+    if after["busy"] and not calibration["machine"]["busy"]:
+        print(f"  warning: other work kept {100 * (after['busy_share'] or 0):.0f}% of the cores busy right after the "
+              "comparison: the capacity probe saw a quieter machine, so both placements were offered too much; "
+              "rerun on a quiet machine")
     for note in runs["replica"]["decisions"][:8]:
         print(f"  scheduler: {note}")
 
@@ -149,6 +161,26 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
     args.func(args)
     print(f"\nplots and JSON: {out}/live_latency.png, {out}/live.json, {out}/replay/*.png "
           f"(the slice timeline: {out}/replay/timeline-fifo-slice-10s.png, thin bars are operator-level guest slices)")
+
+
+def print_calibration(calibration: dict[str, Any]) -> None:
+    """The measured capacity and the load offered from it; a warning when the machine is busy."""
+    rows = []
+    for tenant, cap in calibration["capacity"].items():
+        offered = calibration["offered"][tenant]
+        best = max(cap["levels"], key=lambda lv: lv["tokens_per_s"])
+        rows.append([tenant, cap["model"], cap["sla_class"],
+                     f"{cap['requests_per_s']:.2f}" + ("" if cap["sla_alone"] else " (SLA missed even alone)"),
+                     f"{best['tokens_per_s']:.0f}", offered["role"],
+                     f"{offered['rate_rps']:.2f} ({offered['multiple_of_capacity']:.2g}x)"])
+    print_table(["tenant", "model", "SLA", "capacity req/s within SLA", "peak tok/s", "role", "offered req/s"],
+                rows, title="capacity on this machine (container placement) and the load offered")
+    m = calibration["machine"]
+    share = "n/a" if m["busy_share"] is None else f"{100 * m['busy_share']:.0f}%"
+    print(f"machine: {m['cores']} cores, load average {m['load_avg_1m']}, cores busy with other work: {share}")
+    if m["busy"]:
+        print("  warning: other work keeps this machine's cores busy: the placements below compete with it, so the "
+              "comparison is not a fair one; rerun on a quiet machine")
 
 
 def _progress(message: str) -> None:

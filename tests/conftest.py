@@ -18,20 +18,34 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from service.data import fetch_hint, is_present, locate
+
 if TYPE_CHECKING:
     from service.graph.connection import Neo4jSettings
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 # The default (learned) cost model needs a trained artifact; tests that exercise it train a small
 # one into a tmp cache (tests/unit/test_cost_model_choice.py). Everything else, and every service
 # a test starts, prices iterations with the roofline as before.
 os.environ.setdefault("SLICESCHED_COST_MODEL", "roofline")
 
 
-def data_absent(path: Path = SHARED_DATA) -> bool:
-    """True where a test needing the public data may skip: the data is absent on a user's
-    machine. In CI (``CI=true``) the data is always there, so such tests run and fail loudly."""
-    return not path.exists() and os.environ.get("CI") != "true"
+def data_absent(*names: str) -> list[str]:
+    """The named data sets (service/data/manifest.json) that no data folder holds completely
+    (``$SLICESCHED_DATA``, then ``../shared/data``) and that a test may therefore skip for: none in
+    CI (``CI=true``), where the data is always there, so such tests run and fail loudly."""
+    return [] if os.environ.get("CI") == "true" else [n for n in names if not is_present(n)]
+
+
+def needs_data(*names: str) -> pytest.MarkDecorator:
+    """Skip unless the named data sets are present; the reason says how to fetch them."""
+    missing = data_absent(*names)
+    return pytest.mark.skipif(bool(missing), reason=fetch_hint(*missing) if missing else "")
+
+
+def data_path(rel: str) -> Path:
+    """A public data file or folder by its data-folder path, where readers find it (or where fetch
+    would put it, for a test that skips without it)."""
+    return locate(rel)
 
 
 @pytest.fixture(scope="session")
@@ -89,8 +103,10 @@ def cluster_name() -> str:
     return f"c-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture
-def shared_data() -> Path:
-    if data_absent():
-        pytest.skip(f"public data not found at {SHARED_DATA} (it is present in CI)")
-    return SHARED_DATA
+@pytest.fixture(scope="session")
+def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny random Hugging Face model directories, ``llama`` and ``gpt2`` (tests/hf_dirs.py)."""
+    from tests.hf_dirs import make_model_dir
+
+    root = tmp_path_factory.mktemp("hf-models")
+    return {kind: make_model_dir(root / kind, kind) for kind in ("llama", "gpt2")}

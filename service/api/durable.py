@@ -127,7 +127,7 @@ class DurableWrites(Neo4jGate):
                 req = state.requests[row["request"]["uid"]]
                 if committed is not None and req.request_id in committed:
                     state.complete(by_lease[lease_id], row)
-                    self.metrics.finished_request(req)
+                    self.metrics.request_ended(req)
                     accepted.append(lease_id)
                 elif committed is None and not sent:
                     state.abandon_finish(req)
@@ -199,6 +199,7 @@ class DurableWrites(Neo4jGate):
         def settle(finished: set[str] | None) -> None:
             if finished is not None and req.request_id in finished:
                 self.persist(apply())
+                self.metrics.request_ended(req)
                 self.work.notify()
                 self.changed.set()
                 outcome.append(True)
@@ -251,8 +252,7 @@ class DurableWrites(Neo4jGate):
             if row is not None and row["status"] in TERMINAL:
                 log.warning("request %s is %s in Neo4j: memory follows", uid, row["status"])
                 self.persist(self.state.adopt(req, row))
-                if req.status == "done":
-                    self.metrics.finished_request(req)
+                self.metrics.request_ended(req)
             else:
                 self.state.abandon_finish(req)
         self.work.notify()

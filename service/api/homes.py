@@ -52,16 +52,20 @@ class HomePlanner(Neo4jGate):
         wanted = self._homes(models, devices) if devices and models else []
         current = {r.replica_id: r for r in state.replicas.values() if not r.guest and not r.pinned}
         keep = set()
+        added, drained = [], []
         for uid, device_ids in wanted:
             rid = f"{uid}@{'+'.join(device_ids)}"
             keep.add(rid)
             if rid in current:
                 current[rid].draining = False
             else:
-                state.add_replica(uid, device_ids, guest=False)
+                added.append(state.add_replica(uid, device_ids, guest=False))
         for rid, r in current.items():
-            if rid not in keep:
+            if rid not in keep and not r.draining:
                 r.draining = True
+                drained.append(r)
+        self.metrics.placed("container", "add", added)
+        self.metrics.placed("container", "drain", drained)
         self._gmg_dirty = True
         self.work.notify()
 
@@ -120,8 +124,8 @@ class HomePlanner(Neo4jGate):
         demands = [TenantDemand(m.uid, m.family, self.state.tenant(m.tenant_id).weight) for m in models]
         fits = min(len(models), len(devices))
         by_weight = sorted(demands, key=lambda t: (-t.device_s_per_s, t.tenant_id))
-        placed = container_replicas(spec, by_weight[:fits], weight_bytes=lambda f: weight_bytes(MODEL_CONFIGS[f]),
-                                    reserve_bytes=lambda f: 0)
+        sizes = {m.family: m.weight_bytes for m in models}
+        placed = container_replicas(spec, by_weight[:fits], weight_bytes=sizes.__getitem__, reserve_bytes=lambda f: 0)
         out = [(uid, devs) for uid, _, devs in placed]
         load: dict[str, int] = {d.device_id: 0 for d in devices}
         for _, devs in out:

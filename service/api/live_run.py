@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from service.api.live_tenants import register, reset_tenants
 from service.api.metrics import sla_met
 from service.api.records import LiveRequest
 from service.api.stack import LiveStack
@@ -43,6 +44,8 @@ DEMO_TENANTS = (
 
 
 def demo_workload(seed: int, duration_s: float, tenants: Sequence[TenantLoad] = DEMO_TENANTS) -> Workload:
+    """The three tenants' requests over ``duration_s`` (the fixed mix, or loads sized by
+    :func:`service.api.capacity.calibrate`)."""
     return synthetic_workload(np.random.default_rng(seed), tenants=tenants, duration_s=duration_s)
 
 
@@ -91,19 +94,10 @@ def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None 
     tenants = {r.tenant_id: r for r in workload.requests}
     if neo4j is not None:  # a shared graph: start from none of these tenants' objects
         reset_tenants(neo4j, sorted(tenants))
-    models = {r.tenant_id: r.model for r in workload.requests}
-    sla = {r.tenant_id: r.sla_class for r in workload.requests}
+    loads = [TenantLoad(t, r.model, 0.0, r.sla_class) for t, r in sorted(tenants.items())]
     with LiveStack(placement=placement, neo4j=neo4j, lease_ttl_s=10.0, heartbeat_s=1.0) as stack:
-        keys: dict[str, str] = {}
+        keys = register(stack, loads)
         with stack.client(timeout_s=120.0) as admin:
-            for tenant in sorted(tenants):
-                r = admin.post("/v1/tenants", json={"tenant_id": tenant, "sla_class": sla[tenant]})
-                if r.status_code == 409:
-                    raise RuntimeError(f"tenant {tenant} already exists in this Neo4j: use a clean graph")
-                r.raise_for_status()
-                keys[tenant] = r.json()["api_key"]
-                admin.post("/v1/models", json={"model_id": "m", "family": models[tenant], "tenant_id": tenant}
-                           ).raise_for_status()
             stack.start_executor("exec-a", ["cpu:0", "cpu:1"])
             stack.start_executor("exec-b", ["cpu:0", "cpu:1"])
             stack.wait_devices(4)
@@ -148,17 +142,6 @@ def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None 
     return summarise(placement, finished, stats)
 
 
-def reset_tenants(neo4j: Neo4jSettings, tenant_ids: Sequence[str]) -> None:
-    """Delete everything these tenants own in the graph (models, requests, slices, keys)."""
-    from service.graph.connection import open_driver
-    from service.graph.repository import GraphRepository
-
-    with open_driver(neo4j) as driver:
-        repo = GraphRepository(driver)
-        for tenant in tenant_ids:
-            repo.delete_tenant(tenant)
-
-
 def summarise(placement: str, rows: list[dict[str, Any]], stats: dict[str, Any]) -> LiveRunResult:
     done = [r for r in rows if r["status"] == "done"]
     reqs = [LiveRequest(r["request_id"], r["tenant_id"], r["model_id"], [], r["max_tokens"], r["sla_class"],
@@ -185,9 +168,11 @@ def summarise(placement: str, rows: list[dict[str, Any]], stats: dict[str, Any])
 
 
 def compare_placements(workload: Workload, out_dir: Path, *, neo4j: Neo4jSettings | None = None, seed: int = 0,
-                       progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                       progress: Callable[[str], None] | None = None,
+                       calibration: dict[str, Any] | None = None) -> dict[str, Any]:
     """The same workload served once with ``container`` and once with ``replica`` placement;
-    writes ``live.json`` and ``live_latency.png`` into ``out_dir`` and returns the record."""
+    writes ``live.json`` and ``live_latency.png`` into ``out_dir`` and returns the record (with
+    ``calibration``, what the load was sized from, when given)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = {p: run_live(p, workload, neo4j=neo4j, seed=seed, progress=progress)
             for p in ("container", "replica")}
@@ -199,6 +184,7 @@ def compare_placements(workload: Workload, out_dir: Path, *, neo4j: Neo4jSetting
         "runs": {p: r.to_dict() for p, r in runs.items()},
         "tokens_per_s_ratio": s.tokens_per_s / c.tokens_per_s if c.tokens_per_s else float("nan"),
         "sla_violation_rate": {"container": c.sla_violation_rate, "replica": s.sla_violation_rate},
+        **({"calibration": calibration} if calibration is not None else {}),
     }
     (out_dir / "live.json").write_text(json.dumps(record, indent=2, default=float) + "\n")
     plot_live(out_dir / "live_latency.png", runs)

@@ -25,7 +25,8 @@ serve several models).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -46,6 +47,7 @@ from service.core.slot import ClusterState
 from service.domain.cluster import DEVICE_KINDS, ClusterSpec, Device, Link
 from service.domain.error import InvariantError
 from service.domain.request import RequestSpec
+from service.models.family import MODEL_CONFIGS, ModelConfig
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
 from service.sim.sla import SLA_CLASSES, SlaClass
 from service.sim.view import SimClusterView
@@ -85,6 +87,7 @@ class LiveSnapshot:
     iteration_s: dict[str, float] = field(default_factory=dict)  # family -> observed mean iteration time
     devices_of: dict[str, tuple[str, ...]] = field(default_factory=dict)  # compute unit -> its live devices
     sla_classes: dict[str, SlaClass] = field(default_factory=lambda: dict(SLA_CLASSES))  # by the names in recent
+    configs: dict[str, ModelConfig] = field(default_factory=dict)  # family -> config, models from disk included
 
 
 class DecisionTarget(Protocol):
@@ -95,13 +98,16 @@ class DecisionTarget(Protocol):
 
 class LiveClusterView:
     """``target``: where :meth:`apply` puts decisions (none: a read-only view, for previews);
-    ``cost_model`` costs the mirror's iterations."""
+    ``cost_model`` costs the mirror's iterations; ``on_what_if`` is told each what-if's wall
+    seconds (the metrics)."""
 
     def __init__(self, snap: LiveSnapshot, *, cost_model: CostModel, target: DecisionTarget | None = None,
-                 batching: BatchingConfig = LIVE_BATCHING, seed: int = 0) -> None:
+                 batching: BatchingConfig = LIVE_BATCHING, seed: int = 0,
+                 on_what_if: Callable[[float], None] | None = None) -> None:
         self.snap = snap
         self.cost_model = cost_model
         self.target = target
+        self.on_what_if = on_what_if
         self.batching = batching
         self.seed = seed
         self._built: SimClusterView | None = None
@@ -116,7 +122,8 @@ class LiveClusterView:
             replicas = [ReplicaSpec(r.replica_id, r.family, r.device_ids, max_num_seqs=snap.max_batch[r.replica_id],
                                     tenant_id=r.model_uid, guest=r.guest) for r in snap.replicas if not r.draining]
             mirror = SimulatedCluster(snap.spec, replicas, self.cost_model, rng=np.random.default_rng(self.seed),
-                                      overheads=overheads, sla_classes=snap.sla_classes)
+                                      overheads=overheads, model_configs={**MODEL_CONFIGS, **snap.configs},
+                                      sla_classes=snap.sla_classes)
             mirror.submit(sorted(snap.recent, key=lambda r: r.arrival_s))
             mirror.run(until=snap.window_s)
             self._built = SimClusterView(mirror, batching=self.batching, model_uid=lambda tenant, family: tenant)
@@ -156,7 +163,12 @@ class LiveClusterView:
         return observed / tp if observed else self._sim.iteration_s(family, tp)
 
     def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
-        return self._sim.what_if(change, horizon_s)
+        started = time.perf_counter()
+        try:
+            return self._sim.what_if(change, horizon_s)
+        finally:
+            if self.on_what_if is not None:
+                self.on_what_if(time.perf_counter() - started)
 
     def apply(self, decision: Decision) -> Applied:
         if self.target is None:

@@ -157,8 +157,8 @@ class Neo4jGate:
                 "unplaced_models": dict(self.unplaced)}
 
     def _health_metrics(self) -> Iterator[Metric]:
-        failures = CounterMetricFamily("slicesched_loop_failures", "Failed ticks of a background loop", labels=["loop"])
-        since = GaugeMetricFamily("slicesched_loop_last_ok_age_seconds",
+        failures = CounterMetricFamily("slicesched:loop_failures", "Failed ticks of a background loop", labels=["loop"])
+        since = GaugeMetricFamily("slicesched:loop_last_ok_age_seconds",
                                   "Seconds since a background loop last ticked successfully", labels=["loop"])
         now = time.monotonic()
         for name, h in sorted(self.supervisor.loops.items()):
@@ -166,9 +166,9 @@ class Neo4jGate:
             since.add_metric([name], now - (h.last_ok_at if h.last_ok_at is not None else h.started_at))
         yield failures
         yield since
-        yield GaugeMetricFamily("slicesched_neo4j_up", "1 when Neo4j answers", value=1.0 if self.db_up else 0.0)
+        yield GaugeMetricFamily("slicesched:neo4j_up", "1 when Neo4j answers", value=1.0 if self.db_up else 0.0)
         writer = self.writer
-        yield GaugeMetricFamily("slicesched_gmg_pending_writes", "GMG mirror rows waiting to be written",
-                                value=writer.pending if writer else 0)
-        yield CounterMetricFamily("slicesched_gmg_dropped_writes", "GMG mirror rows dropped past max_pending_writes",
+        yield GaugeMetricFamily("slicesched:gmg_writer_queue_depth", "GMG mirror rows waiting to be written "
+                                "(coalesced: one per changed object)", value=writer.pending if writer else 0)
+        yield CounterMetricFamily("slicesched:gmg_dropped_writes", "GMG mirror rows dropped past max_pending_writes",
                                   value=writer.rows_dropped if writer else 0)

@@ -8,7 +8,7 @@ and change them; :class:`Write` is the row a change hands the GMG writer.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from service.domain.request import TERMINAL_STATUSES, RequestStatus
@@ -35,21 +35,26 @@ class LiveTenant:
 
 @dataclass
 class LiveModel:
+    """A served model: a built-in ``family`` built from ``seed``, or the model directory ``path``
+    (its ``family`` is its config's name, ``hf:<path>``; ``loaded`` is that config)."""
+
     tenant_id: str
     model_id: str
-    family: str
+    family: str  # the config's name: what the scheduler sizes and costs the model by
     seed: int
     replicas: int  # home replicas wanted (container: whole devices)
     tokenizer: Tokenizer = field(default=BYTES, repr=False, compare=False)
+    path: str | None = None
     created_at: float = field(default_factory=time.time)  # epoch seconds of its registration
+    loaded: InitVar[ModelConfig | None] = None
+    config: ModelConfig = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self, loaded: ModelConfig | None) -> None:
+        self.config = loaded if loaded is not None else MODEL_CONFIGS[self.family]
 
     @property
     def uid(self) -> str:
         return f"{self.tenant_id}/{self.model_id}"
-
-    @property
-    def config(self) -> ModelConfig:
-        return MODEL_CONFIGS[self.family]
 
     @property
     def weight_bytes(self) -> int:

@@ -4,6 +4,7 @@ where a crash must not lose it (a key, a model's graph)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from typing import TYPE_CHECKING, Any
 
@@ -33,25 +34,51 @@ def default_seed(tenant_id: str, model_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{tenant_id}/{model_id}".encode()).digest()[:4], "big") >> 1
 
 
-async def create_model(svc: LiveService, tenant_id: str, model_id: str, family: str, seed: int | None,
-                       replicas: int) -> LiveModel:
-    """Register a built-in runnable model: its prefill and decode graphs are traced into the GMG,
-    then it is live and the home planner runs."""
-    from service.models.family import model_config
-    from service.models.trace import trace_phase
+def model_from_dir(tenant_id: str, model_id: str, path: str, replicas: int) -> LiveModel:
+    """A model served from the Hugging Face model directory ``path``, as the service sees it: its
+    config, checked weights and tokenizer, read from the same path the executors load (the
+    directory must be visible to the service too, e.g. a shared volume). Blocking file reads
+    (run it in a thread); ``InvalidInputError`` when the directory does not hold a usable model."""
+    from service.models.hf import check_weights, hf_config, model_dir
+    from service.models.hf_tokenizer import HFTokenizer
 
+    directory = str(model_dir(path))
+    config = hf_config(directory)
+    check_weights(directory, config)
+    tokenizer = HFTokenizer.load(directory)
+    return LiveModel(tenant_id, model_id, config.name, 0, replicas, tokenizer, path=directory, loaded=config)
+
+
+async def create_model(svc: LiveService, tenant_id: str, model_id: str, family: str | None, seed: int | None,
+                       replicas: int, path: str | None = None) -> LiveModel:
+    """Register a built-in runnable model (``family``, weights from ``seed``) or a model directory
+    (``path``): its prefill and decode graphs are traced into the GMG (on the meta device), then
+    it is live and the home planner runs. Nothing is written when the model is refused."""
+    if (family is None) == (path is None):
+        raise InvalidInputError("give exactly one of family (a built-in model) and path (a model directory)")
+    if path is not None and seed is not None:
+        raise InvalidInputError("seed applies to built-in families: a model directory brings its weights")
     svc.state.check_new_model(tenant_id, model_id, family)
-    seed = seed if seed is not None else default_seed(tenant_id, model_id)
-    model = LiveModel(tenant_id, model_id, family, seed, replicas)
+    if path is not None:
+        model = await asyncio.to_thread(model_from_dir, tenant_id, model_id, path, replicas)
+        svc.state.check_new_model(tenant_id, model_id, None)  # registered meanwhile?
+    else:
+        assert family is not None
+        seed = seed if seed is not None else default_seed(tenant_id, model_id)
+        model = LiveModel(tenant_id, model_id, family, seed, replicas)
     assert svc.repo is not None
     repo = svc.repo
 
     def trace_and_write() -> None:
-        config = model_config(family)
+        from service.models.trace import trace_phase
+
+        config = model.config
         for phase in ("prefill", "decode"):
-            graph = trace_phase(config, phase, batch=svc.settings.max_batch, tokens=64, context=256)
+            graph = trace_phase(config, phase, batch=svc.settings.max_batch, tokens=min(64, config.max_seq_len),
+                                context=min(256, config.max_seq_len - 1))
             repo.import_model(tenant_id, model_id, graph, create_tenant=False)
-        repo.upsert_model(tenant_id, model_id, family=family, seed=seed, replicas=replicas)
+        repo.upsert_model(tenant_id, model_id, family=model.family, seed=model.seed, replicas=replicas,
+                          path=model.path)
 
     await svc.db(trace_and_write, bound_s=None)
     svc.state.add_model(model)
@@ -95,6 +122,7 @@ async def pin_replica(svc: LiveService, tenant_id: str, model_id: str, device_id
     if f"{model.uid}@{'+'.join(device_ids)}" in state.replicas:
         raise ConflictError("that replica exists")
     replica = state.add_replica(model.uid, tuple(device_ids), guest=False, pinned=True)
+    svc.metrics.placed("admin", "add", [replica])
     await svc.replan()
     return {"replica_id": replica.replica_id, "device_ids": list(replica.device_ids),
             "stages": [s.to_json() for s in state.stages(replica, state.devices[replica.device_ids[0]].executor_id,

@@ -64,9 +64,10 @@ class Registry:
             raise NotFoundError(f"no tenant {tenant_id!r}")
         return t
 
-    def check_new_model(self, tenant_id: str, model_id: str, family: str) -> None:
+    def check_new_model(self, tenant_id: str, model_id: str, family: str | None) -> None:
+        """``family``: a built-in family (checked); None for a model directory (checked where it is read)."""
         self.tenant(tenant_id)
-        if family not in LIVE_FAMILIES:
+        if family is not None and family not in LIVE_FAMILIES:
             raise InvalidInputError(f"unknown model family {family!r} (runnable: {', '.join(LIVE_FAMILIES)})")
         if f"{tenant_id}/{model_id}" in self.models:
             raise ConflictError(f"model {model_id!r} already exists for tenant {tenant_id!r}")

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from service.api.deps import Principal, require, scoped_tenant
 from service.api.records import LiveModel, LiveRequest
-from service.domain import tokenizer
 from service.domain.error import ForbiddenError, InvalidInputError, NotFoundError
+from service.domain.tokenizer import BYTES, Tokenizer
 from service.graph.inspection import Table
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ def model_public(m: LiveModel) -> dict[str, Any]:
     c = m.config
     return {"tenant_id": m.tenant_id, "model_id": m.model_id, "family": m.family, "seed": m.seed,
             "replicas": m.replicas, "num_params": c.num_params(), "weight_bytes": m.weight_bytes,
-            "max_context": c.max_seq_len, "vocab_size": c.vocab_size}
+            "max_context": c.max_seq_len, "vocab_size": c.vocab_size, "path": m.path}
 
 
 def devices_public(svc: LiveService) -> list[dict[str, Any]]:
@@ -38,7 +38,10 @@ def devices_public(svc: LiveService) -> list[dict[str, Any]]:
             for d in sorted(s.devices.values(), key=lambda d: d.device_id)]
 
 
-def request_public(req: LiveRequest) -> dict[str, Any]:
+def request_public(svc: LiveService, req: LiveRequest) -> dict[str, Any]:
+    """The request as its tenant sees it; ``text``: the output decoded by its model's tokenizer."""
+    model = svc.state.models.get(req.model_uid)
+    tokenizer: Tokenizer = model.tokenizer if model is not None else BYTES
     return {**req.public(), "text": tokenizer.decode(req.output_tokens)}
 
 

@@ -121,6 +121,7 @@ class ModelOut(Out):
     weight_bytes: int
     max_context: int = Field(description="tokens, prompt and output together")
     vocab_size: int
+    path: str | None = Field(None, description="the model directory it is served from; null: a built-in family")
 
 
 class ExecutorPoolOut(Out):
@@ -201,6 +202,7 @@ class LeaseOut(Out):
     prompt_tokens: list[int]
     max_tokens: int
     expires_in_s: float
+    model_path: str | None = Field(None, description="the model directory to load; null: build family from seed")
     temperature: float = Field(0.0, description="0 (absent): greedy; the sampling fields only when sampled")
     top_p: float = 1.0
     sampling_seed: int = Field(0, description="the request's generator seed (the model's weights have `seed`)")

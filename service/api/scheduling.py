@@ -81,7 +81,7 @@ class SchedulingLoop(HomePlanner):
         return LiveSnapshot(now - self.started, live_spec(rows), tuple(replicas), tuple(devices),
                             {r.replica_id: r.max_batch for r in state.replicas.values()}, tuple(recent), window_s,
                             window_start_wall=start, iteration_s=dict(state.iteration_s), devices_of=devices_of,
-                            sla_classes=sla_classes)
+                            sla_classes=sla_classes, configs={m.family: m.config for m in state.models.values()})
 
     def _utilisation(self, executor_id: str) -> float:
         e = self.state.executors[executor_id]
@@ -133,10 +133,15 @@ class SchedulingLoop(HomePlanner):
         for eid, e in self.state.executors.items():
             self._busy_mark[eid] = (time.monotonic(), e.busy_s)
         started = time.perf_counter()
-        view = LiveClusterView(snap, cost_model=self.cost_model, target=self.state)
+        view = LiveClusterView(snap, cost_model=self.cost_model, target=self.state,
+                               on_what_if=self.metrics.what_if_timer("scheduler"))
         decision = await asyncio.to_thread(self.scheduler.step, snap.now_s, view)
         self.step_s.append(time.perf_counter() - started)
-        view.apply(decision)  # on the event loop: the state is not shared with worker threads
+        self.metrics.step_done(self.scheduler.name, self.step_s[-1])
+        applied = view.apply(decision)  # on the event loop: the state is not shared with worker threads
+        replicas = self.state.replicas
+        self.metrics.placed(self.scheduler.name, "add", (replicas[rid] for rid in applied.added))
+        self.metrics.placed(self.scheduler.name, "drain", (replicas[rid] for rid in applied.drained))
         return await self._applied(decision)
 
     async def _applied(self, decision: Decision) -> Decision:
@@ -153,7 +158,8 @@ class SchedulingLoop(HomePlanner):
         """What one step of the replica policy would decide on the current state (nothing applied)."""
         policy = make_placement_policy("replica", find_devices=self._cypher_candidates, horizon_s=horizon_s)
         snap = self.snapshot()
-        decision = policy.step(snap.now_s, LiveClusterView(snap, cost_model=self.cost_model))
+        decision = policy.step(snap.now_s, LiveClusterView(snap, cost_model=self.cost_model,
+                                                           on_what_if=self.metrics.what_if_timer("admin")))
         return {"placement": "replica", "horizon_s": horizon_s, "whatifs": decision.num_whatifs,
                 "add": [{"model": c.model_uid, "compute_units": list(c.device_ids)} for c in decision.add],
                 "drain": decision.drain, "notes": decision.notes}
@@ -164,7 +170,8 @@ class SchedulingLoop(HomePlanner):
         unknown = [d for d in device_ids if d not in self.state.devices]
         if unknown or not device_ids:
             raise InvalidInputError(f"unknown devices {unknown or 'none given'}")
-        view = LiveClusterView(self.snapshot(), cost_model=self.cost_model)
+        view = LiveClusterView(self.snapshot(), cost_model=self.cost_model,
+                               on_what_if=self.metrics.what_if_timer("admin"))
         units = tuple(dict.fromkeys(u for d in device_ids if (u := view.unit_of(d)) is not None))
         baseline, changed = view.what_if(ReplicaChange(model_uid, self.state.models[model_uid].family, units),
                                          horizon_s)

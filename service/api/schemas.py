@@ -47,9 +47,15 @@ class TenantIn(Body):
 
 
 class ModelIn(Body):
+    """Exactly one of ``family`` and ``path``."""
+
     model_id: str = Field(pattern=ID)
-    family: str = Field(max_length=64, json_schema_extra={"enum": list(LIVE_FAMILIES)},
-                        description=f"a runnable built-in model: {', '.join(LIVE_FAMILIES)}")
+    family: str | None = Field(None, max_length=64, json_schema_extra={"enum": [*LIVE_FAMILIES, None]},
+                               description=f"a runnable built-in model: {', '.join(LIVE_FAMILIES)}")
+    path: str | None = Field(None, min_length=1, max_length=4096,
+                             description="admin keys only: the absolute path of a Hugging Face model directory "
+                                         "(config.json, *.safetensors, tokenizer files; model_type llama or gpt2) "
+                                         "present on the executors' nodes and readable by the service")
     seed: Annotated[int, Field(ge=0, lt=2**31), BeforeValidator(_whole)] | None = Field(
         None, description="weight seed (default: derived from tenant and model)")
     replicas: Int = Field(1, ge=1, le=8)

@@ -32,6 +32,7 @@ from service.api.keys import ExecutorPools
 from service.api.metrics import LiveMetrics
 from service.api.notify import Signal
 from service.api.records import TERMINAL, LiveModel, LiveRequest
+from service.api.registration import model_from_dir
 from service.api.scheduling import SchedulingLoop
 from service.api.settings import ServiceSettings
 from service.api.state import LiveState
@@ -41,6 +42,7 @@ from service.api.writer import GmgWriter
 from service.core.policies import make_placement_policy
 from service.core.queue import make_queue_policy
 from service.core.scheduler import Scheduler
+from service.domain.error import InvalidInputError
 from service.domain.request import RequestStatus
 from service.graph.catalog import QueryCatalog
 from service.graph.repository import GraphRepository
@@ -127,8 +129,17 @@ class LiveService(DurableWrites, SchedulingLoop):
             self.state.add_tenant(t["tenant_id"], t["sla_class"] or "standard", float(t["weight"] or 1.0),
                                   int(t["priority"] or 0), t["key_hash"])
         for m in await asyncio.to_thread(repo.live_models):
-            self.state.add_model(LiveModel(m["tenant_id"], m["model_id"], m["family"], int(m["seed"]),
-                                           int(m["replicas"] or 1), created_at=float(m["created_at"] or 0.0)))
+            replicas = int(m["replicas"] or 1)
+            if m.get("path"):  # a model directory: its config and tokenizer are read again
+                try:
+                    model = await asyncio.to_thread(model_from_dir, m["tenant_id"], m["model_id"], m["path"], replicas)
+                except InvalidInputError as exc:
+                    log.error("model %s/%s is not served: %s", m["tenant_id"], m["model_id"], exc)
+                    continue
+            else:
+                model = LiveModel(m["tenant_id"], m["model_id"], m["family"], int(m["seed"]), replicas)
+            model.created_at = float(m["created_at"] or model.created_at)
+            self.state.add_model(model)
         rows = await asyncio.to_thread(repo.live_requests, time.time() - RECOVER_FINISHED_S)
         requeued = 0
         for row in rows:

@@ -16,7 +16,8 @@ class Tokenizer(Protocol):
     """What the API asks of a model's tokenizer."""
 
     def encode(self, text: str) -> list[int]:
-        """The token ids of ``text`` (no special tokens added)."""
+        """The token ids of ``text`` as a prompt: with the special tokens the tokenizer itself adds
+        to a text (a Llama tokenizer's BOS; the byte tokenizer adds none)."""
         ...
 
     def decode(self, tokens: Sequence[int]) -> str:

@@ -58,18 +58,19 @@ class LeaseGrant:
     tenant_id: str = ""
     model_id: str = ""
     expires_in_s: float = 0.0  # the lease's lifetime unless renewed (heartbeats renew it)
+    model_path: str | None = None  # a model directory on the executors' nodes; None: the built-in family
     sampling: Sampling = GREEDY  # how the next token is chosen (service.domain.sampling)
     stop_ids: tuple[int, ...] = ()  # producing one of these ends the request early
     stream: bool = False  # report tokens as they come (POST /v1/leases/progress)
 
     def to_json(self) -> dict[str, Any]:
-        """The lease as sent; sampling, stop ids and streaming only when not the defaults (the
-        long poll's hot path stays as lean as a greedy lease needs)."""
+        """The lease as sent; sampling (when not greedy), stop ids and streaming only when they
+        apply (the long poll's hot path stays as lean as a greedy lease needs)."""
         out = {"lease_id": self.lease_id, "request_id": self.request_id, "tenant_id": self.tenant_id,
                "model_id": self.model_id, "family": self.family, "seed": self.seed, "replica_id": self.replica_id,
                "stages": [s.to_json() for s in self.stages], "prompt_tokens": list(self.prompt_tokens),
-               "max_tokens": self.max_tokens, "expires_in_s": self.expires_in_s}
-        if self.sampling is not GREEDY:
+               "max_tokens": self.max_tokens, "expires_in_s": self.expires_in_s, "model_path": self.model_path}
+        if not self.sampling.greedy:
             out.update(temperature=self.sampling.temperature, top_p=self.sampling.top_p,
                        sampling_seed=self.sampling.seed)
         if self.stop_ids:
@@ -81,9 +82,10 @@ class LeaseGrant:
     @staticmethod
     def from_json(raw: Mapping[str, Any]) -> LeaseGrant:
         """A missing or null ``seed`` is 0 (``build_model``'s default); the fields an executor
-        does not need to run the lease (tenant, model, lifetime) may be missing, and missing
-        sampling fields mean greedy, no stop ids, no streaming. A sampling parameter out of its
-        range is an :class:`~service.domain.error.InvalidInputError`."""
+        does not need to run the lease (tenant, model, lifetime) may be missing, and so may
+        ``model_path`` (a built-in model); missing sampling fields mean greedy, no stop ids, no
+        streaming. A sampling parameter out of its range is an
+        :class:`~service.domain.error.InvalidInputError`."""
         return LeaseGrant(
             lease_id=str(raw["lease_id"]),
             request_id=str(raw["request_id"]),
@@ -96,8 +98,9 @@ class LeaseGrant:
             tenant_id=str(raw.get("tenant_id") or ""),
             model_id=str(raw.get("model_id") or ""),
             expires_in_s=float(raw.get("expires_in_s") or 0.0),
-            sampling=Sampling(float(raw.get("temperature") or 0.0), float(raw.get("top_p") or 1.0),
-                              int(raw.get("sampling_seed") or 0)),
+            model_path=str(raw["model_path"]) if raw.get("model_path") else None,
+            sampling=Sampling(float(raw["temperature"]), float(raw.get("top_p") or 1.0),
+                              int(raw.get("sampling_seed") or 0)) if raw.get("temperature") else GREEDY,
             stop_ids=tuple(int(t) for t in raw.get("stop_ids") or ()),
             stream=bool(raw.get("stream", False)),
         )

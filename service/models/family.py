@@ -1,10 +1,12 @@
 """The built-in model family: small decoder-only transformers defined here, no downloads.
 
-Two block styles share one skeleton: ``gpt2`` (LayerNorm, learned positions, fused QKV with
-bias, GELU MLP) and ``llama`` (RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP).
-Configs run from a ~1M-parameter ``tiny`` to GPT-2-small's 124M shapes on the CPU; the
-Llama-2 7B/13B/70B configs are shape-only (built on the ``meta`` device for tracing and
-simulation, never materialised).
+Two block styles share one skeleton: ``gpt2`` (LayerNorm, learned positions, fused QKV, a
+plain MLP) and ``llama`` (RMSNorm, rotary positions, grouped-query attention, a gated MLP).
+The details a checkpoint varies (biases, a tied head, the activation, norm epsilon, rotary base
+and scaling) are config fields, so a Hugging Face GPT-2 or Llama maps onto a config exactly
+(:mod:`service.models.hf`). Built-in configs run from a ~1M-parameter ``tiny`` to GPT-2-small's
+124M shapes on the CPU; the Llama-2 7B/13B/70B configs are shape-only (built on the ``meta``
+device for tracing and simulation, never materialised).
 
 The forward pass is written to be traced by ``torch.fx`` and ``torch.compile`` without
 data-dependent control flow. One signature serves both phases::
@@ -29,6 +31,20 @@ from torch import Tensor, nn
 from service.domain.error import NotFoundError
 
 Style = Literal["gpt2", "llama"]
+Activation = Literal["gelu_tanh", "gelu", "silu", "relu"]  # the MLP's (gated by its gate in the llama style)
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Rotary frequencies rescaled for a longer context: ``linear`` divides every inverse
+    frequency by ``factor``; ``llama3`` (Llama 3.1) divides the low ones by ``factor``, keeps the
+    high ones and interpolates between, with wavelength bounds from ``original_max_seq_len``."""
+
+    kind: Literal["linear", "llama3"]
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_seq_len: int = 8192
 
 
 @dataclass(frozen=True)
@@ -44,6 +60,14 @@ class ModelConfig:
     max_seq_len: int
     dtype: str = "float32"
     shape_only: bool = False  # too large to materialise on this machine: meta device only
+    # What checkpoints vary; the defaults are Llama's (the GPT-2 built-ins give GPT2_FEATURES).
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0  # llama style: the rotary base
+    rope_scaling: RopeScaling | None = None  # llama style: None is plain rotary positions
+    tie_embeddings: bool = False  # the output projection is the token embedding
+    attention_bias: bool = False  # biases on the q/k/v and output projections
+    mlp_bias: bool = False  # biases on the MLP's projections
+    activation: Activation = "silu"
 
     @property
     def head_dim(self) -> int:
@@ -53,31 +77,35 @@ class ModelConfig:
         """Exact parameter count of :class:`DecoderLM` built from this config."""
         d, f, v = self.d_model, self.d_ff, self.vocab_size
         kv = self.n_kv_heads * self.head_dim
+        head = 0 if self.tie_embeddings else d * v
         if self.style == "gpt2":
-            attn = d * 3 * d + 3 * d + d * d + d
-            mlp = d * f + f + f * d + d
-            norms = 2 * 2 * d
-            # GPT-2 ties the output projection to the token embedding.
-            return v * d + self.max_seq_len * d + self.n_layers * (attn + mlp + norms) + 2 * d
-        attn = d * d + 2 * d * kv + d * d
-        mlp = 3 * d * f
-        return v * d + self.n_layers * (attn + mlp + 2 * d) + d + d * v
+            attn = d * 3 * d + d * d + (3 * d + d if self.attention_bias else 0)
+            mlp = d * f + f * d + (f + d if self.mlp_bias else 0)
+            norms = 2 * 2 * d  # LayerNorm: weight and bias
+            return v * d + self.max_seq_len * d + self.n_layers * (attn + mlp + norms) + 2 * d + head
+        attn = d * d + 2 * d * kv + d * d + (d + 2 * kv + d if self.attention_bias else 0)
+        mlp = 3 * d * f + (2 * f + d if self.mlp_bias else 0)
+        return v * d + self.n_layers * (attn + mlp + 2 * d) + d + head
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+#: What the GPT-2 style's built-ins (and GPT-2 checkpoints) have where Llama has the defaults.
+GPT2_FEATURES: dict[str, Any] = {"tie_embeddings": True, "attention_bias": True, "mlp_bias": True,
+                                 "activation": "gelu_tanh"}
+
 MODEL_CONFIGS: dict[str, ModelConfig] = {
     c.name: c
     for c in (
         ModelConfig("tiny", "gpt2", vocab_size=256, d_model=192, n_layers=2, n_heads=4, n_kv_heads=4,
-                    d_ff=768, max_seq_len=512),
+                    d_ff=768, max_seq_len=512, **GPT2_FEATURES),
         ModelConfig("tiny-llama", "llama", vocab_size=256, d_model=192, n_layers=2, n_heads=4,
                     n_kv_heads=2, d_ff=512, max_seq_len=512),
         ModelConfig("small-llama", "llama", vocab_size=256, d_model=512, n_layers=8, n_heads=8,
                     n_kv_heads=4, d_ff=1408, max_seq_len=1024),
         ModelConfig("gpt2-small", "gpt2", vocab_size=50257, d_model=768, n_layers=12, n_heads=12,
-                    n_kv_heads=12, d_ff=3072, max_seq_len=1024),
+                    n_kv_heads=12, d_ff=3072, max_seq_len=1024, **GPT2_FEATURES),
         ModelConfig("llama2-7b", "llama", vocab_size=32000, d_model=4096, n_layers=32, n_heads=32,
                     n_kv_heads=32, d_ff=11008, max_seq_len=4096, dtype="bfloat16", shape_only=True),
         ModelConfig("llama2-13b", "llama", vocab_size=32000, d_model=5120, n_layers=40, n_heads=40,
@@ -102,13 +130,14 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
         self.style = c.style
+        bias = c.attention_bias
         if c.style == "gpt2":
-            self.qkv_proj = nn.Linear(c.d_model, 3 * c.d_model, bias=True)
+            self.qkv_proj = nn.Linear(c.d_model, 3 * c.d_model, bias=bias)
         else:
-            self.q_proj = nn.Linear(c.d_model, c.d_model, bias=False)
-            self.k_proj = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
-            self.v_proj = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
-        self.o_proj = nn.Linear(c.d_model, c.d_model, bias=c.style == "gpt2")
+            self.q_proj = nn.Linear(c.d_model, c.d_model, bias=bias)
+            self.k_proj = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=bias)
+            self.v_proj = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=bias)
+        self.o_proj = nn.Linear(c.d_model, c.d_model, bias=bias)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None, past: Tensor | None,
                 attn_bias: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -144,29 +173,58 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
+def _activate(x: Tensor, activation: Activation) -> Tensor:
+    if activation == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if activation == "gelu":
+        return F.gelu(x)
+    if activation == "relu":
+        return F.relu(x)
+    return F.silu(x)
+
+
 class MLP(nn.Module):
     def __init__(self, c: ModelConfig) -> None:
         super().__init__()
-        self.style = c.style
-        if c.style == "gpt2":
-            self.up_proj = nn.Linear(c.d_model, c.d_ff)
-            self.down_proj = nn.Linear(c.d_ff, c.d_model)
-        else:
-            self.gate_proj = nn.Linear(c.d_model, c.d_ff, bias=False)
-            self.up_proj = nn.Linear(c.d_model, c.d_ff, bias=False)
-            self.down_proj = nn.Linear(c.d_ff, c.d_model, bias=False)
+        self.style, self.activation = c.style, c.activation
+        bias = c.mlp_bias
+        if c.style == "llama":
+            self.gate_proj = nn.Linear(c.d_model, c.d_ff, bias=bias)
+        self.up_proj = nn.Linear(c.d_model, c.d_ff, bias=bias)
+        self.down_proj = nn.Linear(c.d_ff, c.d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.style == "gpt2":
-            hidden = F.gelu(self.up_proj(x), approximate="tanh")
+            hidden = _activate(self.up_proj(x), self.activation)
         else:
-            hidden = F.silu(self.gate_proj(x)) * self.up_proj(x)
+            hidden = _activate(self.gate_proj(x), self.activation) * self.up_proj(x)
         out: Tensor = self.down_proj(hidden)
         return out
 
 
 def _norm(c: ModelConfig) -> nn.Module:
-    return nn.LayerNorm(c.d_model) if c.style == "gpt2" else nn.RMSNorm(c.d_model, eps=1e-5)
+    return nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.style == "gpt2" else nn.RMSNorm(c.d_model, eps=c.norm_eps)
+
+
+def rope_inv_freq(c: ModelConfig, device: str | torch.device | None = None) -> Tensor:
+    """The rotary inverse frequencies of a llama-style config (float32, ``head_dim / 2`` of them),
+    computed as transformers computes them for the same ``rope_theta`` and scaling."""
+    hd = c.head_dim
+    inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device).float() / hd))
+    scaling = c.rope_scaling
+    if scaling is None:
+        return inv_freq
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    low_wavelen = scaling.original_max_seq_len / scaling.low_freq_factor
+    high_wavelen = scaling.original_max_seq_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (scaling.original_max_seq_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 class Block(nn.Module):
@@ -204,12 +262,11 @@ class DecoderLM(nn.Module):
         if c.style == "gpt2":
             self.pos_embed = nn.Embedding(c.max_seq_len, c.d_model)
         else:
-            inv_freq = 1.0 / (10000 ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
-            self.register_buffer("inv_freq", inv_freq, persistent=False)
+            self.register_buffer("inv_freq", rope_inv_freq(c), persistent=False)
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
         self.final_norm = _norm(c)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        if c.style == "gpt2":
+        if c.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv_cache: Tensor | None = None,
@@ -229,6 +286,19 @@ class DecoderLM(nn.Module):
         return logits, torch.stack(new_kv)
 
 
+def empty_model(config: ModelConfig, device: str | torch.device) -> DecoderLM:
+    """The model's modules with uninitialised weights on ``device`` (a tied head stays tied);
+    the rotary frequencies are computed. Whoever calls this fills every parameter."""
+    with torch.device("meta"):
+        model = DecoderLM(config)
+    model = model.to_empty(device=device)
+    if config.tie_embeddings:  # to_empty unties shared parameters
+        model.lm_head.weight = model.embed.weight
+    if config.style == "llama":
+        model.inv_freq = rope_inv_freq(config, device)
+    return model
+
+
 def build_model(config: ModelConfig, *, seed: int = 0, device: str | torch.device = "cpu") -> DecoderLM:
     """A randomly initialised model, identical for the same ``(config, seed)`` on every node.
 
@@ -237,13 +307,10 @@ def build_model(config: ModelConfig, *, seed: int = 0, device: str | torch.devic
     dtype = getattr(torch, config.dtype)
     if config.shape_only and torch.device(device).type != "meta":
         raise ValueError(f"{config.name} is shape-only: build it on device='meta'")
-    with torch.device("meta"):
-        model = DecoderLM(config)
     if torch.device(device).type == "meta":
-        return model.to(dtype=dtype).eval()
-    model = model.to_empty(device=device)
-    if config.style == "gpt2":  # to_empty unties shared parameters
-        model.lm_head.weight = model.embed.weight
+        with torch.device("meta"):
+            return DecoderLM(config).to(dtype=dtype).eval()
+    model = empty_model(config, device)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     std = 0.02
     for name, p in model.named_parameters():
@@ -254,9 +321,6 @@ def build_model(config: ModelConfig, *, seed: int = 0, device: str | torch.devic
                 # Scale residual projections down by depth, as GPT-2 does, to keep logits sane.
                 scale = std / math.sqrt(2 * config.n_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) else std
                 p.copy_(torch.randn(p.shape, generator=gen) * scale)
-    if config.style == "llama":
-        hd = config.head_dim
-        model.inv_freq = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32, device=device) / hd))
     return model.to(dtype=dtype).eval()
 
 

@@ -3,7 +3,7 @@
 A binding ``FILE:TENANT[@OFFSET][*SCALE]`` gives one tenant exactly that file's requests, in
 order, with the file's own time origin (its first request at ``OFFSET`` seconds, default 0) and
 its arrival rate multiplied by ``SCALE`` (default 1). ``FILE`` is a path or a named public trace
-(``azure-code``, ``azure-conv``, ``mooncake``: read in place under the data folder). A file
+(``azure-code``, ``azure-conv``, ``mooncake``: read in place from the data folders). A file
 without ``:TENANT`` is dealt to every tenant of the mix: ``session`` keeps a session in one
 tenant (Mooncake: requests sharing their first 512-token prefix block, i.e. one conversation or
 shared document, sessions dealt in order of first arrival), ``round-robin`` deals requests in
@@ -13,7 +13,6 @@ turn.
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -21,6 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
+from service.data import resolve
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec
 from service.workload.readers import ReadResult, read_trace
@@ -37,18 +37,12 @@ _TAIL_RE = re.compile(rf"^(?P<tenant>[A-Za-z0-9_.-]+)(?:@(?P<offset>{_NUMBER}))?
 SYNTAX = "FILE[:TENANT[@OFFSET_S][*RATE_SCALE]]"
 
 
-def data_dir() -> Path:
-    """The public data folder: ``$SLICESCHED_DATA``, default ``../shared/data`` beside the project."""
-    root = Path(__file__).resolve().parents[2]
-    return Path(os.environ.get("SLICESCHED_DATA", root.parent / "shared" / "data"))
-
-
 def resolve_source(source: str) -> Path:
-    """A named public trace or a path; a relative path is relative to the data folder."""
-    if source in TRACE_FILES:
-        return data_dir() / TRACE_FILES[source]
+    """A named public trace or a path; a relative path is relative to the data folders
+    (:func:`service.data.resolve`: ``$SLICESCHED_DATA``, then ``../shared/data``). A missing
+    public trace is a :class:`~service.data.DataMissingError` naming the fetch command."""
     path = Path(source)
-    return path if path.is_absolute() else data_dir() / path
+    return path if path.is_absolute() else resolve(TRACE_FILES.get(source, source))
 
 
 @dataclass(frozen=True)
@@ -95,7 +89,7 @@ def read_source(source: str, skip_bad: bool = False) -> ReadResult:
     """A trace file's requests (format by extension), read once per process."""
     path = resolve_source(source)
     if not path.is_file():
-        raise InvalidInputError(f"trace {source!r} not found at {path} (set SLICESCHED_DATA to the public data folder)")
+        raise InvalidInputError(f"trace {source!r} not found at {path}")
     return read_trace(str(path), "auto", skip_bad=skip_bad)
 
 

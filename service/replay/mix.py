@@ -37,8 +37,9 @@ An SLA class (:class:`~service.sim.sla.SlaClass`) has ``ttft_s`` (base), ``ttft_
 (allowance per prompt token, default 0), ``tbt_s`` (TPOT: mean time between output tokens) and
 ``e2e_s`` (end-to-end deadline); a target left out is no target.
 
-Public data is read in place from ``$SLICESCHED_DATA`` (default ``../shared/data`` beside the
-project); the built-in ``synthetic-3`` mix needs none.
+Public data is read in place from ``$SLICESCHED_DATA``, then ``../shared/data`` beside the
+project (:mod:`service.data`; ``slicesched data fetch`` gets it); the built-in ``synthetic-3``
+mix needs none.
 """
 
 from __future__ import annotations
@@ -51,12 +52,12 @@ from typing import Any
 
 import numpy as np
 
+from service.data import resolve
 from service.document import builtin_documents, load_document
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec, Workload
 from service.models.family import MODEL_CONFIGS
 from service.replay.binding import TRACE_FILES as TRACE_FILES
-from service.replay.binding import data_dir as data_dir
 from service.replay.binding import read_source, tenant_requests
 from service.replay.context import ContextCounts, ContextMode, fit_context
 from service.sim.sla import SLA_CLASSES, SlaClass
@@ -222,9 +223,9 @@ def _trace_pairs(source: str) -> tuple[np.ndarray, np.ndarray]:
 def _servegen_clients(source: str) -> tuple[Any, ...]:
     from service.workload.readers import read_servegen_clients
 
-    folder = data_dir() / "servegen" / source
+    folder = resolve(f"servegen/{source}")
     if not folder.is_dir():
-        raise InvalidInputError(f"ServeGen source {source!r} not found at {folder}")
+        raise InvalidInputError(f"ServeGen source {source!r} is not a folder: {folder}")
     return tuple(read_servegen_clients(folder))
 
 

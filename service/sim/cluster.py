@@ -115,6 +115,10 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
         for rs in replicas:
             self._add_replica(rs)
 
+    def model_config(self, name: str) -> ModelConfig:
+        """The config of the model ``name`` (a replica spec's ``model``)."""
+        return self._configs[name]
+
     def _assemble(self, state: SimState, engine: Engine, observers: Iterable[SimObserver]) -> None:
         """Wire the parts over ``state`` (at construction and in a fork)."""
         self.state = state

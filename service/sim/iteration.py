@@ -48,12 +48,13 @@ def weight_bytes(config: ModelConfig) -> int:
 def layers_weight_bytes(config: ModelConfig, first_layer: int, last_layer: int) -> int:
     """Weight bytes a slice of layers ``first_layer..last_layer`` (inclusive) needs resident:
     its layers' parameters, plus the token (and position) embedding when it starts the model and
-    the final norm and output projection when it ends it (a tied GPT-2 head is a second copy of
+    the final norm and output projection when it ends it (a tied head is a second copy of
     the embedding there when the two ends sit on different devices)."""
     d, v, n = config.d_model, config.vocab_size, config.n_layers
-    tied = config.style == "gpt2"
-    embed = v * d + (config.max_seq_len * d if tied else 0)
-    head = 2 * d if tied else d + d * v  # final norm (GPT-2: plus its bias) and the output projection
+    gpt2, tied = config.style == "gpt2", config.tie_embeddings
+    embed = v * d + (config.max_seq_len * d if gpt2 else 0)
+    # the final norm (GPT-2's LayerNorm: plus its bias) and the output projection unless tied
+    head = (2 * d if gpt2 else d) + (0 if tied else d * v)
     params = (config.num_params() - embed - head) / n * (last_layer - first_layer + 1)
     if first_layer == 0:
         params += embed
@@ -156,10 +157,11 @@ def iteration_parts(config: ModelConfig, batch: BatchFeatures
                 pointwise("elementwise", 1, width, 2), pointwise("elementwise", 1, width, 2)]
 
     layer: list[OpFeatures] = [norm()]
+    ab, mb = c.attention_bias, c.mlp_bias
     if gpt2:
-        layer.append(linear(d, 3 * d, True))
+        layer.append(linear(d, 3 * d, ab))
     else:
-        layer += [linear(d, d, False), linear(d, kvd, False), linear(d, kvd, False)]
+        layer += [linear(d, d, ab), linear(d, kvd, ab), linear(d, kvd, ab)]
         layer += rope(d) + rope(kvd)
     if batch.num_prefill_tokens:
         p = batch.num_prefill_tokens
@@ -174,12 +176,12 @@ def iteration_parts(config: ModelConfig, batch: BatchFeatures
         moved = (2 * nd * d + 2 * keys * kvd) * dt
         layer.append(OpFeatures("attention", float(4 * h * dh * keys), float(moved), tokens=nd,
                                 dim_in=d, dim_out=kvd, context=keys // nd, batch=nd, dtype_bytes=dt))
-    layer += [linear(d, d, gpt2), pointwise("elementwise", 1, d, 2), norm()]
+    layer += [linear(d, d, ab), pointwise("elementwise", 1, d, 2), norm()]
     if gpt2:
-        layer += [linear(d, f, True), pointwise("activation", 8, f), linear(f, d, True)]
+        layer += [linear(d, f, mb), pointwise("activation", 8, f), linear(f, d, mb)]
     else:
-        layer += [linear(d, f, False), pointwise("activation", 4, f), linear(d, f, False),
-                  pointwise("elementwise", 1, f, 2), linear(f, d, False)]
+        layer += [linear(d, f, mb), pointwise("activation", 4, f), linear(d, f, mb),
+                  pointwise("elementwise", 1, f, 2), linear(f, d, mb)]
     layer.append(pointwise("elementwise", 1, d, 2))
 
     head: list[OpFeatures] = [OpFeatures("embedding", 0.0, float(n * (8 + 2 * d * dt)), tokens=n,

@@ -24,7 +24,6 @@ from service.core.scheduler import (
 from service.core.slot import ClusterState, DeviceView, LinkView, Placement
 from service.domain.cluster import ClusterSpec
 from service.domain.error import InvalidInputError
-from service.models.family import MODEL_CONFIGS
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
 from service.sim.iteration import BatchFeatures, IterationCostTable, kv_bytes_per_token, slice_sizes, weight_bytes
 from service.sim.replica import SliceStage
@@ -116,19 +115,19 @@ class SimClusterView:
     def iteration_s(self, family: str, tp: int) -> float:
         table = self._tables.get((family, tp))
         if table is None:
-            config = MODEL_CONFIGS[family]
+            config = self.cluster.model_config(family)
             device = self.spec.devices[0]
             table = self._tables[(family, tp)] = IterationCostTable(config, self.cluster.cost_model, device)
         return table.exact_s(BatchFeatures.of([], [1024] * 32)) / tp
 
     def weight_bytes(self, family: str) -> int:
-        return weight_bytes(MODEL_CONFIGS[family])
+        return weight_bytes(self.cluster.model_config(family))
 
     def slice_sizes(self, family: str, layers_per_slice: int) -> Sequence[SliceSize]:
-        return slice_sizes(MODEL_CONFIGS[family], layers_per_slice)
+        return slice_sizes(self.cluster.model_config(family), layers_per_slice)
 
     def kv_reserve_bytes(self, family: str) -> int:
-        return self.batching.kv_reserve_tokens * kv_bytes_per_token(MODEL_CONFIGS[family])
+        return self.batching.kv_reserve_tokens * kv_bytes_per_token(self.cluster.model_config(family))
 
     def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
         tenant = self._tenant_of(change)

@@ -53,6 +53,7 @@ class TenantLoad:
     output_median_tokens: float = 128.0
     output_sigma: float = 1.0
     output_max_tokens: int = 1024
+    start_s: float = 0.0  # no arrivals before this (an idle tenant that wakes up)
 
     def __post_init__(self) -> None:
         where = f"tenant load {self.tenant_id}"
@@ -60,6 +61,8 @@ class TenantLoad:
             raise InvalidInputError(f"{where}: rate_rps must be finite and >= 0, got {self.rate_rps}")
         if self.arrival not in ("poisson", "gamma"):
             raise InvalidInputError(f"{where}: arrival must be 'poisson' or 'gamma', got {self.arrival!r}")
+        if not (0.0 <= self.start_s < math.inf):
+            raise InvalidInputError(f"{where}: start_s must be finite and >= 0, got {self.start_s}")
         if not (0.0 < self.burstiness_cv < math.inf):
             raise InvalidInputError(f"{where}: burstiness_cv must be finite and > 0, got {self.burstiness_cv}")
         for label, median, sigma, cap in (("prompt", self.prompt_median_tokens, self.prompt_sigma, self.prompt_max_tokens),
@@ -166,7 +169,7 @@ def synthetic_workload(rng: np.random.Generator, *, tenants: Sequence[TenantLoad
     per_tenant = []
     for t in tenants:
         shape = 1.0 if t.arrival == "poisson" else 1.0 / t.burstiness_cv**2  # gamma with shape 1 is Poisson
-        arrivals = _renewal_arrivals_s(rng, [_Segment(0.0, duration_s, t.rate_rps, "gamma", shape)])
+        arrivals = _renewal_arrivals_s(rng, [_Segment(min(t.start_s, duration_s), duration_s, t.rate_rps, "gamma", shape)])
         n = len(arrivals)
         prompts = _lognormal_tokens(rng, t.prompt_median_tokens, t.prompt_sigma, t.prompt_max_tokens, n)
         outputs = _lognormal_tokens(rng, t.output_median_tokens, t.output_sigma, t.output_max_tokens, n)

@@ -61,8 +61,8 @@ def test_submit_lease_complete(client: TestClient, uid: str) -> None:
     assert client.get(f"/v1/requests/{rid}", headers=auth(key)).json()["output_tokens"] == [104, 105, 33, 33]
     assert client.get("/metrics").status_code == 401 and client.get("/metrics", headers=auth(key)).status_code == 403
     metrics = client.get("/metrics", headers=auth(ADMIN)).text
-    assert f'slicesched_requests_finished_total{{tenant="a{uid}"}} 1.0' in metrics
-    assert 'slicesched_leases_total{event="completed"}' in metrics
+    assert f'slicesched:request_success_total{{finished_reason="length",model_name="m",tenant="a{uid}"}} 1.0' in metrics
+    assert 'slicesched:leases_total{event="completed"}' in metrics
 
 
 def test_expired_lease_is_replaced_and_late_completion_rejected(client: TestClient, uid: str) -> None:
@@ -243,8 +243,8 @@ def test_lease_counters_equal_the_slices_in_the_gmg(client: TestClient, uid: str
             (("done", "leases_completed"), ("failed", "leases_failed"), ("cancelled", "leases_cancelled"),
              ("expired", "leases_expired"))} == in_gmg
     metrics = client.get("/metrics", headers=auth(ADMIN)).text
-    assert 'slicesched_leases_total{event="expired"} 5.0' in metrics
-    assert 'slicesched_leases_total{event="cancelled"} 1.0' in metrics
+    assert 'slicesched:leases_total{event="expired"} 5.0' in metrics
+    assert 'slicesched:leases_total{event="cancelled"} 1.0' in metrics
 
 
 def test_booleans_and_strings_are_not_numbers(client: TestClient, uid: str) -> None:

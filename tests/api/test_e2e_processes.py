@@ -14,6 +14,7 @@ from executor.batcher import generate_alone
 from service.api.stack import LiveStack
 from service.graph.connection import Neo4jSettings
 from service.models.family import build_model, model_config
+from tests.api.test_metrics import Scrape, check_done_requests
 
 TENANTS = (("acme", "tiny"), ("globex", "tiny-llama"), ("initech", "tiny"))
 
@@ -92,8 +93,16 @@ def test_three_tenants_complete_with_the_same_tokens_as_in_process(stack: LiveSt
         got = wait_done(c, ids)
         check_tokens(c, got, ids, 16)
         served_once(stack, c, ids)
-        metrics = c.get("/metrics").text
-        assert 'slicesched_leases_total{event="completed"} 12.0' in metrics
+        m = Scrape(c.get("/metrics").text)  # the live values: what the requests report
+        assert m.value("slicesched:leases_total", event="completed") == 12
+        check_done_requests(m, got)
+        for r in c.get("/v1/stats").json()["replicas"]:  # homes: a replica over two devices runs as two slices
+            if r["draining"]:
+                continue
+            kind = "slice" if len(r["devices"]) > 1 else "replica"
+            assert m.value("slicesched:placements_applied_total", policy="container", action="add", kind=kind) >= 1
+            assert m.value("slicesched:slices_planned", model_name="m", tenant=r["model"].split("/")[0]) >= len(r["devices"])
+        assert m.value("slicesched:gmg_write_lag_seconds_count") > 0
 
 
 def test_killed_executor_leases_are_replaced_exactly_once(stack: LiveStack) -> None:

@@ -243,7 +243,7 @@ def test_soft_writes_wait_out_an_outage_and_are_flushed(client: TestClient, uid:
     wait_for(lambda: svc.supervisor.loops["gmg-writer"].failures >= 1)
     assert svc.writer.pending >= 1
     metrics = client.get("/metrics", headers=auth(ADMIN)).text
-    assert "slicesched_gmg_pending_writes" in metrics and 'slicesched_loop_failures_total{loop="gmg-writer"}' in metrics
+    assert "slicesched:gmg_writer_queue_depth" in metrics and 'slicesched:loop_failures_total{loop="gmg-writer"}' in metrics
     monkeypatch.setattr(svc.repo, "create_slices", real)
     wait_for(lambda: svc.writer.pending == 0, timeout_s=15)
     with repo.driver.session() as s:

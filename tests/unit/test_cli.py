@@ -64,3 +64,15 @@ def test_model_export_writes_a_graph_document(tmp_path: Path) -> None:
     assert res.returncode == 0 and out.exists() and '"phase": "decode"' in out.read_text()
     bad = cli("model", "export", "tiny", "--phase", "prefill", "--tokens", "0")
     assert bad.returncode == 2 and "tokens must be" in bad.stderr
+
+
+def test_model_export_traces_a_model_directory(hf_dirs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "g.json"
+    res = cli("model", "export", "--path", str(hf_dirs["gpt2"]), "--phase", "decode", "--context", "16",
+              "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    assert f'"model_name": "hf:{hf_dirs["gpt2"]}"' in out.read_text()
+    neither = cli("model", "export", "--phase", "decode")
+    assert neither.returncode == 2 and "--path DIR" in neither.stderr and "--graph" not in neither.stderr
+    unsupported = cli("model", "export", "--path", str(tmp_path))
+    assert unsupported.returncode == 2 and "no config.json" in unsupported.stderr and "Traceback" not in unsupported.stderr

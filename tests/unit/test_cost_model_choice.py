@@ -23,10 +23,10 @@ from service.cli import main
 from service.cluster.spec import load_cluster_spec
 from service.models.family import MODEL_CONFIGS
 from service.sim.iteration import IterationCostTable, iteration_ops
-from tests.conftest import SHARED_DATA, data_absent
+from tests.conftest import data_path, needs_data
 
-VIDUR = SHARED_DATA / VIDUR_ROOT
-pytestmark = pytest.mark.skipif(data_absent(VIDUR), reason="shared/data is absent")
+VIDUR = data_path(VIDUR_ROOT.as_posix())
+pytestmark = needs_data("vidur-profiling")
 # A tiny training set: two models on the A100 (internlm-20b is the held-out one), its attention
 # and CPU-overhead profiles; two epochs on a few hundred graphs (a few seconds).
 TINY_FILES = ("compute/a100/microsoft/phi-2/mlp.csv", "compute/a100/internlm/internlm-20b/mlp.csv",
@@ -73,6 +73,8 @@ def test_artifact_records_choice_evidence_and_overheads(tiny: tuple[TrainingInpu
     assert len(meta["gnn_quantile_shift"]["p90_p99_log"]) == 2
     assert meta["overheads"]["A100-80GB"]["per_iteration_s"] > 0
     assert not (inputs.data_dir / ATTENTION_CSV).exists()  # the tiny set trains without it
+    # the data files by data-folder path and digest, not where they were found
+    assert sorted(meta["inputs"]["files"]) == sorted((VIDUR_ROOT / rel).as_posix() for rel in TINY_FILES)
 
 
 @pytest.mark.parametrize("kind", ["learned", "gnn", "table", "roofline"])

@@ -12,7 +12,10 @@ import pytest
 import torch
 
 from executor.profiler import Sweep, profile_cpu
+from learned.artifact import CPU_OVERHEADS, TrainingInputs
 from learned.evaluate import (
+    ATTENTION_CSV,
+    VIDUR_ROOT,
     Case,
     held_out_cases,
     score,
@@ -35,13 +38,13 @@ from learned.profile import (
 from learned.roofline import RooflineCostModel, device_of_kind
 from learned.table import ProfileTableCostModel
 from service.core.cost import CostModel, OpFeatures
-from tests.conftest import SHARED_DATA, data_absent
+from service.data import load_manifest
+from tests.conftest import data_path, needs_data
 
 torch.set_num_threads(1)
 
-DATA = SHARED_DATA
-VIDUR = DATA / "vidur-profiling" / "profiling"
-needs_data = pytest.mark.skipif(data_absent(VIDUR), reason="shared/data is absent")
+VIDUR = data_path("vidur-profiling/profiling")
+needs_vidur = needs_data("vidur-profiling")
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,7 @@ def vidur_rows() -> list[OpTiming]:
 
 # -- readers -----------------------------------------------------------------------------------
 
-@needs_data
+@needs_vidur
 def test_vidur_mlp_reader_row_counts_match_source(vidur_rows: list[OpTiming]) -> None:
     chains = layer_chains(vidur_rows)
     assert len(chains) == 20_091  # SOURCE.md: 20,091 rows in total
@@ -62,7 +65,7 @@ def test_vidur_mlp_reader_row_counts_match_source(vidur_rows: list[OpTiming]) ->
     assert {t.device_kind for t in vidur_rows} == {"A100-80GB", "H100-80GB", "A40"}
 
 
-@needs_data
+@needs_vidur
 def test_vidur_dims_follow_the_model_columns() -> None:
     rows = read_vidur_mlp(VIDUR / "compute" / "h100" / "meta-llama" / "Llama-2-70b-hf" / "mlp.csv")
     tp2 = {t.op: t for t in rows if t.tp == 2 and t.tokens == 1}
@@ -73,13 +76,30 @@ def test_vidur_dims_follow_the_model_columns() -> None:
     assert tp2["emb"].kind == "embedding" and tp2["input_layernorm"].kind == "norm"
 
 
-@needs_data
+def test_the_training_files_are_in_the_data_manifest() -> None:
+    listed = {f.path for f in load_manifest().dataset("vidur-profiling").files}
+    assert {ATTENTION_CSV.as_posix(), *(p.as_posix() for p in CPU_OVERHEADS.values())} <= listed
+    assert sum(p.startswith(f"{VIDUR_ROOT.as_posix()}/compute/") and p.endswith("/mlp.csv") for p in listed) == 20
+
+
+def test_the_artifact_key_hashes_the_profiles_bytes_not_their_folder(tmp_path: Path) -> None:
+    mlp = VIDUR_ROOT / "compute" / "a100" / "org" / "m" / "mlp.csv"
+    for folder in ("a", "b"):
+        (tmp_path / folder / mlp).parent.mkdir(parents=True)
+        (tmp_path / folder / mlp).write_text("time_stats.emb.min\n1\n")
+    key = TrainingInputs(tmp_path / "a").key()
+    assert TrainingInputs(tmp_path / "b").key() == key  # found in another folder: the same artifact
+    (tmp_path / "b" / mlp).write_text("time_stats.emb.min\n2\n")
+    assert TrainingInputs(tmp_path / "b").key() != key
+
+
+@needs_data("vidur-profiling", "splitwise-perf")
 def test_attention_and_splitwise_readers() -> None:
     att = read_vidur_attention(VIDUR / "legacy-a100" / "attention.csv")
     assert len(att) == 14_658
     assert sum(t.op == "attn_decode" for t in att) == 10_240
     assert all(t.kind == "attention" and t.dim_in == 4096 and t.dim_out == 512 for t in att)
-    sw = read_splitwise(DATA / "splitwise-perf" / "perf_model.csv")
+    sw = read_splitwise(data_path("splitwise-perf/perf_model.csv"))
     assert len(sw) == 1_260
     assert {t.device_kind for t in sw} == {"A100-80GB", "H100-80GB"}
     assert sum(t.power_capped for t in sw) == 4 * 105
@@ -112,7 +132,7 @@ def test_roofline_is_monotone_and_device_sensitive() -> None:
 
 # -- table -------------------------------------------------------------------------------------
 
-@needs_data
+@needs_vidur
 def test_table_is_exact_on_a_profiled_point_and_interpolates(vidur_rows: list[OpTiming]) -> None:
     rows = [t for t in vidur_rows if t.model == "Llama-2-7b-hf" and t.device_kind == "H100-80GB"
             and t.op == "mlp_up_proj" and t.tp == 1]
@@ -154,7 +174,7 @@ def trained(small_split: tuple[list[OpTiming], list[OpTiming]]) -> GnnCostModel:
     return model
 
 
-@needs_data
+@needs_vidur
 def test_gnn_beats_a_mean_predictor(trained: GnnCostModel,
                                     small_split: tuple[list[OpTiming], list[OpTiming]]) -> None:
     train, test = small_split
@@ -167,7 +187,7 @@ def test_gnn_beats_a_mean_predictor(trained: GnnCostModel,
     assert gnn["mape_pct"] < 30
 
 
-@needs_data
+@needs_vidur
 def test_gnn_quantiles_are_monotone(trained: GnnCostModel, vidur_rows: list[OpTiming]) -> None:
     assert isinstance(trained, CostModel)
     rng = np.random.default_rng(1)
@@ -179,7 +199,7 @@ def test_gnn_quantiles_are_monotone(trained: GnnCostModel, vidur_rows: list[OpTi
         assert 0 < lat.p50_s <= lat.p90_s <= lat.p99_s
 
 
-@needs_data
+@needs_vidur
 def test_gnn_artifact_round_trip_and_memo(trained: GnnCostModel, tmp_path: Path,
                                           small_split: tuple[list[OpTiming], list[OpTiming]]) -> None:
     target = artifact_dir(tmp_path, ["digest-a", "digest-b"], trained.config, extra="test")

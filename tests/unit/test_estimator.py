@@ -11,9 +11,7 @@ import pytest
 from learned.estimator import OutputLengthEstimator, calibration_study, classify, prompt_bucket
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec
-from tests.conftest import SHARED_DATA, data_absent
-
-DATA = SHARED_DATA
+from tests.conftest import data_path, needs_data
 
 
 def _stream(rng: np.random.Generator, n: int, *, tenant: str, scale: float, start_s: float = 0.0,
@@ -82,11 +80,11 @@ def test_calibration_study_refuses_an_empty_test_set() -> None:
         calibration_study(_stream(np.random.default_rng(0), 10, tenant="t", scale=1.0), [])
 
 
-@pytest.mark.skipif(data_absent(DATA), reason="public data not present")
+@needs_data("azure-llm-2023")
 def test_calibration_on_azure_code_to_conv_cuts_mae_and_rmse_by_a_third() -> None:
     from service.workload.readers import read_azure
 
-    folder = DATA / "azure-llm-2023"
+    folder = data_path("azure-llm-2023")
     code = read_azure(folder / "AzureLLMInferenceTrace_code.csv", tenant_id="azure-code", model="llama2-7b")
     conv = read_azure(folder / "AzureLLMInferenceTrace_conv.csv", tenant_id="azure-conv", model="llama2-7b")
     got = calibration_study(code.requests, conv.requests)

@@ -22,6 +22,7 @@ from torch import Tensor
 from executor.batcher import generate_alone
 from executor.command import describe_devices, main
 from executor.daemon import ExecutorDaemon
+from executor.device import parse_device_ids
 from executor.runner import Stage, StagedModel, load_staged
 from executor.settings import Settings
 from executor.worker import Lease, Worker
@@ -54,9 +55,9 @@ def test_leases_of_several_replicas_complete_with_the_tokens_of_the_model_run_al
     torch.set_num_threads(1)
     loads: list[tuple[str, int]] = []
 
-    def loader(family: str, seed: int, stages: Sequence[Stage]) -> StagedModel:
+    def loader(family: str, seed: int, stages: Sequence[Stage], path: str | None) -> StagedModel:
         loads.append((family, seed))
-        return load_staged(family, seed, stages)
+        return load_staged(family, seed, stages, path)
 
     worker = Worker(max_batch=8, loader=loader)
     specs = {
@@ -127,10 +128,10 @@ class _Broken(StagedModel):
 
 
 def test_a_failing_iteration_fails_the_leases_of_its_replica_only() -> None:
-    def loader(family: str, seed: int, stages: Sequence[Stage]) -> StagedModel:
+    def loader(family: str, seed: int, stages: Sequence[Stage], path: str | None) -> StagedModel:
         if family == "tiny-llama":
             return _Broken(build_model(model_config(family), seed=seed), stages)
-        return load_staged(family, seed, stages)
+        return load_staged(family, seed, stages, path)
 
     worker = Worker(loader=loader)
     now = time.perf_counter()
@@ -304,3 +305,15 @@ def test_devices_are_described_for_registration() -> None:
     assert detected["mem_bytes"] > 0
     with pytest.raises(ValueError, match="repeat"):
         describe_devices(["cpu:0", "cpu:0"], None)
+
+
+def test_devices_auto_names_every_cuda_device_torch_sees_else_one_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    here = parse_device_ids("auto")
+    assert [d["device_id"] for d in describe_devices(here, None)] == here  # each one exists in this process
+    assert here == (["cpu:0"] if not torch.cuda.is_available() else [f"cuda:{i}" for i in range(len(here))])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)  # a node whose device plugin gave this pod 3 GPUs
+    assert parse_device_ids(" auto ") == ["cuda:0", "cuda:1", "cuda:2"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert parse_device_ids("auto") == ["cpu:0"]
+    assert parse_device_ids("cpu:0, cpu:1,") == ["cpu:0", "cpu:1"]  # explicit ids as before

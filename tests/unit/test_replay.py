@@ -12,6 +12,7 @@ import pytest
 
 from service.domain.error import InvalidInputError
 from service.replay.mix import build_workload, builtin_mixes, load_mix, parse_mix
+from tests.conftest import needs_data
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +28,8 @@ def test_builtin_mixes_and_deterministic_workloads() -> None:
     assert 1.6 < double.num_requests / a.num_requests < 2.4
 
 
-def test_the_headline_mix_reads_public_traces(shared_data: Path) -> None:
+@needs_data("servegen", "azure-llm-2023", "mooncake-synthetic")
+def test_the_headline_mix_reads_public_traces() -> None:
     w = build_workload(load_mix("a100-4tenants"), np.random.default_rng(0), duration_s=120)
     assert set(w.tenants()) == {"assistant", "coder", "docs", "chat"}
     assert all(r.prompt_tokens + r.output_tokens <= 4096 for r in w.requests if r.model.startswith("llama2"))

@@ -29,7 +29,7 @@ from service.domain.error import InvalidInputError
 from service.domain.opgraph import OperatorGraph
 from service.models.family import model_config
 from service.models.trace import trace_phase
-from tests.conftest import SHARED_DATA, data_absent
+from tests.conftest import data_path, needs_data
 
 torch.set_num_threads(1)
 
@@ -223,9 +223,9 @@ def test_score_slices_reports_every_kind(gnn: GnnCostModel) -> None:
         assert math.isfinite(got["mape_pct"]) and 0.0 <= got["p90_coverage"] <= 1.0
 
 
-@pytest.mark.skipif(data_absent(SHARED_DATA), reason="shared/data is absent")
+@needs_data("vidur-profiling")
 def test_vidur_configs_are_the_gated_profiled_shapes() -> None:
-    configs = vidur_configs(SHARED_DATA / "vidur-profiling" / "profiling" / "compute")
+    configs = vidur_configs(data_path("vidur-profiling/profiling/compute"))
     assert "phi-2" not in configs  # not gated: not a llama-style layer
     internlm, qwen = configs["internlm-20b"], configs["Qwen-72B"]
     assert (internlm.d_model, internlm.n_heads, internlm.n_kv_heads, internlm.d_ff) == (5120, 40, 40, 13824)

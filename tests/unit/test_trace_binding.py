@@ -18,6 +18,7 @@ from service.replay.binding import TraceBinding, deal, parse_binding, read_sourc
 from service.replay.context import clamp_to_context, fit_context
 from service.replay.mix import TenantMix, load_mix, parse_mix, sample_workload
 from service.sim.sla import SLA_CLASSES, SlaClass
+from tests.conftest import data_path, needs_data
 
 ROOT = Path(__file__).resolve().parents[2]
 AZURE_CODE = "azure-llm-2023/AzureLLMInferenceTrace_code.csv"
@@ -48,12 +49,13 @@ def _mix(*tenants: dict[str, object], **extra: object) -> TenantMix:
     return parse_mix({"name": "m", "duration_s": 10_000, "tenants": list(tenants), **extra})
 
 
-def test_a_tenant_gets_exactly_its_files_requests_in_order_offset_and_scaled(shared_data: Path) -> None:
+@needs_data("azure-llm-2023")
+def test_a_tenant_gets_exactly_its_files_requests_in_order_offset_and_scaled() -> None:
     code = read_source(AZURE_CODE).requests
     conv = read_source(AZURE_CONV).requests
     mix = _mix({"tenant_id": "acme", "model": "llama2-70b"}, {"tenant_id": "globex", "model": "llama2-13b"},
                {"tenant_id": "synth", "model": "tiny"})
-    mix = mix.bind_trace("acme", {"source": str(shared_data / AZURE_CODE), "offset_s": 30.0, "rate_scale": 1.0})
+    mix = mix.bind_trace("acme", {"source": str(data_path(AZURE_CODE)), "offset_s": 30.0, "rate_scale": 1.0})
     mix = mix.bind_trace("globex", {"source": "azure-conv", "offset_s": 0.0, "rate_scale": 2.0})
     horizon = 600.0
     w, counts = sample_workload(mix, np.random.default_rng(0), duration_s=horizon, context="clamp")
@@ -74,7 +76,8 @@ def test_a_tenant_gets_exactly_its_files_requests_in_order_offset_and_scaled(sha
     assert counts.per_tenant["acme"]["clamped"] == sum(r.prompt_tokens + r.output_tokens > 4096 for r in want_acme)
 
 
-def test_sessions_stay_in_one_tenant(shared_data: Path) -> None:
+@needs_data("mooncake-synthetic", "azure-llm-2023")
+def test_sessions_stay_in_one_tenant() -> None:
     requests = read_source(MOONCAKE).requests
     tenants = load_mix("a100-4tenants").tenants
     dealt = deal(requests, tenants, "session", source=MOONCAKE)
@@ -92,7 +95,8 @@ def test_sessions_stay_in_one_tenant(shared_data: Path) -> None:
         deal(read_source(AZURE_CONV).requests, tenants, "session", source=AZURE_CONV)
 
 
-def test_clamping_and_rejection_are_counted_and_everything_fits(shared_data: Path) -> None:
+@needs_data("mooncake-synthetic")
+def test_clamping_and_rejection_are_counted_and_everything_fits() -> None:
     tenants = _mix({"tenant_id": "big", "model": "llama2-7b"}, {"tenant_id": "small", "model": "gpt2-small"}).tenants
     requests = deal(read_source(MOONCAKE).requests, tenants, "round-robin", source=MOONCAKE)
     limit = {t.tenant_id: MODEL_CONFIGS[t.model].max_seq_len for t in tenants}
@@ -143,7 +147,8 @@ def test_mix_sla_classes_and_old_yaml() -> None:
         _mix({"tenant_id": "a", "model": "tiny", "trace": {"source": "/tmp/x.csv"}})
 
 
-def test_the_traces_mix_names_its_sources_relative_to_the_data_folder(shared_data: Path) -> None:
+@needs_data("servegen", "azure-llm-2023", "mooncake-synthetic")
+def test_the_traces_mix_names_its_sources_relative_to_the_data_folder() -> None:
     mix = load_mix("a100-4tenants-traces")
     sources = {t.tenant_id: t.trace["source"] if t.trace else t.arrivals["kind"] for t in mix.tenants}
     assert sources == {"assistant": "servegen", "coder": "azure-code", "chat": "azure-conv", "docs": "mooncake"}

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from service.data import fetch_hint
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec, Workload
 from service.workload import (
@@ -24,15 +25,16 @@ from service.workload import (
     synthetic_workload,
 )
 from service.workload.client import GapLaw
-from tests.conftest import SHARED_DATA, data_absent
+from tests.conftest import data_absent, data_path, needs_data
 
-DATA = SHARED_DATA
-needs_data = pytest.mark.skipif(data_absent(DATA), reason=f"public data not present at {DATA}")
-AZURE_CODE = DATA / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
-AZURE_CONV = DATA / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
-MOONCAKE = DATA / "mooncake-synthetic" / "synthetic_trace.jsonl"
-DEEPSEEK = DATA / "servegen" / "reason" / "deepseek-r1"
-MM_IMAGE = DATA / "servegen" / "multimodal" / "mm-image"
+needs_azure = needs_data("azure-llm-2023")
+needs_mooncake = needs_data("mooncake-synthetic")
+needs_servegen = needs_data("servegen")
+AZURE_CODE = data_path("azure-llm-2023/AzureLLMInferenceTrace_code.csv")
+AZURE_CONV = data_path("azure-llm-2023/AzureLLMInferenceTrace_conv.csv")
+MOONCAKE = data_path("mooncake-synthetic/synthetic_trace.jsonl")
+DEEPSEEK = data_path("servegen/reason/deepseek-r1")
+MM_IMAGE = data_path("servegen/multimodal/mm-image")
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 AZURE_GOOD = ["2023-11-16 18:15:46.6805900,374,44\n", "2023-11-16 18:15:50.9951690,396,109\n",
@@ -47,7 +49,7 @@ def _assert_sorted(requests: list[RequestSpec]) -> None:
 # --- request traces on the real files ------------------------------------------------------
 
 
-@needs_data
+@needs_azure
 @pytest.mark.parametrize(("path", "rows", "span_s", "prompt_range", "output_range", "prompt_median"), [
     (AZURE_CODE, 8819, 3436, (3, 7437), (6, 1899), 1469),
     (AZURE_CONV, 19366, 3502, (2, 14050), (7, 1000), 1020),
@@ -72,21 +74,21 @@ def test_read_azure_gives_the_documented_rows_and_ranges(path: Path, rows: int, 
         assert reqs[1].arrival_s == pytest.approx(0.052, abs=1e-7)
 
 
-@needs_data
+@needs_azure
 def test_read_azure_conv_reads_every_row() -> None:
     """(Reading speed is measured by benchmarks/sim_speed.py, not asserted here.)"""
     result = read_azure(AZURE_CONV, tenant_id="t", model="tiny")
     assert len(result.requests) == 19366
 
 
-@needs_data
+@needs_azure
 def test_read_azure_limit_stops_after_n_requests() -> None:
     result = read_azure(AZURE_CONV, tenant_id="t", model="tiny", limit=100)
     assert len(result.requests) == 100
     assert result.requests[-1].request_id == "t:101"  # line 101 = the 100th data row after the header
 
 
-@needs_data
+@needs_mooncake
 def test_read_mooncake_gives_rows_prefix_blocks_and_ms_to_s() -> None:
     result = read_mooncake(MOONCAKE, tenant_id="m", model="tiny")
     reqs = result.requests
@@ -206,12 +208,12 @@ def test_read_azure_header_that_is_not_utf8_fails_even_when_skipping(tmp_path: P
 
 @pytest.fixture(scope="module")
 def deepseek_clients() -> list[ClientStats]:
-    if data_absent(DATA):
-        pytest.skip(f"public data not present at {DATA}")
+    if missing := data_absent("servegen"):
+        pytest.skip(fetch_hint(*missing))
     return read_servegen_clients(DEEPSEEK)
 
 
-@needs_data
+@needs_servegen
 def test_read_servegen_deepseek_matches_the_documented_counts(deepseek_clients: list[ClientStats]) -> None:
     clients = deepseek_clients
     assert [c.client_id for c in clients] == [f"chunk-{i}" for i in range(73)]
@@ -231,7 +233,7 @@ def test_read_servegen_deepseek_matches_the_documented_counts(deepseek_clients: 
     assert min(means) > 80 and max(means) < 17000
 
 
-@needs_data
+@needs_servegen
 def test_read_servegen_mm_image_sums_text_image_audio_video_as_prompt() -> None:
     clients = read_servegen_clients(MM_IMAGE)
     assert len(clients) == 35 and clients[0].source == "mm-image"
@@ -399,7 +401,7 @@ def test_servegen_workload_pooled_lengths_clamps_start_and_scale() -> None:
     assert all(0 <= r.arrival_s < 100 for r in late.requests)
 
 
-@needs_data
+@needs_servegen
 def test_servegen_workload_reproduces_a_real_clients_day(deepseek_clients: list[ClientStats]) -> None:
     clients = [deepseek_clients[1], deepseek_clients[5]]
     wl, again = (servegen_workload(np.random.default_rng(11), clients, tenant_ids=["t1", "t5"],

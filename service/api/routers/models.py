@@ -1,6 +1,6 @@
-"""Models: register a built-in runnable model (traced into the GMG), list, read. The project's
-model resource is ``/v1/catalog/models``; ``POST /v1/models`` registers too (``GET /v1/models``
-is the OpenAI-compatible listing, :mod:`service.api.routers.openai`)."""
+"""Models: register a built-in runnable model or a model directory (traced into the GMG), list, read.
+The project's model resource is ``/v1/catalog/models``; ``POST /v1/models`` registers too
+(``GET /v1/models`` is the OpenAI-compatible listing, :mod:`service.api.routers.openai`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from service.api import registration, reports
 from service.api.deps import AnyPrincipal, Svc, require, scoped_tenant
 from service.api.responses import ModelOut
 from service.api.schemas import ModelIn
+from service.domain.error import ForbiddenError
 
 router = APIRouter(tags=["models"])
 
@@ -19,9 +20,14 @@ router = APIRouter(tags=["models"])
 @router.post("/v1/catalog/models", status_code=201, response_model=ModelOut)
 @router.post("/v1/models", status_code=201, response_model=ModelOut)
 async def create_model(body: ModelIn, svc: Svc, p: AnyPrincipal) -> dict[str, Any]:
-    """Register one of the built-in runnable models; its operator graph is traced into the GMG."""
+    """Register one of the built-in runnable models, or (admin keys) a Hugging Face model directory
+    by ``path``; its operator graph is traced into the GMG."""
     tenant_id = scoped_tenant(p, body.tenant_id)
-    model = await registration.create_model(svc, tenant_id, body.model_id, body.family, body.seed, body.replicas)
+    if body.path is not None and not p.is_admin:
+        raise ForbiddenError("registering a model by path takes an admin key (it names files on the service's "
+                             "and executors' hosts)")
+    model = await registration.create_model(svc, tenant_id, body.model_id, body.family, body.seed, body.replicas,
+                                            body.path)
     return reports.model_public(model)
 
 

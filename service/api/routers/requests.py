@@ -51,7 +51,7 @@ async def submit_batch(body: RequestBatchIn, svc: Svc, p: AnyPrincipal, hints: H
 
 @router.get("/v1/requests/{request_id}", response_model=RequestOut)
 async def get_request(request_id: str, svc: Svc, tenant: TenantScope) -> dict[str, Any]:
-    return reports.request_public(svc.state.request(request_id, tenant))
+    return reports.request_public(svc, svc.state.request(request_id, tenant))
 
 
 @router.get("/v1/requests", response_model=list[RequestOut])
@@ -60,7 +60,7 @@ async def list_requests(svc: Svc, tenant: TenantScope,
                         limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> list[dict[str, Any]]:
     if status is not None and status not in STATUSES:
         raise InvalidInputError(f"unknown status {status!r} (valid: {', '.join(STATUSES)})")
-    out = [reports.request_public(r) for r in svc.state.requests.values()
+    out = [reports.request_public(svc, r) for r in svc.state.requests.values()
            if (tenant is None or r.tenant_id == tenant) and (status is None or r.status == status)]
     return out[-limit:]
 
@@ -70,4 +70,4 @@ async def cancel(request_id: str, svc: Svc, tenant: TenantScope) -> dict[str, An
     """Cancel a request; the cancel is in Neo4j when this answers (409 if it already finished)."""
     req = svc.state.request(request_id, tenant)
     await intake.cancel_request(svc, req)
-    return reports.request_public(req)
+    return reports.request_public(svc, req)

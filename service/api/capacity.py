@@ -1,0 +1,215 @@
+"""What this machine serves, measured before the live comparison, and loads offered relative to it.
+
+The live demo compares placements on whatever machine it runs on. A fixed arrival rate would be
+too light on a fast machine and hopeless on a slow or busy one, where both placements fail every
+request and the comparison says nothing. So :func:`probe_capacity` first measures each tenant's
+model on the devices container placement gives it: a closed loop of requests of the tenant's
+median shape at a few concurrencies (a couple of seconds each, after a warm-up request), each
+request's TTFT and end-to-end time as the service records them. A tenant's *capacity* is the
+highest completion rate at which at least :data:`SLA_SHARE` of the probe's requests met the
+tenant's SLA. :func:`calibrated_loads` then offers each tenant a multiple of its capacity by its
+role: the busy tenant more than its own devices serve (saturated), one steady well below, one
+idle for the first part of the run and then bursty.
+
+:func:`machine_busy` says when other work already loads the cores (their busy share while the
+demo waits, next to the 1-minute load average), in which case no placement comparison on it is
+fair; :func:`calibrate` does all three.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import httpx
+import numpy as np
+
+from service.api.live_tenants import register, reset_tenants
+from service.api.stack import LiveStack
+from service.graph.connection import Neo4jSettings
+from service.sim.sla import SLA_CLASSES
+from service.workload.synthetic import TenantLoad
+
+SLA_SHARE = 0.9  # a probe level counts when this share of its requests met the SLA
+LEVELS = (1, 2, 4)  # closed-loop concurrencies probed
+BUSY_LOAD = 0.35  # busy share of the cores (other work) above which the comparison is not fair
+
+
+@dataclass(frozen=True)
+class ProbeLevel:
+    concurrency: int
+    requests: int
+    requests_per_s: float
+    tokens_per_s: float
+    ttft_p50_s: float
+    tpot_p50_s: float
+    sla_met_share: float
+
+
+@dataclass(frozen=True)
+class TenantCapacity:
+    tenant_id: str
+    model: str
+    sla_class: str
+    levels: list[ProbeLevel]
+    requests_per_s: float  # the capacity: highest rate with SLA_SHARE of requests within the SLA
+    sla_alone: bool  # False: no level met the SLA; the capacity is then the lowest level's rate
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+#: What each demo tenant does, as (role, multiple of its measured capacity). The busy tenant is
+#: offered more than its container devices serve; the bursty one is idle for the first
+#: :data:`BURSTY_IDLE_SHARE` of the run, then arrives in bursts (gamma gaps, CV 3).
+ROLES: dict[str, tuple[str, float]] = {"acme": ("saturated", 1.5), "globex": ("steady", 0.3),
+                                       "initech": ("idle then bursty", 0.6)}
+BURSTY_IDLE_SHARE = 0.4
+
+
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all cores since boot, from /proc/stat (None where there is none)."""
+    try:
+        fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]  # noqa: SIM115 - one line
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def machine_busy(sample_s: float = 2.0) -> dict[str, Any]:
+    """How loaded the machine is while this process waits: the 1-minute load average, the cores,
+    and the cores' busy share measured over ``sample_s`` seconds (/proc/stat; the load average
+    alone lags and counts the demo's own earlier work). ``busy`` when that share (or, without
+    /proc/stat, the load average per core) exceeds :data:`BUSY_LOAD`."""
+    cores = os.cpu_count() or 1
+    before = _cpu_jiffies()
+    time.sleep(sample_s if before is not None else 0.0)
+    after = _cpu_jiffies()
+    load = os.getloadavg()[0]
+    share = None
+    if before is not None and after is not None and after[1] > before[1]:
+        share = (after[0] - before[0]) / (after[1] - before[1])
+    busy = share > BUSY_LOAD if share is not None else load / cores > BUSY_LOAD
+    return {"load_avg_1m": round(load, 2), "cores": cores, "busy_share": None if share is None else round(share, 3),
+            "busy": busy}
+
+
+def _one_request(c: httpx.Client, prompt: list[int], max_tokens: int, timeout_s: float) -> dict[str, Any] | None:
+    r = c.post("/v1/requests", json={"model_id": "m", "prompt_tokens": prompt, "max_tokens": max_tokens})
+    r.raise_for_status()
+    rid = r.json()["request_id"]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        row: dict[str, Any] = c.get(f"/v1/requests/{rid}").json()
+        if row["status"] == "done":
+            return row
+        if row["status"] not in ("queued", "leased"):
+            return None
+        time.sleep(0.02)
+    return None
+
+
+def _probe_level(url: str, key: str, load: TenantLoad, concurrency: int, level_s: float) -> ProbeLevel:
+    """A closed loop of ``concurrency`` clients for ``level_s`` seconds (the requests in flight then finish)."""
+    prompt_len = max(1, round(load.prompt_median_tokens))
+    out_len = max(2, round(load.output_median_tokens))
+    sla = SLA_CLASSES[load.sla_class]
+    rows: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    stop_at = time.monotonic() + level_s
+
+    def client(i: int) -> None:
+        prompt = [32 + (i * 7 + k) % 90 for k in range(prompt_len)]
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60.0) as c:
+            while time.monotonic() < stop_at:
+                row = _one_request(c, prompt, out_len, timeout_s=120.0)
+                if row is not None:
+                    with lock:
+                        rows.append(row)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = max(1e-9, time.monotonic() - started)
+    ttft = [r["ttft_s"] or 0.0 for r in rows]
+    tpot = [((r["e2e_s"] or 0.0) - (r["ttft_s"] or 0.0)) / max(1, len(r["output_tokens"]) - 1) for r in rows]
+    met = [sla.slack_s(a, b, r["e2e_s"] or 0.0, prompt_len) >= 0.0 for a, b, r in zip(ttft, tpot, rows, strict=True)]
+    tokens = sum(len(r["output_tokens"]) for r in rows)
+    return ProbeLevel(concurrency, len(rows), len(rows) / wall, tokens / wall,
+                      float(np.median(ttft)) if ttft else float("nan"), float(np.median(tpot)) if tpot else float("nan"),
+                      sum(met) / len(met) if met else 0.0)
+
+
+def probe_capacity(loads: Sequence[TenantLoad], *, neo4j: Neo4jSettings | None = None,
+                   levels: Sequence[int] = LEVELS, level_s: float = 2.0,
+                   progress: Callable[[str], None] | None = None) -> dict[str, TenantCapacity]:
+    """Each tenant's capacity on its container devices (see the module docstring), one tenant at a
+    time on a live stack like the comparison's: container placement, two executors x two devices."""
+    say = progress or (lambda _: None)
+    if neo4j is not None:
+        reset_tenants(neo4j, sorted(t.tenant_id for t in loads))
+    result: dict[str, TenantCapacity] = {}
+    with LiveStack(placement="container", neo4j=neo4j, lease_ttl_s=10.0, heartbeat_s=1.0) as stack:
+        keys = register(stack, loads)
+        stack.start_executor("exec-a", ["cpu:0", "cpu:1"])
+        stack.start_executor("exec-b", ["cpu:0", "cpu:1"])
+        stack.wait_devices(4)
+        for load in loads:
+            say(f"capacity probe: {load.tenant_id} ({load.model}) warming up")
+            _probe_level(stack.url, keys[load.tenant_id], load, 1, 0.0)  # one request: weights loaded, code warm
+            probed = []
+            for c in levels:
+                say(f"capacity probe: {load.tenant_id} ({load.model}) at concurrency {c}")
+                probed.append(_probe_level(stack.url, keys[load.tenant_id], load, c, level_s))
+            good = [p.requests_per_s for p in probed if p.sla_met_share >= SLA_SHARE]
+            result[load.tenant_id] = TenantCapacity(load.tenant_id, load.model, load.sla_class, probed,
+                                                    max(good) if good else probed[0].requests_per_s, bool(good))
+    if neo4j is not None:
+        reset_tenants(neo4j, sorted(t.tenant_id for t in loads))
+    return result
+
+
+def calibrated_loads(loads: Sequence[TenantLoad], capacity: dict[str, TenantCapacity], duration_s: float,
+                     roles: dict[str, tuple[str, float]] = ROLES) -> list[TenantLoad]:
+    """``loads`` with each tenant's rate set to its role's multiple of its measured capacity (the
+    bursty tenant's rate is its average over the part of the run in which it arrives)."""
+    out = []
+    for load in loads:
+        role, multiple = roles[load.tenant_id]
+        rate = multiple * capacity[load.tenant_id].requests_per_s
+        if role == "idle then bursty":
+            out.append(replace(load, rate_rps=rate, arrival="gamma", burstiness_cv=3.0,
+                               start_s=BURSTY_IDLE_SHARE * duration_s))
+        elif role == "steady":
+            out.append(replace(load, rate_rps=rate, arrival="gamma", burstiness_cv=0.5))
+        else:
+            out.append(replace(load, rate_rps=rate))
+    return out
+
+
+def calibrate(loads: Sequence[TenantLoad], duration_s: float, *, neo4j: Neo4jSettings | None = None,
+              level_s: float = 2.0, progress: Callable[[str], None] | None = None
+              ) -> tuple[list[TenantLoad], dict[str, Any]]:
+    """Probe, then size: the loads to offer and the record of what they came from (the machine's
+    load before and after the probe, each tenant's capacity, each tenant's offered rate)."""
+    before = machine_busy()
+    capacity = probe_capacity(loads, neo4j=neo4j, level_s=level_s, progress=progress)
+    offered = calibrated_loads(loads, capacity, duration_s)
+    record = {
+        "machine": before,
+        "capacity": {t: c.to_dict() for t, c in capacity.items()},
+        "offered": {o.tenant_id: {"role": ROLES[o.tenant_id][0], "multiple_of_capacity": ROLES[o.tenant_id][1],
+                                  "rate_rps": o.rate_rps, "start_s": o.start_s,
+                                  "output_tokens_per_s": o.rate_rps * o.output_median_tokens
+                                  * (1.0 - o.start_s / duration_s)}
+                    for o in offered},
+    }
+    return offered, record

@@ -1,0 +1,64 @@
+"""Sizing the live demo's load from a measured capacity (the probe itself runs in the demo and
+the live_e2e benchmark; what is checked here is the arithmetic and the workload it produces)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.api.capacity import (
+    BURSTY_IDLE_SHARE,
+    ROLES,
+    SLA_SHARE,
+    ProbeLevel,
+    TenantCapacity,
+    calibrated_loads,
+    machine_busy,
+)
+from service.api.live_run import DEMO_TENANTS, demo_workload
+from service.domain.error import InvalidInputError
+from service.workload.synthetic import TenantLoad, synthetic_workload
+
+
+def _capacity(tenant: str, rate: float) -> TenantCapacity:
+    level = ProbeLevel(1, 10, rate, rate * 30, 0.2, 0.02, 1.0)
+    return TenantCapacity(tenant, "tiny", "standard", [level], rate, True)
+
+
+def test_each_tenant_is_offered_its_roles_multiple_of_its_own_capacity() -> None:
+    capacity = {"acme": _capacity("acme", 2.0), "globex": _capacity("globex", 10.0), "initech": _capacity("initech", 4.0)}
+    offered = {t.tenant_id: t for t in calibrated_loads(DEMO_TENANTS, capacity, 60.0)}
+    for tenant, (_, multiple) in ROLES.items():
+        assert offered[tenant].rate_rps == pytest.approx(multiple * capacity[tenant].requests_per_s)
+    assert ROLES["acme"][1] > 1.0  # the busy tenant is offered more than its own devices serve
+    assert offered["initech"].start_s == pytest.approx(BURSTY_IDLE_SHARE * 60.0)
+    assert offered["initech"].burstiness_cv > 1.0 and offered["globex"].burstiness_cv < 1.0
+    # lengths and models stay the demo's
+    for base in DEMO_TENANTS:
+        assert offered[base.tenant_id].model == base.model
+        assert offered[base.tenant_id].output_median_tokens == base.output_median_tokens
+
+
+def test_a_faster_machine_gets_a_proportionally_heavier_workload() -> None:
+    slow = {t.tenant_id: _capacity(t.tenant_id, 1.0) for t in DEMO_TENANTS}
+    fast = {t.tenant_id: _capacity(t.tenant_id, 3.0) for t in DEMO_TENANTS}
+    n_slow = demo_workload(0, 120.0, calibrated_loads(DEMO_TENANTS, slow, 120.0)).num_requests
+    n_fast = demo_workload(0, 120.0, calibrated_loads(DEMO_TENANTS, fast, 120.0)).num_requests
+    assert 2.3 < n_fast / n_slow < 3.7
+
+
+def test_an_idle_tenant_arrives_only_after_its_start() -> None:
+    load = TenantLoad("late", "tiny", 5.0, start_s=40.0)
+    arrivals = [r.arrival_s for r in synthetic_workload(np.random.default_rng(1), tenants=[load], duration_s=100.0).requests]
+    assert arrivals and min(arrivals) >= 40.0 and max(arrivals) < 100.0
+    assert 0.6 * 300 < len(arrivals) < 1.4 * 300  # its rate holds over the 60 s it is awake
+    with pytest.raises(InvalidInputError, match="start_s"):
+        TenantLoad("bad", "tiny", 1.0, start_s=-1.0)
+
+
+def test_the_machine_reading_has_its_fields() -> None:
+    m = machine_busy(sample_s=0.2)
+    assert m["cores"] >= 1 and m["load_avg_1m"] >= 0.0
+    assert m["busy_share"] is None or 0.0 <= m["busy_share"] <= 1.0
+    assert isinstance(m["busy"], bool)
+    assert 0.5 < SLA_SHARE <= 1.0
