@@ -69,9 +69,9 @@ class AuditStore(GraphStore):
                   since_at: float | None = None, until_at: float | None = None, limit: int = 100
                   ) -> list[dict[str, Any]]:
         """Entries matching every filter given, oldest first (the named query ``audit_log``)."""
-        return self._read("audit_log", tenant_id=tenant_id, action=action, actor=actor, target_id=target_id,
-                          since_seq=since_seq, until_seq=until_seq, since_at=since_at, until_at=until_at,
-                          limit=int(limit))
+        filters = {"action": action, "actor": actor, "target_id": target_id, "since_seq": since_seq,
+                   "until_seq": until_seq, "since_at": since_at, "until_at": until_at}
+        return self._read("audit_log", tenant_id=tenant_id, filters=filters, limit=int(limit))
 
     def iter_audit_pages(self, page: int = PAGE) -> Iterator[list[list[Any]]]:
         """The whole chain in seq order, a page at a time. The next page is read in a thread
