@@ -359,6 +359,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_data(sub)
 
+    from service.audit_command import add_parser as add_audit
+
+    add_audit(sub)
+
     tr = sub.add_parser("trace", help="production traces").add_subparsers(dest="action", required=True)
     ts = tr.add_parser("stats", help="summarise an Azure CSV or Mooncake JSONL trace")
     ts.add_argument("file")

@@ -7,11 +7,13 @@ import asyncio
 import logging
 from typing import Any
 
+from service.api.audit import AuditLog
 from service.api.live_view import LIVE_CLUSTER, live_spec
 from service.api.neo4j_gate import Neo4jGate
 from service.api.notify import Signal
 from service.api.records import LIVE_FAMILIES, LiveModel
 from service.core.placement import TenantDemand, container_replicas
+from service.domain.audit import SCHEDULER
 from service.domain.cluster import ClusterSpec
 from service.domain.error import DatabaseUnavailableError, InvalidInputError
 from service.models.family import MODEL_CONFIGS
@@ -24,6 +26,7 @@ class HomePlanner(Neo4jGate):
     """Where each model lives by default (a part of :class:`~service.api.service.LiveService`)."""
 
     work: Signal  # notified when leases may be granted
+    audit: AuditLog
     _gmg_dirty: bool  # the cluster's devices and weights in the GMG await a re-write
     _replan_lock: asyncio.Lock  # one re-plan at a time: they rewrite the same devices
 
@@ -66,6 +69,10 @@ class HomePlanner(Neo4jGate):
                 drained.append(r)
         self.metrics.placed("container", "add", added)
         self.metrics.placed("container", "drain", drained)
+        if added or drained:
+            self.audit.record(SCHEDULER, "placement.replan", "placement", models={r.model_uid for r in added + drained},
+                              details={"policy": "container", "added": [r.replica_id for r in added],
+                                       "drained": [r.replica_id for r in drained], "unplaced": dict(self.unplaced)})
         self._gmg_dirty = True
         self.work.notify()
 

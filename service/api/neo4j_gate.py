@@ -12,6 +12,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from service.api.audit import AuditLog
 from service.api.metrics import LiveMetrics
 from service.api.records import Write
 from service.api.settings import ServiceSettings
@@ -51,6 +52,7 @@ class Neo4jGate:
     previous_neo4j_uri: str | None
     repo: GraphRepository | None
     writer: GmgWriter | None
+    audit: AuditLog
     db_up: bool
     db_error: str | None
     unplaced: dict[str, str]  # model uid -> why the last re-plan found it no home
@@ -154,7 +156,7 @@ class Neo4jGate:
                 "loops": self.supervisor.report(), "stuck_loops": stuck,
                 "gmg_pending_writes": writer.pending if writer else 0,
                 "gmg_dropped_writes": writer.rows_dropped if writer else 0,
-                "unplaced_models": dict(self.unplaced)}
+                "unplaced_models": dict(self.unplaced), "audit": self.audit.report()}
 
     def _health_metrics(self) -> Iterator[Metric]:
         failures = CounterMetricFamily("slicesched:loop_failures", "Failed ticks of a background loop", labels=["loop"])
@@ -172,3 +174,10 @@ class Neo4jGate:
                                 "(coalesced: one per changed object)", value=writer.pending if writer else 0)
         yield CounterMetricFamily("slicesched:gmg_dropped_writes", "GMG mirror rows dropped past max_pending_writes",
                                   value=writer.rows_dropped if writer else 0)
+        audit = self.audit
+        yield GaugeMetricFamily("slicesched:audit_pending_entries", "Audit entries waiting to be written",
+                                value=audit.pending)
+        yield CounterMetricFamily("slicesched:audit_entries_written", "Audit entries written by this process",
+                                  value=audit.entries_written)
+        yield CounterMetricFamily("slicesched:audit_dropped_entries", "Audit entries lost past the queue's bound "
+                                  "during an outage", value=audit.dropped)

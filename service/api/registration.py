@@ -1,6 +1,7 @@
 """What admins (and executors) register: tenants and their keys, models (traced into the GMG),
 executors and their devices, pinned replicas. Each persists before the in-memory state changes
-where a crash must not lose it (a key, a model's graph)."""
+where a crash must not lose it (a key, a model's graph), and is in the audit log before it is
+answered (:mod:`service.api.audit`)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,19 @@ import asyncio
 import hashlib
 from typing import TYPE_CHECKING, Any
 
+from service.api.audit import actor_of, key_state
 from service.api.credential import hash_key, new_key
 from service.api.deps import Principal
 from service.api.records import LiveModel
+from service.domain.audit import Actor
 from service.domain.error import ConflictError, InvalidInputError
 
 if TYPE_CHECKING:
     from service.api.service import LiveService
 
 
-async def create_tenant(svc: LiveService, tenant_id: str, sla_class: str, weight: float, priority: int) -> str:
+async def create_tenant(svc: LiveService, actor: Actor, tenant_id: str, sla_class: str, weight: float,
+                        priority: int) -> str:
     """A new tenant; its key (returned once) is in Neo4j before it is usable."""
     if tenant_id in svc.state.tenants:
         raise ConflictError(f"tenant {tenant_id!r} exists")
@@ -27,6 +31,9 @@ async def create_tenant(svc: LiveService, tenant_id: str, sla_class: str, weight
     await svc.db(svc.repo.upsert_tenant, tenant_id, sla_class=sla_class, weight=weight,
                  priority=priority, key_hash=hash_key(key))  # persisted first: a key never outlives a crash unrecorded
     svc.state.add_tenant(tenant_id, sla_class, weight, priority, hash_key(key))
+    await svc.audit.append(actor, "tenant.create", "tenant", tenant_id, tenant_id,
+                           after={"sla_class": sla_class, "weight": weight, "priority": priority,
+                                  **key_state(hash_key(key))})
     return key
 
 
@@ -49,8 +56,8 @@ def model_from_dir(tenant_id: str, model_id: str, path: str, replicas: int) -> L
     return LiveModel(tenant_id, model_id, config.name, 0, replicas, tokenizer, path=directory, loaded=config)
 
 
-async def create_model(svc: LiveService, tenant_id: str, model_id: str, family: str | None, seed: int | None,
-                       replicas: int, path: str | None = None) -> LiveModel:
+async def create_model(svc: LiveService, actor: Actor, tenant_id: str, model_id: str, family: str | None,
+                       seed: int | None, replicas: int, path: str | None = None) -> LiveModel:
     """Register a built-in runnable model (``family``, weights from ``seed``) or a model directory
     (``path``): its prefill and decode graphs are traced into the GMG (on the meta device), then
     it is live and the home planner runs. Nothing is written when the model is refused."""
@@ -82,6 +89,9 @@ async def create_model(svc: LiveService, tenant_id: str, model_id: str, family: 
 
     await svc.db(trace_and_write, bound_s=None)
     svc.state.add_model(model)
+    await svc.audit.append(actor, "model.register", "model", model.uid, tenant_id, models=[model.uid],
+                           after={"family": model.family, "seed": model.seed, "replicas": replicas, "path": model.path,
+                                  "weight_bytes": model.weight_bytes})
     await svc.replan()
     return model
 
@@ -94,19 +104,37 @@ async def register_executor(svc: LiveService, p: Principal, executor_id: str, ho
         raise InvalidInputError(f"duplicate device names in {names}")
     svc.pools.check_registration(p, svc.state, executor_id, devices)  # the key's pool: kinds and limits
     svc.check_devices(devices)  # a device no model fits on: refused before anything is registered
+    before = _executor_state(svc, executor_id)
     svc.persist(svc.state.register_executor(executor_id, host_id, devices, stage_url))
     svc.pools.bind(p, executor_id)
+    await svc.audit.append(actor_of(p, executor_id), "executor.register", "executor", executor_id,
+                           before=before, after=_executor_state(svc, executor_id),
+                           details={"pool": p.pool_id}, pools=[p.pool_id] if p.pool_id else [])
     await svc.replan()
 
 
 async def deregister_executor(svc: LiveService, p: Principal, executor_id: str) -> None:
     svc.pools.check_owner(p, executor_id)
     svc.state.executor(executor_id)
+    before = _executor_state(svc, executor_id)
     svc.persist(svc.state.drop_executor(executor_id))
+    await svc.audit.append(actor_of(p, executor_id), "executor.deregister", "executor", executor_id, before=before,
+                           details={"pool": p.pool_id}, pools=[p.pool_id] if p.pool_id else [])
     await svc.replan()
 
 
-async def pin_replica(svc: LiveService, tenant_id: str, model_id: str, device_ids: list[str]) -> dict[str, Any]:
+def _executor_state(svc: LiveService, executor_id: str) -> dict[str, Any] | None:
+    """An executor as the audit log shows it (None: not registered)."""
+    e = svc.state.executors.get(executor_id)
+    if e is None:
+        return None
+    devices = [svc.state.devices[d] for d in e.device_ids if d in svc.state.devices]
+    return {"host_id": e.host_id, "stage_url": e.stage_url,
+            "devices": [{"device_id": d.device_id, "kind": d.kind, "mem_bytes": d.mem_bytes} for d in devices]}
+
+
+async def pin_replica(svc: LiveService, actor: Actor, tenant_id: str, model_id: str,
+                      device_ids: list[str]) -> dict[str, Any]:
     """A replica of the model on these devices in layer order, if each has the memory for its share."""
     state = svc.state
     model = state.model(tenant_id, model_id)
@@ -123,6 +151,8 @@ async def pin_replica(svc: LiveService, tenant_id: str, model_id: str, device_id
         raise ConflictError("that replica exists")
     replica = state.add_replica(model.uid, tuple(device_ids), guest=False, pinned=True)
     svc.metrics.placed("admin", "add", [replica])
+    await svc.audit.append(actor, "replica.pin", "model", model.uid, tenant_id, models=[model.uid],
+                           after={"replica_id": replica.replica_id, "device_ids": list(replica.device_ids)})
     await svc.replan()
     return {"replica_id": replica.replica_id, "device_ids": list(replica.device_ids),
             "stages": [s.to_json() for s in state.stages(replica, state.devices[replica.device_ids[0]].executor_id,

@@ -49,6 +49,17 @@ class Neo4jStatusOut(Out):
     error: str | None = Field(description="why it is unreachable; null while it answers")
 
 
+class AuditWriterOut(Out):
+    """The audit log's writer."""
+
+    enabled: bool = Field(description="false: SLICESCHED_AUDIT=0, nothing is recorded")
+    pending: int = Field(description="entries waiting to be written")
+    written: int = Field(description="entries written by this process")
+    dropped: int = Field(description="entries lost past the queue's bound during an outage")
+    failed_batches: int
+    head_seq: int = Field(description="seq of the chain's last written entry")
+
+
 class ReadinessOut(Out):
     ready: bool
     neo4j: Neo4jStatusOut
@@ -57,6 +68,7 @@ class ReadinessOut(Out):
     gmg_pending_writes: int
     gmg_dropped_writes: int
     unplaced_models: int = Field(description="models the last re-plan found no home for (names: /v1/stats)")
+    audit: AuditWriterOut
 
 
 class WriteLagOut(Out):
@@ -314,3 +326,35 @@ class PolicyWhatIfOut(Out):
 class InspectOut(Out):
     columns: list[str]
     rows: list[list[Any]] = Field(description="one list per row, in column order (nodes and relationships as maps)")
+
+
+# ---- audit -------------------------------------------------------------------------------------------
+class AuditEntryOut(Out):
+    seq: int = Field(description="its place in the chain: 1, 2, 3, ... with no gap")
+    at: float = Field(description="when the action was taken, epoch seconds")
+    actor: str = Field(description="who acted: admin, a tenant id, an executor id, scheduler or service")
+    actor_role: str = Field(description="admin, tenant, executor, scheduler or system")
+    action: str = Field(description="e.g. tenant.create, tenant.key.rotate, model.register, placement.decision")
+    target_kind: str = Field(description="tenant, model, executor, executor_pool, placement or service")
+    target_id: str | None
+    tenant_id: str | None = Field(description="the tenant it concerns; null: the platform's (admin keys only)")
+    before: Any = Field(description="the state before the action (null: none)")
+    after: Any = Field(description="the state after it")
+    details: Any = Field(description="more: a decision's notes and what-if figures, an executor's pool, ...")
+    prev_hash: str = Field(description="the hash of the entry before it (64 zeros for the first)")
+    hash: str = Field(description="SHA-256 of the canonical JSON of its fields with prev_hash")
+
+
+class AuditPageOut(Out):
+    entries: list[AuditEntryOut] = Field(description="oldest first")
+    next_since_seq: int | None = Field(description="since_seq of the next page; null: this was the last")
+
+
+class AuditVerifyOut(Out):
+    ok: bool = Field(description="true: the chain is intact")
+    entries: int = Field(description="entries read (up to the first bad one)")
+    last_seq: int = Field(description="the last intact entry's seq (0: none)")
+    last_hash: str = Field(description="its hash: keep it, and check later with anchor_seq/anchor_hash")
+    first_bad_seq: int | None = Field(description="the first entry that breaks the chain; null when intact")
+    reason: str | None = Field(description="why it breaks the chain (altered, removed, inserted, reordered)")
+    seconds: float

@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from service.api.audit import decision_details, replica_model
 from service.api.homes import HomePlanner
 from service.api.live_view import LiveClusterView, LiveSnapshot, live_spec
 from service.api.records import TERMINAL
@@ -19,6 +20,7 @@ from service.core.placement import candidate_groups
 from service.core.policies import make_placement_policy
 from service.core.scheduler import ClusterView, Decision, DeviceInfo, ReplicaChange, ReplicaInfo, Scheduler
 from service.core.slot import InputDep, Slot, SlotQuery
+from service.domain.audit import SCHEDULER
 from service.domain.error import InvalidInputError, InvariantError
 from service.domain.request import RequestSpec, RequestStatus
 from service.sim.sla import SLA_CLASSES
@@ -142,6 +144,10 @@ class SchedulingLoop(HomePlanner):
         replicas = self.state.replicas
         self.metrics.placed(self.scheduler.name, "add", (replicas[rid] for rid in applied.added))
         self.metrics.placed(self.scheduler.name, "drain", (replicas[rid] for rid in applied.drained))
+        if decision.add or decision.drain:  # a step that changes nothing is no decision to audit
+            self.audit.record(SCHEDULER, "placement.decision", "placement",
+                              details=decision_details(self.scheduler.name, decision, applied),
+                              models={*(c.model_uid for c in decision.add), *map(replica_model, decision.drain)})
         return await self._applied(decision)
 
     async def _applied(self, decision: Decision) -> Decision:

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from learned.artifact import load_cost_model
+from service.api.audit import AuditLog
 from service.api.durable import DurableWrites
 from service.api.keys import ExecutorPools
 from service.api.metrics import LiveMetrics
@@ -42,6 +43,7 @@ from service.api.writer import GmgWriter
 from service.core.policies import make_placement_policy
 from service.core.queue import make_queue_policy
 from service.core.scheduler import Scheduler
+from service.domain.audit import SYSTEM
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestStatus
 from service.graph.catalog import QueryCatalog
@@ -71,6 +73,7 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.previous_neo4j_uri: str | None = None
         self.repo: GraphRepository | None = None
         self.writer: GmgWriter | None = None
+        self.audit = AuditLog(enabled=settings.audit, wait_s=settings.call_timeout_s)  # its store: at start
         self.scheduler = Scheduler(make_placement_policy(settings.placement, find_devices=self._cypher_candidates))
         self.supervisor = Supervisor()
         self.metrics.watch(self._health_metrics)
@@ -100,7 +103,13 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.writer = GmgWriter(self.repo, on_lag=self.metrics.write_lag.observe,
                                 max_pending=self.settings.max_pending_writes)
         await asyncio.to_thread(self.writer.warm_up)
+        self.audit.repo = self.repo
         sup = self.supervisor
+        if self.audit.enabled:
+            await asyncio.to_thread(self.audit.recover)
+            sup.spawn("audit-writer", self.audit.tick, interval_s=0.0, stuck_after_s=60.0)
+            self.audit.record(SYSTEM, "service.start", "service", details={"audit_head_seq": self.audit.head[0]},
+                              after=self._public_settings())
         sup.spawn("lease-expiry", self._expiry_tick, interval_s=min(0.5, self.settings.lease_ttl_s / 4),
                   stuck_after_s=30.0)
         sup.spawn("scheduler", self._schedule_tick, interval_s=self.settings.schedule_interval_s,
@@ -113,8 +122,20 @@ class LiveService(DurableWrites, SchedulingLoop):
         await self.supervisor.stop()
         if self.writer is not None:
             await self.writer.close()
+        if self.repo is not None:
+            await self.audit.close()
         if self.driver is not None:
             await asyncio.to_thread(self.driver.close)
+
+    def _public_settings(self) -> dict[str, Any]:
+        """The configuration a start runs with, as the audit log records it (no key; fixed for the
+        process's life: a change shows between two ``service.start`` entries)."""
+        s = self.settings
+        return {"placement": s.placement, "queue": s.queue, "cost_model": s.cost_model, "lease_ttl_s": s.lease_ttl_s,
+                "heartbeat_s": s.heartbeat_s, "max_attempts": s.max_attempts, "max_batch": s.max_batch,
+                "schedule_interval_s": s.schedule_interval_s, "slice_retention_s": s.slice_retention_s,
+                "executor_kinds": list(s.executor_kinds), "bootstrap_executor_pool": s.executor_key is not None,
+                "neo4j_uri": self.neo4j_uri}
 
     async def _recover(self) -> None:
         """Rebuild the live state from the GMG and reconcile what a previous process left: its
@@ -185,13 +206,16 @@ class LiveService(DurableWrites, SchedulingLoop):
                 await self._write_cluster()
 
     async def _expiry_tick(self) -> None:
-        executors = len(self.state.executors)
+        executors = set(self.state.executors)
         writes = self.state.expire()
         removed = self.state.remove_drained()
         if writes:
             self.persist(writes)
             self.work.notify()
-        if len(self.state.executors) != executors:  # a silent executor was dropped: new homes
+        for executor_id in sorted(executors - set(self.state.executors)):
+            self.audit.record(SYSTEM, "executor.drop", "executor", executor_id,
+                              details={"reason": f"silent for {3 * self.settings.lease_ttl_s:.0f}s"})
+        if len(self.state.executors) != len(executors):  # a silent executor was dropped: new homes
             log.warning("executor(s) silent for %.0fs dropped; re-planning homes", 3 * self.settings.lease_ttl_s)
             await self.replan()
         elif removed:

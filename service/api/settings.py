@@ -39,6 +39,7 @@ class ServiceSettings:
     max_queued: int = 200_000  # requests waiting per model; beyond, a submission is refused (429)
     neo4j: Neo4jSettings = field(default_factory=Neo4jSettings.from_env)
     cost_model: str = DEFAULT_KIND  # the what-if mirror's iteration costs (learned.choice.KINDS)
+    audit: bool = True  # record the audit log (SLICESCHED_AUDIT=0: off; reading and verifying still work)
 
     def __post_init__(self) -> None:
         kind_from(self.cost_model)  # a known kind, else InvalidInputError
@@ -83,9 +84,22 @@ class ServiceSettings:
             "max_pending_writes": int(env.get("SLICESCHED_MAX_PENDING_WRITES", "500000")),
             "max_queued": int(env.get("SLICESCHED_MAX_QUEUED", "200000")),
             "cost_model": kind_from(None),
+            "audit": _flag("SLICESCHED_AUDIT", True),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return ServiceSettings(**values)  # type: ignore[arg-type]
+
+
+def _flag(name: str, default: bool) -> bool:
+    """A yes/no setting: 1/true/yes/on or 0/false/no/off (any case); anything else is refused."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise InvalidInputError(f"{name} must be 1 or 0 (or true/false, yes/no, on/off), got {raw!r}")
 
 
 def _stored_admin_key() -> str:

@@ -23,7 +23,15 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from service.core.scheduler import ClusterView, Decision, PlacementPolicy, ReplicaChange, ReplicaInfo, WhatIfOutcome
+from service.core.scheduler import (
+    ClusterView,
+    Decision,
+    PlacementPolicy,
+    ReplicaChange,
+    ReplicaInfo,
+    WhatIfOutcome,
+    WhatIfRun,
+)
 from service.core.slot import InputDep, Slot, SlotQuery, find_slots_in_memory
 from service.domain.cluster import ClusterSpec
 from service.domain.error import InvalidInputError
@@ -182,11 +190,13 @@ def pressing_models(replicas: Sequence[ReplicaInfo], min_backlog: int, max_guest
 def best_by_what_if(state: ClusterView, changes: Iterable[ReplicaChange], horizon_s: float,
                     decision: Decision) -> tuple[float, ReplicaChange] | None:
     """The safe change (:func:`is_safe`) that gains most output tokens over ``horizon_s`` by the
-    what-if simulator, with its gain; ``None`` when none gains. Counts the what-ifs it runs."""
+    what-if simulator, with its gain; ``None`` when none gains. Counts the what-ifs it runs and
+    keeps their figures in the decision."""
     best: tuple[float, ReplicaChange] | None = None
     for change in changes:
         baseline, outcome = state.what_if(change, horizon_s)
         decision.num_whatifs += 1
+        decision.whatifs.append(WhatIfRun(change, baseline, outcome))
         if outcome is None or not is_safe(outcome, baseline):
             continue
         gain = outcome.output_tokens - baseline.output_tokens

@@ -87,6 +87,16 @@ class WhatIfOutcome:
     peak_bytes: dict[str, int]  # per affected device
 
 
+@dataclass(frozen=True, slots=True)
+class WhatIfRun:
+    """One what-if a step ran: the change it judged, and the predictions without and with it
+    (``changed`` None: the change does not fit)."""
+
+    change: ReplicaChange
+    baseline: WhatIfOutcome
+    changed: WhatIfOutcome | None
+
+
 @dataclass(slots=True)
 class Decision:
     """What one step decided. Empty lists: nothing changes."""
@@ -95,6 +105,7 @@ class Decision:
     drain: list[str] = field(default_factory=list)  # replica ids to stop routing to and remove when empty
     notes: list[str] = field(default_factory=list)  # why, one line per change (for logs and reports)
     num_whatifs: int = 0  # simulations run to decide
+    whatifs: list[WhatIfRun] = field(default_factory=list)  # their figures (the audit log's evidence)
 
 
 @dataclass(slots=True)

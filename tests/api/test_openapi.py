@@ -106,6 +106,8 @@ def test_real_answers_validate_against_their_declared_model(make_client: Callabl
     call("GET", "/healthz")
     call("GET", "/readyz")
     call("GET", "/v1/stats")
+    call("GET", "/v1/audit", params={"limit": 2})
+    call("GET", "/v1/audit/verify")
     pool = f"p{uid}"
     call("POST", "/v1/executor-pools", json={"pool_id": pool, "allowed_kinds": ["cpu"]})
     call("GET", "/v1/executor-pools")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.api.routers import executors, keys, leases, models, openai, ops, requests, scheduling, tenants
+from service.api.routers import audit, executors, keys, leases, models, openai, ops, requests, scheduling, tenants
 
 ROUTERS: tuple[APIRouter, ...] = (ops.router, tenants.router, models.router, executors.router, requests.router,
-                                  leases.router, scheduling.router, keys.router, openai.router)
+                                  leases.router, scheduling.router, keys.router, openai.router, audit.router)

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from service.api import registration, reports
+from service.api.audit import actor_of
 from service.api.deps import AdminPrincipal, ExecutorPrincipal, Svc
 from service.api.responses import (
     DeviceOut,
@@ -49,8 +50,8 @@ async def deregister_executor(executor_id: str, svc: Svc, p: ExecutorPrincipal) 
 
 @router.post("/v1/replicas", status_code=201, response_model=PinnedReplicaOut,
              response_model_exclude_unset=True)  # a stage's url: only for another executor's
-async def pin_replica(body: ReplicaIn, svc: Svc, _: AdminPrincipal) -> dict[str, Any]:
+async def pin_replica(body: ReplicaIn, svc: Svc, p: AdminPrincipal) -> dict[str, Any]:
     """Admin: place a replica of a model on these devices, layers split over them in order (they
     may belong to different executors: the leading executor runs the others' layers over HTTP).
     The home planner leaves it alone; it goes when one of its devices does."""
-    return await registration.pin_replica(svc, body.tenant_id, body.model_id, body.device_ids)
+    return await registration.pin_replica(svc, actor_of(p), body.tenant_id, body.model_id, body.device_ids)

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 from pydantic import Field
 
+from service.api.audit import actor_of, key_state
 from service.api.credential import hash_key, new_key
 from service.api.deps import AdminPrincipal, AnyPrincipal, Svc, own_tenant
 from service.api.keys import BOOTSTRAP_POOL, CATALOGUE_KINDS, DEFAULT_MAX_DEVICES, DEFAULT_MAX_MEM_BYTES, ExecutorPool
@@ -39,7 +40,7 @@ class ExecutorPoolIn(Body):
 
 
 @router.post("/v1/executor-pools", status_code=201, response_model=ExecutorPoolCreatedOut)
-async def create_executor_pool(body: ExecutorPoolIn, svc: Svc, _: AdminPrincipal) -> dict[str, Any]:
+async def create_executor_pool(body: ExecutorPoolIn, svc: Svc, p: AdminPrincipal) -> dict[str, Any]:
     """Admin: a pool of executors with its own key (shown once) and device limits."""
     pools = svc.pools
     if body.pool_id in pools.pools or body.pool_id == BOOTSTRAP_POOL:
@@ -52,6 +53,8 @@ async def create_executor_pool(body: ExecutorPoolIn, svc: Svc, _: AdminPrincipal
                  allowed_kinds=list(pool.allowed_kinds), max_devices=pool.max_devices,
                  max_mem_bytes=pool.max_mem_bytes)  # persisted first: a key never outlives a crash unrecorded
     pools.add(pool)
+    await svc.audit.append(actor_of(p), "executor_pool.create", "executor_pool", pool.pool_id, pools=[pool.pool_id],
+                           after={**pool.public([]), **key_state(pool.key_hash)})
     return {**pool.public([]), "api_key": key}
 
 
@@ -62,29 +65,33 @@ async def list_executor_pools(svc: Svc, _: AdminPrincipal) -> list[dict[str, Any
 
 
 @router.post("/v1/executor-pools/{pool_id}/keys/rotate", response_model=PoolKeyOut)
-async def rotate_pool_key(pool_id: str, svc: Svc, _: AdminPrincipal) -> dict[str, Any]:
+async def rotate_pool_key(pool_id: str, svc: Svc, p: AdminPrincipal) -> dict[str, Any]:
     """Admin: a new key for the pool (shown once); the old one is refused from now on. The
     pool's executors keep their ids: restart them with the new key."""
-    svc.pools.changeable(pool_id)
+    before = key_state(svc.pools.changeable(pool_id).key_hash)
     key = new_key(f"pool-{pool_id}")
     assert svc.repo is not None
     await svc.db(svc.repo.set_executor_pool_key, pool_id, hash_key(key))
     svc.pools.set_key(pool_id, hash_key(key))
+    await svc.audit.append(actor_of(p), "executor_pool.key.rotate", "executor_pool", pool_id, pools=[pool_id],
+                           before=before, after=key_state(hash_key(key)))
     return {"pool_id": pool_id, "api_key": key}
 
 
 @router.post("/v1/executor-pools/{pool_id}/keys/revoke", response_model=PoolKeyRevokedOut)
-async def revoke_pool_key(pool_id: str, svc: Svc, _: AdminPrincipal) -> dict[str, Any]:
+async def revoke_pool_key(pool_id: str, svc: Svc, p: AdminPrincipal) -> dict[str, Any]:
     """Admin: the pool's key is refused from now on and its executors are dropped (their
     leases go back to the queue)."""
     pools = svc.pools
-    pools.changeable(pool_id)
+    before = key_state(pools.changeable(pool_id).key_hash)
     assert svc.repo is not None
     await svc.db(svc.repo.set_executor_pool_key, pool_id, None)
     pools.set_key(pool_id, None)
     dropped = pools.executors_of(pool_id, svc.state)
     for executor_id in dropped:
         svc.persist(svc.state.drop_executor(executor_id))
+    await svc.audit.append(actor_of(p), "executor_pool.key.revoke", "executor_pool", pool_id, pools=[pool_id],
+                           before=before, after=key_state(None), details={"executors_dropped": dropped})
     if dropped:
         await svc.replan()
     return {"pool_id": pool_id, "revoked": True, "executors_dropped": dropped}
@@ -94,11 +101,13 @@ async def revoke_pool_key(pool_id: str, svc: Svc, _: AdminPrincipal) -> dict[str
 async def rotate_tenant_key(tenant_id: str, svc: Svc, p: AnyPrincipal) -> dict[str, Any]:
     """Admin, or the tenant itself: a new key (shown once); the old one is refused from now on."""
     own_tenant(p, tenant_id)
-    svc.state.tenant(tenant_id)
+    before = key_state(svc.state.tenant(tenant_id).key_hash)
     key = new_key(tenant_id)
     assert svc.repo is not None
     await svc.db(svc.repo.set_tenant_key, tenant_id, hash_key(key))
     svc.state.set_tenant_key(tenant_id, hash_key(key))
+    await svc.audit.append(actor_of(p), "tenant.key.rotate", "tenant", tenant_id, tenant_id, before=before,
+                           after=key_state(hash_key(key)))
     return {"tenant_id": tenant_id, "api_key": key}
 
 
@@ -107,8 +116,10 @@ async def revoke_tenant_key(tenant_id: str, svc: Svc, p: AnyPrincipal) -> dict[s
     """Admin, or the tenant itself: the key is refused from now on; the tenant's models and
     requests stay (queued requests still run). A rotation issues a new key."""
     own_tenant(p, tenant_id)
-    svc.state.tenant(tenant_id)
+    before = key_state(svc.state.tenant(tenant_id).key_hash)
     assert svc.repo is not None
     await svc.db(svc.repo.set_tenant_key, tenant_id, None)
     svc.state.set_tenant_key(tenant_id, None)
+    await svc.audit.append(actor_of(p), "tenant.key.revoke", "tenant", tenant_id, tenant_id, before=before,
+                           after=key_state(None))
     return {"tenant_id": tenant_id, "revoked": True}

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from service.api import registration, reports
+from service.api.audit import actor_of
 from service.api.deps import AnyPrincipal, Svc, require, scoped_tenant
 from service.api.responses import ModelOut
 from service.api.schemas import ModelIn
@@ -26,8 +27,8 @@ async def create_model(body: ModelIn, svc: Svc, p: AnyPrincipal) -> dict[str, An
     if body.path is not None and not p.is_admin:
         raise ForbiddenError("registering a model by path takes an admin key (it names files on the service's "
                              "and executors' hosts)")
-    model = await registration.create_model(svc, tenant_id, body.model_id, body.family, body.seed, body.replicas,
-                                            body.path)
+    model = await registration.create_model(svc, actor_of(p), tenant_id, body.model_id, body.family, body.seed,
+                                            body.replicas, body.path)
     return reports.model_public(model)
 
 

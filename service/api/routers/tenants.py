@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from service.api import registration, reports
+from service.api.audit import actor_of
 from service.api.deps import AdminPrincipal, AnyPrincipal, Svc, scoped_tenant
 from service.api.responses import TenantCreatedOut, TenantOut
 from service.api.schemas import TenantIn
@@ -15,8 +16,9 @@ router = APIRouter(tags=["tenants"])
 
 
 @router.post("/v1/tenants", status_code=201, response_model=TenantCreatedOut)
-async def create_tenant(body: TenantIn, svc: Svc, _: AdminPrincipal) -> dict[str, Any]:
-    key = await registration.create_tenant(svc, body.tenant_id, body.sla_class, body.weight, body.priority)
+async def create_tenant(body: TenantIn, svc: Svc, p: AdminPrincipal) -> dict[str, Any]:
+    key = await registration.create_tenant(svc, actor_of(p), body.tenant_id, body.sla_class, body.weight,
+                                           body.priority)
     return {**reports.tenant_public(svc, body.tenant_id), "api_key": key}
 
 
