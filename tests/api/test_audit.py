@@ -135,15 +135,17 @@ def test_a_silent_executor_dropped_is_audited(make_client: Callable[..., TestCli
 
 
 class Scripted:
-    """A placement policy that decides what it is told (the real apply and audit paths run)."""
+    """A placement policy that decides what it is told once, then nothing (the real apply and
+    audit paths run; the service's own scheduling loop may step it too)."""
 
     name = "scripted"
 
     def __init__(self, decision: Decision) -> None:
-        self.decision = decision
+        self.decision: Decision | None = decision
 
     def step(self, now_s: float, state: ClusterView) -> Decision:
-        return self.decision
+        decision, self.decision = self.decision or Decision(), None
+        return decision
 
 
 def test_a_placement_decision_is_audited_with_its_notes_and_what_if_figures(
