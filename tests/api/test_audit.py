@@ -38,7 +38,11 @@ def audit(client: TestClient, key: str = ADMIN, **params: Any) -> list[dict[str,
 
 
 def one(client: TestClient, action: str, **params: Any) -> dict[str, Any]:
-    found = [e for e in audit(client, **params) if e["action"] == action]
+    """The one entry of ``action``; entries recorded in the background (a replan, a decision) may
+    land a moment after the call that caused them, so this waits up to 10 s for the first."""
+    deadline = time.monotonic() + 10.0
+    while not (found := [e for e in audit(client, **params) if e["action"] == action]) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(found) == 1, (action, found)
     return found[0]
 
