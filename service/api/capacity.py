@@ -205,6 +205,7 @@ def calibrate(loads: Sequence[TenantLoad], duration_s: float, *, neo4j: Neo4jSet
     offered = calibrated_loads(loads, capacity, duration_s)
     record = {
         "machine": before,
+        "duration_s": duration_s,
         "capacity": {t: c.to_dict() for t, c in capacity.items()},
         "offered": {o.tenant_id: {"role": ROLES[o.tenant_id][0], "multiple_of_capacity": ROLES[o.tenant_id][1],
                                   "rate_rps": o.rate_rps, "start_s": o.start_s,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,14 +89,17 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None = None, seed: int = 0,
-             progress: Callable[[str], None] | None = None, drain_timeout_s: float = 300.0) -> LiveRunResult:
+             progress: Callable[[str], None] | None = None, drain_timeout_s: float = 300.0,
+             weights: Mapping[str, float] | None = None) -> LiveRunResult:
+    """Serve ``workload`` live with ``placement``; ``weights`` (tenant -> its share of the offered
+    work) size container homes, as a real operator sizes containers from the load it expects."""
     say = progress or (lambda _: None)
     tenants = {r.tenant_id: r for r in workload.requests}
     if neo4j is not None:  # a shared graph: start from none of these tenants' objects
         reset_tenants(neo4j, sorted(tenants))
     loads = [TenantLoad(t, r.model, 0.0, r.sla_class) for t, r in sorted(tenants.items())]
     with LiveStack(placement=placement, neo4j=neo4j, lease_ttl_s=10.0, heartbeat_s=1.0) as stack:
-        keys = register(stack, loads)
+        keys = register(stack, loads, weights)
         with stack.client(timeout_s=120.0) as admin:
             stack.start_executor("exec-a", ["cpu:0", "cpu:1"])
             stack.start_executor("exec-b", ["cpu:0", "cpu:1"])
@@ -174,7 +177,8 @@ def compare_placements(workload: Workload, out_dir: Path, *, neo4j: Neo4jSetting
     writes ``live.json`` and ``live_latency.png`` into ``out_dir`` and returns the record (with
     ``calibration``, what the load was sized from, when given)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = {p: run_live(p, workload, neo4j=neo4j, seed=seed, progress=progress)
+    weights = offered_work(calibration) if calibration is not None else None
+    runs = {p: run_live(p, workload, neo4j=neo4j, seed=seed, progress=progress, weights=weights)
             for p in ("container", "replica")}
     c, s = runs["container"], runs["replica"]
     record = {
@@ -189,6 +193,14 @@ def compare_placements(workload: Workload, out_dir: Path, *, neo4j: Neo4jSetting
     (out_dir / "live.json").write_text(json.dumps(record, indent=2, default=float) + "\n")
     plot_live(out_dir / "live_latency.png", runs)
     return record
+
+
+def offered_work(calibration: dict[str, Any]) -> dict[str, float]:
+    """Each tenant's offered work in container devices' worth (its multiple of its measured
+    capacity, over the share of the run in which it arrives): what container homes are sized by."""
+    duration = calibration["duration_s"]
+    return {t: o["multiple_of_capacity"] * max(0.0, 1.0 - o["start_s"] / duration)
+            for t, o in calibration["offered"].items()}
 
 
 def plot_live(path: Path, runs: dict[str, LiveRunResult]) -> None:

@@ -4,19 +4,23 @@ the live benchmarks all start this way)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from service.api.stack import LiveStack
 from service.graph.connection import Neo4jSettings
 from service.workload.synthetic import TenantLoad
 
 
-def register(stack: LiveStack, loads: Sequence[TenantLoad]) -> dict[str, str]:
-    """Create each tenant (its SLA class) and its model ``m``; returns the tenants' keys."""
+def register(stack: LiveStack, loads: Sequence[TenantLoad], weights: Mapping[str, float] | None = None
+             ) -> dict[str, str]:
+    """Create each tenant (its SLA class and its ``weights`` entry, default 1: container placement
+    sizes homes by it) and its model ``m``; returns the tenants' keys."""
     keys: dict[str, str] = {}
     with stack.client(timeout_s=120.0) as admin:
         for load in sorted(loads, key=lambda t: t.tenant_id):
-            r = admin.post("/v1/tenants", json={"tenant_id": load.tenant_id, "sla_class": load.sla_class})
+            weight = (weights or {}).get(load.tenant_id, 1.0)
+            r = admin.post("/v1/tenants", json={"tenant_id": load.tenant_id, "sla_class": load.sla_class,
+                                                "weight": weight})
             if r.status_code == 409:
                 raise RuntimeError(f"tenant {load.tenant_id} already exists in this Neo4j: use a clean graph")
             r.raise_for_status()

@@ -3,9 +3,11 @@
 The live service calls the same ``Scheduler.step(now, view)`` as replay. The view's replicas
 and devices are the live truth (a :class:`LiveSnapshot` copied on the event loop, so the step
 can run in a worker thread). Its what-ifs run the simulator on a **mirror**: a simulated
-cluster of the registered devices and current replicas that replays the last ``window_s`` of
-arrivals (plus every request still unfinished, from the window's start) to rebuild queues and
-batches, then forks as replay does (:class:`~service.sim.view.SimClusterView`). Iteration
+cluster of the registered devices and current replicas, anchored to the live truth: the requests
+unfinished live (queued or running) are handed to it now, in arrival order, with their true
+ages (the window reaches back to the oldest, at most two minutes), and the last ``window_s`` of
+arrivals are its history for load forecasts; then it forks as replay does
+(:class:`~service.sim.view.SimClusterView`). Iteration
 costs come from the service's cost model (``--cost-model``, default the learned one) plus a
 per-iteration overhead calibrated from the executors' observations (mean measured iteration
 time per model family), which replaces the model's own host overhead for that family.
@@ -88,6 +90,7 @@ class LiveSnapshot:
     devices_of: dict[str, tuple[str, ...]] = field(default_factory=dict)  # compute unit -> its live devices
     sla_classes: dict[str, SlaClass] = field(default_factory=lambda: dict(SLA_CLASSES))  # by the names in recent
     configs: dict[str, ModelConfig] = field(default_factory=dict)  # family -> config, models from disk included
+    pending: frozenset[str] = frozenset()  # ids of the recent requests not finished live (queued or running)
 
 
 class DecisionTarget(Protocol):
@@ -124,8 +127,12 @@ class LiveClusterView:
             mirror = SimulatedCluster(snap.spec, replicas, self.cost_model, rng=np.random.default_rng(self.seed),
                                       overheads=overheads, model_configs={**MODEL_CONFIGS, **snap.configs},
                                       sla_classes=snap.sla_classes)
-            mirror.submit(sorted(snap.recent, key=lambda r: r.arrival_s))
-            mirror.run(until=snap.window_s)
+            # Anchored to the truth: every request counts as arrived (the forecast's history), but
+            # only those unfinished live are simulated, handed over now with their true ages: the
+            # mirror's queues are the live queues, whatever its speed over the window would say.
+            mirror.note_arrivals(sorted(snap.recent, key=lambda r: r.arrival_s))
+            mirror.release([r for r in snap.recent if r.request_id in snap.pending], at_s=snap.window_s)
+            mirror.run_to(snap.window_s)
             self._built = SimClusterView(mirror, batching=self.batching, model_uid=lambda tenant, family: tenant)
         return self._built
 

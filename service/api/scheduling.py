@@ -26,6 +26,7 @@ from service.domain.request import RequestSpec, RequestStatus
 from service.sim.sla import SLA_CLASSES
 
 log = logging.getLogger("slicesched.service")
+MAX_WINDOW_S = 120.0  # how far back the what-if mirror replays arrivals, at most
 
 
 class SchedulingLoop(HomePlanner):
@@ -70,8 +71,15 @@ class SchedulingLoop(HomePlanner):
             devices.append(DeviceInfo(e.executor_id, e.executor_id, sum(state.free_bytes(d.device_id) for d in members),
                                       self._utilisation(e.executor_id), hosting))
             rows.append((e.executor_id, e.executor_id, members[0].kind, sum(d.mem_bytes for d in members)))
+        # The window reaches back to the oldest unfinished request (up to MAX_WINDOW_S), so that a
+        # backlog keeps its true age in the mirror: a request queued for a minute is late there too.
         start = now_wall - window_s
+        unfinished = [req.arrival for req in state.requests.values() if req.status not in TERMINAL]
+        if unfinished:
+            start = max(now_wall - MAX_WINDOW_S, min(start, min(unfinished)))
+        window_s = now_wall - start
         recent = []
+        pending: set[str] = set()
         sla_classes = dict(SLA_CLASSES)  # and the targets of requests with their own (x-slo-* headers)
         for req in state.requests.values():
             if (req.status in TERMINAL and req.arrival < start) or req.status == RequestStatus.CANCELLED:
@@ -80,10 +88,13 @@ class SchedulingLoop(HomePlanner):
             sla_classes.setdefault(sla.name, sla)
             recent.append(RequestSpec(req.request_id, req.model_uid, family[req.model_uid],
                                       max(0.0, req.arrival - start), len(req.prompt), req.token_budget, sla.name))
+            if req.status not in TERMINAL:
+                pending.add(req.request_id)
         return LiveSnapshot(now - self.started, live_spec(rows), tuple(replicas), tuple(devices),
                             {r.replica_id: r.max_batch for r in state.replicas.values()}, tuple(recent), window_s,
                             window_start_wall=start, iteration_s=dict(state.iteration_s), devices_of=devices_of,
-                            sla_classes=sla_classes, configs={m.family: m.config for m in state.models.values()})
+                            sla_classes=sla_classes, configs={m.family: m.config for m in state.models.values()},
+                            pending=frozenset(pending))
 
     def _utilisation(self, executor_id: str) -> float:
         e = self.state.executors[executor_id]

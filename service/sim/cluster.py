@@ -208,8 +208,25 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
         for req in reqs:
             self.engine.schedule(RequestArrived(time_s=req.arrival_s, request=req))
 
+    def note_arrivals(self, requests: Iterable[RequestSpec]) -> None:
+        """Count requests as arrived, for load forecasts (:meth:`arrivals_since`), without
+        simulating them: a mirror of a live cluster knows what came, not what its queues did."""
+        self.state.arrived.extend(requests)
+        self.state.arrived.sort(key=lambda r: r.arrival_s)
+
+    def release(self, requests: Iterable[RequestSpec], at_s: float) -> None:
+        """Hand requests that arrived earlier (each at its own ``arrival_s``, which its SLA counts
+        from) to the cluster at ``at_s``, in arrival order: a live backlog, queued as it is now."""
+        for req in sorted(requests, key=lambda r: r.arrival_s):
+            self.engine.schedule(RequestArrived(time_s=max(at_s, req.arrival_s), request=req, released=True))
+
     def run(self, until: float | None = None) -> None:
         self.engine.run(until)
+
+    def run_to(self, time_s: float) -> None:
+        """Run until ``time_s`` and set the clock there (even when the last event came earlier)."""
+        self.engine.run(time_s)
+        self.engine.advance_to(time_s)
 
     def report(self) -> SimReport:
         peaks = {d: self.ledger.peak_bytes(d) for d in self._devices}
@@ -223,6 +240,19 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
     def in_flight(self) -> list[tuple[str, RequestSpec]]:
         """(replica_id, request) of every request routed to a replica and not finished."""
         return self.state.in_flight()
+
+    def late_in_flight(self, at_s: float) -> list[RequestSpec]:
+        """Requests in flight at ``at_s`` that have already missed their SLA: past their end-to-end
+        deadline, or still without a first token past their TTFT target."""
+        first = self.state.first_token_s()
+        late = []
+        for _, req in self.state.in_flight():
+            sla = self.sla_classes.get(req.sla_class) or self.sla_classes["standard"]
+            waited = at_s - req.arrival_s
+            no_token = math.isnan(first.get(req.request_id, math.nan))
+            if waited > sla.e2e_s or (no_token and waited > sla.ttft_target_s(req.prompt_tokens)):
+                late.append(req)
+        return late
 
     @property
     def token_gaps(self) -> list[tuple[float, int]]:
@@ -238,7 +268,8 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
     # ---- handlers -----------------------------------------------------------------------
     def _on_request_arrived(self, ev: RequestArrived) -> list[Event]:
         req = ev.request
-        self.state.arrived.append(req)
+        if not ev.released:
+            self.state.arrived.append(req)
         routing = self._routing
         candidates = routing.routable(req, self.engine.now_s)
         if candidates and not routing.fits_ever(req, candidates):

@@ -70,9 +70,12 @@ class StageFinished(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestArrived(Event):
-    """``request`` reached the cluster and wants a replica of its model."""
+    """``request`` reached the cluster and wants a replica of its model. ``released``: it arrived
+    earlier (its ``arrival_s``) and is handed over now, already counted by :meth:`note_arrivals`
+    (a live mirror's backlog)."""
 
     request: RequestSpec
+    released: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,6 +159,13 @@ class Engine:
         queue = self._queue
         while queue and (until is None or queue[0][0] <= until):
             self.step()
+
+    def advance_to(self, time_s: float) -> None:
+        """Move the clock to ``time_s`` with nothing due before it (a mirror catching up with the
+        live clock it mirrors); raises ``ValueError`` when that would skip an event or go back."""
+        if time_s < self._now_s or (self._queue and self._queue[0][0] < time_s):
+            raise ValueError(f"cannot advance to {time_s}: now {self._now_s}, next event {self.peek()}")
+        self._now_s = time_s
 
     # ---- forking (what-if) ---------------------------------------------------------------
     def pending(self) -> list[tuple[float, int, int, Event]]:

@@ -152,6 +152,16 @@ class SimState:
                     grew = True
         return devices, replicas
 
+    def first_token_s(self) -> dict[str, float]:
+        """request_id -> when its first token came (NaN: not yet) for every request in flight."""
+        out: dict[str, float] = {}
+        for r in self.replicas.values():
+            groups: list[Iterable[Live]] = [r.prefilling, r.waiting, r.preempted, *r.finishing.values()]
+            for group in groups:
+                for live in group:
+                    out.setdefault(live.spec.request_id, live.first_token_s)
+        return out
+
     def in_flight(self) -> list[tuple[str, RequestSpec]]:
         """(replica_id, request) of every request routed to a replica and not finished."""
         out: list[tuple[str, RequestSpec]] = []

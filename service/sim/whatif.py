@@ -8,7 +8,8 @@ candidate devices, closed over the replicas sharing them), applies the change on
 and runs the queued work forward together with a persistence forecast of arrivals (the last
 ``horizon_s`` of arrivals of the tenants involved, replayed shifted by ``horizon_s``: only the
 past is used, as a deployed scheduler would). Predicted late requests are those that finished
-late or are still running past their end-to-end deadline at the horizon.
+late or are still in flight at the horizon past their end-to-end deadline, or past their TTFT
+target without a first token (a request queued behind a backlog is late before it finishes).
 
 In-process and pure. :meth:`WhatIf.evaluate` forks only the part of the cluster the candidate
 placements can influence (their devices, the replicas on those devices and, transitively, those
@@ -144,10 +145,8 @@ class WhatIf:
         for o in fork.metrics.outcomes:
             if not o.sla_met:
                 late[o.tenant_id] = late.get(o.tenant_id, 0) + 1
-        for _, req in fork.in_flight():
-            sla = fork.sla_classes.get(req.sla_class) or fork.sla_classes["standard"]
-            if req.arrival_s + sla.e2e_s < end:
-                late[req.tenant_id] = late.get(req.tenant_id, 0) + 1
+        for req in fork.late_in_flight(end):
+            late[req.tenant_id] = late.get(req.tenant_id, 0) + 1
         peaks = {d: fork.ledger.peak_bytes(d) for d in {d for rid in fork.replica_ids
                                                         for d in fork.replica_spec(rid).device_ids}}
         return WhatIfOutcome(horizon_s, tokens, late, len(fork.ledger.violations) - violations_before, peaks)

@@ -138,3 +138,22 @@ def test_opfeatures_of_a_slice_cost_what_the_cost_model_says() -> None:
     ops = (OpFeatures("linear", 2e12, 1e9),)
     duration = sim.slice_duration_s(ops, "h/gpu0")
     assert duration == pytest.approx(2e12 / (312e12 * 0.6) + 2e-6)
+
+
+def test_a_request_queued_past_its_ttft_target_is_late_before_its_e2e_deadline() -> None:
+    """A backlog shows in the prediction as soon as it costs TTFT: a request still waiting for
+    its first token past its target counts as late at the horizon, long before its end-to-end
+    deadline passes (interactive: 1 s TTFT, 60 s end to end)."""
+    spec = ClusterSpec.from_dict({"name": "t", "hosts": [{"host_id": "h", "devices": {"kind": "A100-80GB", "count": 1}}]})
+    sim = SimulatedCluster(spec, [ReplicaSpec("r0", "gpt2-small", ("h/gpu0",), max_num_seqs=1)], RooflineLike(),
+                           rng=np.random.default_rng(0))
+    # one long request holds the only batch slot; the short ones queue behind it
+    reqs = [RequestSpec("long", "t0", "gpt2-small", 0.0, 64, 4000, "interactive")]
+    reqs += [RequestSpec(f"q{i}", "t0", "gpt2-small", 0.001 * (i + 1), 16, 4, "interactive") for i in range(5)]
+    sim.submit(reqs)
+    sim.run(until=2.0)
+    late = {r.request_id for r in sim.late_in_flight(sim.now_s)}
+    assert late == {f"q{i}" for i in range(5)}  # queued 2 s, no first token: late
+    assert not sim.late_in_flight(0.5)  # within the 1 s target at 0.5 s
+    baseline, _ = WhatIf(sim).replica_change(ReplicaSpec("g", "gpt2-small", ("h/gpu0",), tenant_id="t0"), 1.0)
+    assert baseline.violations_by_tenant.get("t0", 0) >= 5
