@@ -13,6 +13,7 @@ is a 400, as OpenAI answers (:func:`service.api.openai.is_openai_route`). The Op
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -94,7 +95,9 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, SliceschedError)
         param = getattr(exc, "culprit", None)
         if exc.http_status is not None:  # each error class declares its answer: service/domain/error.py
-            return _error(request, exc.http_status, exc.kind, str(exc), param=param)
+            retry = getattr(exc, "retry_after_s", None)
+            headers = {"Retry-After": str(max(1, math.ceil(retry)))} if retry is not None else None
+            return _error(request, exc.http_status, exc.kind, str(exc), headers, param=param)
         log.error("unmapped domain error: %r", exc)
         return _error(request, 400, "invalid_input", str(exc), param=param)
 

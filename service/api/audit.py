@@ -60,8 +60,10 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
 def actor_of(p: Principal, executor_id: str | None = None) -> Actor:
     """Who a key acts as: ``admin``; the tenant's id; an executor key's executor (``executor_id``,
     else its pool)."""
-    if p.role == "tenant":
-        return Actor(str(p.tenant_id), "tenant")
+    if p.is_tenant:  # a tenant's own key acts as the tenant; a person's or service's key as itself
+        if p.key_id is None:
+            return Actor(str(p.tenant_id), "tenant")
+        return Actor(f"{p.tenant_id}/{p.key_id}", p.role)
     if p.role == "executor":
         return Actor(executor_id or str(p.pool_id), "executor")
     return Actor(p.role, p.role)

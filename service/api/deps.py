@@ -1,14 +1,18 @@
 """Typed dependencies of the routes: the service, the caller's key and the roles a route needs.
 
-A route's signature says who may call it: ``p: AdminPrincipal`` (admin keys), ``ExecutorPrincipal``
-(admin or executor keys), ``AnyPrincipal`` (any known key), ``TenantScope`` (admin or tenant keys:
-the tenant a tenant key is bound to, ``None`` for an admin). A missing or unknown key is a 401, a
-key of another role a 403 (``ForbiddenError``), both mapped once in :mod:`service.api.app`.
+A route's signature says who may call it, by the roles of :mod:`service.domain.role`:
+``AdminPrincipal`` (the platform admin), ``ExecutorPrincipal`` (admin or executor keys),
+``SubmitPrincipal`` / ``ReadPrincipal`` / ``ManagePrincipal`` (a tenant's keys that may submit work,
+read, or manage the tenant; the admin too), ``AuditPrincipal`` (admin or auditor), ``AnyPrincipal``
+(any known key); the ``*Scope`` aliases give the tenant a tenant key is bound to (``None`` for a
+platform key). A missing, unknown or expired key is a 401, a key of another role a 403
+(``ForbiddenError``), both mapped once in :mod:`service.api.app`.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
@@ -16,6 +20,19 @@ from fastapi import Depends, Request
 
 from service.api.credential import hash_key
 from service.domain.error import ForbiddenError, InvalidInputError, NotFoundError, UnauthorizedError
+from service.domain.role import (
+    ADMIN,
+    AUDIT_READ,
+    AUDIT_VERIFY,
+    EXECUTE,
+    EXECUTOR,
+    MANAGE,
+    PLATFORM,
+    READ,
+    SUBMIT,
+    TENANT_ADMIN,
+    is_tenant_role,
+)
 
 if TYPE_CHECKING:
     from service.api.service import LiveService
@@ -23,13 +40,20 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Principal:
-    role: str  # admin | executor | tenant
+    role: str  # one of service.domain.role.ROLES
     tenant_id: str | None = None
     pool_id: str | None = None  # an executor key's pool
+    key_id: str | None = None  # a member key's id (None: the admin key, a tenant's own key, a pool key)
+    projects: tuple[str, ...] = ()  # the projects a member or viewer key is limited to (): all
 
     @property
     def is_admin(self) -> bool:
-        return self.role == "admin"
+        return self.role == ADMIN
+
+    @property
+    def is_tenant(self) -> bool:
+        """A key of one tenant (tenant admin, member or viewer)."""
+        return is_tenant_role(self.role)
 
 
 def service_of(request: Request) -> LiveService:
@@ -41,21 +65,26 @@ Svc = Annotated["LiveService", Depends(service_of)]
 
 
 def authenticate(request: Request) -> Principal:
-    """The caller's role from ``Authorization: Bearer <key>``."""
+    """The caller's role from ``Authorization: Bearer <key>``: the admin key, an executor pool's,
+    a tenant's own key (its first tenant admin), or a person's or service's key (its role)."""
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key:
         raise UnauthorizedError("send your key as 'Authorization: Bearer <key>'")
     service = service_of(request)
     if hmac.compare_digest(key, service.settings.admin_key):
-        return Principal("admin")
+        return Principal(ADMIN)
     pool = service.pools.pool_of_key(key)
     if pool is not None:
-        return Principal("executor", pool_id=pool)
-    tenant = service.state.by_key_hash.get(hash_key(key))
-    if tenant is None:
+        return Principal(EXECUTOR, pool_id=pool)
+    digest = hash_key(key)
+    tenant = service.state.by_key_hash.get(digest)
+    if tenant is not None:
+        return Principal(TENANT_ADMIN, tenant)
+    member = service.access.key_of_hash(digest, service.state.wall())
+    if member is None:
         raise UnauthorizedError("unknown key")
-    return Principal("tenant", tenant)
+    return Principal(member.role, member.tenant_id, key_id=member.key_id, projects=member.projects)
 
 
 AnyPrincipal = Annotated[Principal, Depends(authenticate)]
@@ -66,47 +95,51 @@ def require(p: Principal, *roles: str) -> None:
         raise ForbiddenError(f"this needs a key of role {' or '.join(roles)} (yours: {p.role})")
 
 
-async def admin(p: AnyPrincipal) -> Principal:
-    require(p, "admin")
-    return p
+def _needs(*roles: str) -> Callable[[Principal], Awaitable[Principal]]:
+    async def dependency(p: AnyPrincipal) -> Principal:
+        require(p, *roles)
+        return p
+
+    return dependency
 
 
-async def executor(p: AnyPrincipal) -> Principal:
-    require(p, "admin", "executor")
-    return p
+def _scope(*roles: str) -> Callable[[Principal], Awaitable[str | None]]:
+    async def dependency(p: AnyPrincipal) -> str | None:
+        """A platform key sees every tenant (``None``); a tenant's key its own; others a 403."""
+        require(p, *roles)
+        return p.tenant_id if p.is_tenant else None
+
+    return dependency
 
 
-async def tenant_scope(p: AnyPrincipal) -> str | None:
-    """Admin keys see every tenant (``None``); a tenant key its own; an executor key nothing (403)."""
-    if p.is_admin:
-        return None
-    require(p, "tenant")
-    assert p.tenant_id is not None
-    return p.tenant_id
-
-
-AdminPrincipal = Annotated[Principal, Depends(admin)]
-ExecutorPrincipal = Annotated[Principal, Depends(executor)]
-TenantScope = Annotated[str | None, Depends(tenant_scope)]
+AdminPrincipal = Annotated[Principal, Depends(_needs(*PLATFORM))]
+ExecutorPrincipal = Annotated[Principal, Depends(_needs(*EXECUTE))]
+SubmitPrincipal = Annotated[Principal, Depends(_needs(*SUBMIT))]  # admin, tenant admin, member
+ReadPrincipal = Annotated[Principal, Depends(_needs(*READ))]  # ... and viewer
+ManagePrincipal = Annotated[Principal, Depends(_needs(*MANAGE))]  # admin, tenant admin
+AuditPrincipal = Annotated[Principal, Depends(_needs(*AUDIT_VERIFY))]  # admin, auditor
+TenantScope = Annotated[str | None, Depends(_scope(*READ))]  # read a tenant's records
+SubmitScope = Annotated[str | None, Depends(_scope(*SUBMIT))]  # change a tenant's work (cancel)
+AuditScope = Annotated[str | None, Depends(_scope(*AUDIT_READ))]  # the audit log
 
 
 def scoped_tenant(p: Principal, given: str | None) -> str:
     """The tenant a call acts for: a tenant key's own, or the admin's explicit choice."""
-    if p.role == "tenant":
+    if p.is_tenant:
         assert p.tenant_id is not None
         if given is not None and given != p.tenant_id:
             raise NotFoundError(f"no tenant {given!r}")
         return p.tenant_id
-    require(p, "admin")
+    require(p, ADMIN)
     if given is None:
         raise InvalidInputError("admin keys must name the tenant_id")
     return given
 
 
 def own_tenant(p: Principal, tenant_id: str) -> None:
-    """Admin keys act for any tenant; a tenant key for itself only (any other is a 404)."""
-    if p.role == "tenant":
+    """Admin keys act for any tenant; a tenant's key for its own only (any other is a 404)."""
+    if p.is_tenant:
         if p.tenant_id != tenant_id:
             raise NotFoundError(f"no tenant {tenant_id!r}")
         return
-    require(p, "admin")
+    require(p, ADMIN)

@@ -8,8 +8,10 @@ import asyncio
 import logging
 from typing import Any
 
+from service.api.access import AccessBook
 from service.api.neo4j_gate import Neo4jGate, neo4j_down
 from service.api.notify import Signal
+from service.api.quota import QuotaBook
 from service.api.records import TERMINAL, LiveRequest
 from service.domain.error import ConflictError, DatabaseUnavailableError, InvalidInputError
 from service.domain.request import RequestStatus
@@ -27,6 +29,8 @@ class DurableWrites(Neo4jGate):
     _unsettled: set[str]  # requests whose end's write has no clear outcome yet
     _completion_batch: list[tuple[list[dict[str, Any]], Any, asyncio.Future[BaseException | None]]]
     _completion_flush: asyncio.Future[None] | None  # the group commit in flight
+    access: AccessBook  # projects and tenant quotas
+    quotas: QuotaBook  # usage against them
 
     async def accept_requests(self, reqs: list[LiveRequest]) -> list[LiveRequest]:
         """Write the requests to Neo4j (one transaction), then queue them: an answered request
@@ -56,8 +60,9 @@ class DurableWrites(Neo4jGate):
                 self._submitting[k] = done
             try:
                 self._check_db()
+                self.admit(fresh)  # quotas: a 429 accepts none
                 task = asyncio.ensure_future(asyncio.to_thread(self.repo.create_requests, [r.row() for r in fresh]))
-                task.add_done_callback(lambda t: self._take_in(t, fresh))
+                task.add_done_callback(lambda t: self._settle_intake(t, fresh))
                 existing = await self._bounded(task, self.settings.call_timeout_s + 0.01 * len(fresh))
             finally:
                 for k in mine:
@@ -70,19 +75,49 @@ class DurableWrites(Neo4jGate):
                     answer[req.request_id] = req
         return [answer[r.request_id] for r in reqs]
 
-    def _take_in(self, task: asyncio.Future[Any], fresh: list[LiveRequest]) -> None:
+    def _settle_intake(self, task: asyncio.Future[Any], fresh: list[LiveRequest]) -> None:
         """Queue requests once their write committed (runs when the write ends, even after the
-        client was answered 503: a committed request always runs, and once)."""
+        client was answered 503: a committed request always runs, and once); what was charged
+        to quotas for requests not created (a failed write, an earlier idempotent request) is
+        given back."""
         if task.cancelled() or task.exception() is not None:
+            self.refund(fresh)
             return
         existing = task.result()
         taken = [r for r in fresh if not (r.idempotency_key and r.idempotency_key in existing)]
+        self.refund([r for r in fresh if r.idempotency_key and r.idempotency_key in existing])
         for req in taken:
             self.state.accept(req)
             self.metrics.arrived(req)
         if taken:
             self.work.notify()
             self.changed.set()
+
+    def admit(self, reqs: list[LiveRequest]) -> None:
+        """Charge the requests to their tenants' and projects' quotas, all or none (a 429 with
+        ``Retry-After`` for work beyond one)."""
+        now = self.state.wall()
+        by_scope: dict[tuple[str, str], int] = {}
+        for r in reqs:
+            by_scope[(r.tenant_id, r.project_id)] = by_scope.get((r.tenant_id, r.project_id), 0) + \
+                len(r.prompt) + r.max_tokens
+        charged: list[tuple[str, str, int]] = []
+        try:
+            for (tenant_id, project_id), tokens in by_scope.items():
+                project = self.access.project(tenant_id, project_id)
+                self.quotas.admit([(tenant_id, None, self.access.quota_of(tenant_id)),
+                                   (tenant_id, project_id, project.quota)], tokens, now)
+                charged.append((tenant_id, project_id, tokens))
+        except BaseException:
+            for tenant_id, project_id, tokens in charged:
+                self.quotas.refund(tenant_id, project_id, tokens, now)
+            raise
+
+    def refund(self, reqs: list[LiveRequest]) -> None:
+        """Give back what :meth:`admit` charged (the requests were not accepted after all)."""
+        now = self.state.wall()
+        for r in reqs:
+            self.quotas.refund(r.tenant_id, r.project_id, len(r.prompt) + r.max_tokens, now)
 
     @staticmethod
     def _same_request(old: LiveRequest, new: LiveRequest) -> LiveRequest:

@@ -61,6 +61,8 @@ class LeaseBook:
         self._lease_ids = itertools.count(1)
         self._lease_prefix = secrets.token_hex(3)  # lease ids never repeat across restarts
         self.on_end: Callable[[LiveRequest], None] = lambda req: None  # a request ended (observer)
+        # a lease ended: its request and the device-seconds it held (observer: quota usage)
+        self.on_lease_end: Callable[[LiveRequest, float], None] = lambda req, device_s: None
 
     # ---- requests ----------------------------------------------------------------------------
     def open_queue(self, model_uid: str) -> None:
@@ -366,6 +368,8 @@ class LeaseBook:
         if executor is not None:
             executor.leases.discard(lease_id)
         req = self.requests[lease.request_id]
+        held_s = observed.busy_s if observed is not None else max(0.0, self.wall() - lease.granted_wall)
+        self.on_lease_end(req, held_s * (len(replica.device_ids) if replica is not None else 1))
         writes = [self.slice_row(lease, state, observed)]
         if requeue and req.status == RequestStatus.LEASED and req.lease_id == lease_id:
             req.status, req.lease_id = RequestStatus.QUEUED, None

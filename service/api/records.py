@@ -123,6 +123,7 @@ class LiveRequest:
     slo_ttft_s: float | None = None  # the request's own TTFT target (x-slo-ttft-ms); None: its class's
     slo_tpot_s: float | None = None  # its own time-per-output-token target (x-slo-tpot-ms)
     priority: int | None = None  # its own queue priority (x-priority); None: its tenant's
+    project_id: str = "default"  # the tenant's project it belongs to (its quota and usage)
 
     @property
     def model_uid(self) -> str:
@@ -143,7 +144,7 @@ class LiveRequest:
         return {"request_id": self.request_id, "tenant_id": self.tenant_id, "model_id": self.model_id,
                 "status": self.status.value, "prompt_tokens": len(self.prompt), "max_tokens": self.max_tokens,
                 "sla_class": self.sla_class, "slo_ttft_s": self.slo_ttft_s, "slo_tpot_s": self.slo_tpot_s,
-                "priority": self.priority, "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
+                "priority": self.priority, "project_id": self.project_id, "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
                 "token_budget": self.token_budget, "attempts": self.attempts,
                 "output_tokens": list(self.output_tokens), "queued_s": self.queued_s, "ttft_s": self.ttft_s,
                 "e2e_s": self.e2e_s, "arrival": self.arrival, "finished_at": self.finished_at, "error": self.error}
@@ -164,7 +165,8 @@ class LiveRequest:
                 "finished_at": self.finished_at, "error": self.error,
                 "idempotency_key": self.idempotency_key, "body_sha": self.body_sha,
                 "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
-                "slo_ttft_s": self.slo_ttft_s, "slo_tpot_s": self.slo_tpot_s, "priority": self.priority}
+                "slo_ttft_s": self.slo_ttft_s, "slo_tpot_s": self.slo_tpot_s, "priority": self.priority,
+                "project_id": self.project_id}
 
 
 @dataclass

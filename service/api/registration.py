@@ -7,34 +7,52 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from typing import TYPE_CHECKING, Any
 
+from service.api.access import DEFAULT_PROJECT
 from service.api.audit import actor_of, key_state
 from service.api.credential import hash_key, new_key
 from service.api.deps import Principal
 from service.api.records import LiveModel
 from service.domain.audit import Actor
 from service.domain.error import ConflictError, InvalidInputError
+from service.domain.quota import Quota
 
 if TYPE_CHECKING:
     from service.api.service import LiveService
 
 
 async def create_tenant(svc: LiveService, actor: Actor, tenant_id: str, sla_class: str, weight: float,
-                        priority: int) -> str:
-    """A new tenant; its key (returned once) is in Neo4j before it is usable."""
+                        priority: int, quota: Quota | None = None, *, issue_key: bool = True) -> str | None:
+    """A new tenant with its quota; its key (returned once) is in Neo4j before it is usable.
+    ``issue_key`` False (an approved onboarding): no key yet, the claim issues it."""
     if tenant_id in svc.state.tenants:
         raise ConflictError(f"tenant {tenant_id!r} exists")
-    key = new_key(tenant_id)
+    key = new_key(tenant_id) if issue_key else None
+    key_hash = hash_key(key) if key is not None else None
+    quota = quota or Quota()
     svc.state.check_tenant(sla_class, weight)
     assert svc.repo is not None
-    await svc.db(svc.repo.upsert_tenant, tenant_id, sla_class=sla_class, weight=weight,
-                 priority=priority, key_hash=hash_key(key))  # persisted first: a key never outlives a crash unrecorded
-    svc.state.add_tenant(tenant_id, sla_class, weight, priority, hash_key(key))
+    props: dict[str, Any] = {"sla_class": sla_class, "weight": weight, "priority": priority, "key_hash": key_hash,
+                             **quota_props(quota)}
+    if not issue_key:
+        props["approved_at"] = time.time()
+    await svc.db(svc.repo.upsert_tenant, tenant_id, **props)  # persisted first: a key never outlives a crash unrecorded
+    await svc.db(svc.repo.upsert_project, tenant_id, DEFAULT_PROJECT, description="the tenant's default project",
+                 created_at=time.time(), **quota_props(Quota()))
+    svc.state.add_tenant(tenant_id, sla_class, weight, priority, key_hash)
+    svc.access.tenant_quota[tenant_id] = quota
     await svc.audit.append(actor, "tenant.create", "tenant", tenant_id, tenant_id,
                            after={"sla_class": sla_class, "weight": weight, "priority": priority,
-                                  **key_state(hash_key(key))})
+                                  "quota": quota.to_dict(), **key_state(key_hash)})
     return key
+
+
+def quota_props(quota: Quota) -> dict[str, Any]:
+    """A quota as Tenant or Project properties (null: no limit)."""
+    return {"quota_tokens_per_s": quota.tokens_per_s, "quota_device_s_per_hour": quota.device_s_per_hour,
+            "quota_mem_bytes": quota.mem_bytes}
 
 
 def default_seed(tenant_id: str, model_id: str) -> int:

@@ -96,7 +96,7 @@ async def inspect(svc: LiveService, p: Principal, query: str | None, name: str |
     if (query is None) == (name is None):
         raise InvalidInputError("give exactly one of query (Cypher) and name (a named query)")
     params = dict(params)
-    if p.role == "tenant":
+    if p.is_tenant:
         if query is not None:
             raise ForbiddenError("tenant keys run named queries (raw Cypher is for admin keys)")
         assert name is not None

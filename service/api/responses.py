@@ -274,6 +274,7 @@ class RequestOut(Out):
     slo_ttft_s: float | None = Field(description="its own TTFT target (x-slo-ttft-ms); null: its class's")
     slo_tpot_s: float | None = Field(description="its own time-per-output-token target (x-slo-tpot-ms); null: its class's")
     priority: int | None = Field(description="its own queue priority (x-priority); null: its tenant's")
+    project_id: str = Field(description="the tenant's project it belongs to (its quota and usage)")
     temperature: float = Field(description="0: greedy")
     top_p: float
     seed: int | None = Field(description="the sampling seed; null: greedy with none given")
@@ -358,3 +359,79 @@ class AuditVerifyOut(Out):
     first_bad_seq: int | None = Field(description="the first entry that breaks the chain; null when intact")
     reason: str | None = Field(description="why it breaks the chain (altered, removed, inserted, reordered)")
     seconds: float
+
+
+# ---- governance ---------------------------------------------------------------------------------------
+class WhoAmIOut(Out):
+    role: str
+    tenant_id: str | None
+    key_id: str | None
+    projects: list[str]
+
+
+class QuotaOut(Out):
+    tokens_per_s: float | None
+    device_s_per_hour: float | None
+    mem_bytes: int | None
+
+
+class ApiKeyOut(Out):
+    key_id: str
+    tenant_id: str | None
+    name: str
+    role: str
+    projects: list[str]
+    expires_at: float | None = Field(description="epoch seconds; null: never")
+    created_at: float
+    created_by: str
+    status: Literal["active", "revoked", "expired"]
+
+
+class ApiKeyCreatedOut(ApiKeyOut):
+    api_key: str = Field(description="the key, shown once")
+
+
+class ProjectOut(Out):
+    tenant_id: str
+    project_id: str
+    description: str
+    quota: QuotaOut
+    created_at: float
+
+
+class UsageOut(Out):
+    quota: QuotaOut
+    tokens_admitted: int
+    tokens_used: int = Field(description="admitted minus what ended requests did not generate")
+    requests_refused: int
+    device_s_last_hour: float
+    device_s_total: float
+    tokens_available: float | None = Field(description="in the token bucket now; null: no tokens/s quota")
+
+
+class TenantUsageOut(Out):
+    tenant_id: str
+    tenant: UsageOut
+    projects: dict[str, UsageOut]
+
+
+class AccessRequestOut(Out):
+    request_id: str
+    kind: str
+    tenant_id: str
+    project_id: str | None
+    status: Literal["pending", "approved", "rejected"]
+    payload: dict[str, Any]
+    reason: str | None
+    history: list[dict[str, Any]] = Field(description="{at, by, action, reason?}, oldest first")
+    created_at: float
+    decided_at: float | None
+    claimed: bool | None = Field(description="onboarding: whether the first key was issued")
+
+
+class OnboardingSubmittedOut(AccessRequestOut):
+    claim_token: str = Field(description="shown once: present it to /v1/onboarding/{id}/claim")
+
+
+class ClaimOut(AccessRequestOut):
+    api_key: str | None = Field(description="the tenant's first key (tenant_admin), once, after approval")

@@ -74,6 +74,8 @@ class RequestIn(Body):
     top_p: float | None = Field(None, gt=0, le=1, description="nucleus mass (default 1: every token)")
     seed: Annotated[int, Field(ge=0, le=MAX_SEED), BeforeValidator(_whole)] | None = Field(
         None, description="the sampling seed (default: a random one, kept with the request)")
+    project_id: str | None = Field(None, pattern=ID, description="the tenant's project it belongs to (default: "
+                                                                  "x-project, the key's one project, else 'default')")
 
 
 class RequestBatchIn(Body):
@@ -170,3 +172,73 @@ class ErrorOut(BaseModel):
     """Every error the API answers: ``{"error": {"kind", "message"}}``."""
 
     error: ErrorDetail
+
+
+# ---- governance: keys, projects, quotas, access requests ------------------------------------------
+class QuotaIn(Body):
+    """Limits; a field left out or null is no limit."""
+
+    tokens_per_s: float | None = Field(None, gt=0, le=1e9, description="prompt + max_tokens admitted per second "
+                                                                        "(a token bucket holding 10 s of it)")
+    device_s_per_hour: float | None = Field(None, gt=0, le=1e9, description="device-seconds over the last hour")
+    mem_bytes: Int | None = Field(None, gt=0, le=2**60, description="bytes of weights its models may hold")
+
+
+class ApiKeyIn(Body):
+    key_id: str = Field(pattern=ID)
+    name: str = Field(min_length=1, max_length=200, description="the person or service it belongs to")
+    role: str = Field(json_schema_extra={"enum": ["tenant_admin", "member", "viewer"]})
+    projects: list[Annotated[str, Field(pattern=ID)]] = Field(
+        default_factory=list, max_length=100, description="the projects it acts in (member, viewer); empty: all")
+    expires_in_s: float | None = Field(None, gt=0, le=10 * 365 * 86400.0, description="null: never expires")
+
+
+class AuditorKeyIn(Body):
+    key_id: str = Field(pattern=ID)
+    name: str = Field(min_length=1, max_length=200)
+    expires_in_s: float | None = Field(None, gt=0, le=10 * 365 * 86400.0)
+
+
+class ProjectIn(Body):
+    project_id: str = Field(pattern=ID)
+    description: str = Field("", max_length=1000)
+    quota: QuotaIn | None = None
+
+
+class OnboardingModelIn(Body):
+    model_id: str = Field(pattern=ID)
+    family: str = Field(max_length=64, json_schema_extra={"enum": list(LIVE_FAMILIES)})
+
+
+class OnboardingIn(Body):
+    """A prospective tenant's request: no key needed."""
+
+    tenant_id: str = Field(pattern=ID, description="the tenant id it asks for")
+    organisation: str = Field(min_length=1, max_length=200)
+    contact: str = Field(min_length=3, max_length=200, description="who to answer (an e-mail address, say)")
+    sla_class: str = Field("standard", json_schema_extra={"enum": list(SLA_CLASSES)})
+    models: list[OnboardingModelIn] = Field(default_factory=list, max_length=16)
+    quota: QuotaIn = Field(default_factory=lambda: QuotaIn(tokens_per_s=None, device_s_per_hour=None, mem_bytes=None))
+    note: str = Field("", max_length=2000)
+
+
+class ClaimIn(Body):
+    claim_token: str = Field(min_length=1, max_length=200)
+
+
+class AccessChangeIn(Body):
+    """A tenant's request for a change: ``quota`` (with ``quota``, for the tenant or one
+    ``project_id``), ``model`` (``model_id`` and ``family``) or ``sla_class``."""
+
+    kind: Literal["quota", "model", "sla_class"]
+    tenant_id: str | None = Field(None, pattern=ID, description="admin keys only")
+    project_id: str | None = Field(None, pattern=ID, description="quota: the project's (default: the tenant's)")
+    quota: QuotaIn | None = None
+    model_id: str | None = Field(None, pattern=ID)
+    family: str | None = Field(None, max_length=64, json_schema_extra={"enum": [*LIVE_FAMILIES, None]})
+    sla_class: str | None = Field(None, json_schema_extra={"enum": [*SLA_CLASSES, None]})
+    note: str = Field("", max_length=2000)
+
+
+class DecisionIn(Body):
+    reason: str = Field(min_length=1, max_length=2000, description="why: kept in the request's history")

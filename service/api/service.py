@@ -24,14 +24,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
 from learned.artifact import load_cost_model
+from service.api.access import DEFAULT_PROJECT, AccessBook, ApiKeyRecord, LiveProject
 from service.api.audit import AuditLog
 from service.api.durable import DurableWrites
 from service.api.keys import ExecutorPools
-from service.api.metrics import LiveMetrics
+from service.api.metrics import PREFIX, LiveMetrics
 from service.api.notify import Signal
+from service.api.onboarding import AccessRequests
+from service.api.quota import QuotaBook
 from service.api.records import TERMINAL, LiveModel, LiveRequest
 from service.api.registration import model_from_dir
 from service.api.scheduling import SchedulingLoop
@@ -45,6 +51,7 @@ from service.core.queue import make_queue_policy
 from service.core.scheduler import Scheduler
 from service.domain.audit import SYSTEM
 from service.domain.error import InvalidInputError
+from service.domain.quota import Quota
 from service.domain.request import RequestStatus
 from service.graph.catalog import QueryCatalog
 from service.graph.repository import GraphRepository
@@ -66,7 +73,11 @@ class LiveService(DurableWrites, SchedulingLoop):
                                max_batch=settings.max_batch)
         self.metrics = LiveMetrics(self.state)
         self.streams = StreamBook()  # tokens on their way to waiting clients (the OpenAI endpoints)
-        self.state.book.on_end = self.streams.end
+        self.access = AccessBook()  # people's and services' keys, projects, tenant quotas
+        self.quotas = QuotaBook()  # usage against them
+        self.access_requests = AccessRequests()  # onboarding and later changes, awaiting approval
+        self.state.book.on_end = self._request_ended
+        self.state.book.on_lease_end = self._lease_ended
         self.pools = ExecutorPools(settings.executor_key, settings.executor_kinds)  # executor keys
         self.driver: Any = None
         self.neo4j_uri: str | None = None
@@ -77,6 +88,7 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.scheduler = Scheduler(make_placement_policy(settings.placement, find_devices=self._cypher_candidates))
         self.supervisor = Supervisor()
         self.metrics.watch(self._health_metrics)
+        self.metrics.watch(self._quota_metrics)
         self.work = Signal()  # notified when leases may be granted
         self.changed = asyncio.Event()  # set on arrivals and completions (the scheduler's trigger)
         self.decisions: list[str] = []
@@ -117,6 +129,7 @@ class LiveService(DurableWrites, SchedulingLoop):
         sup.spawn("gmg-writer", self.writer.tick, interval_s=0.0, stuck_after_s=60.0)
         sup.spawn("retention", self._retention_tick, interval_s=600.0, stuck_after_s=1800.0)
         sup.spawn("neo4j-watch", self._neo4j_tick, interval_s=1.0, stuck_after_s=60.0)
+        sup.spawn("usage", self._usage_tick, interval_s=self.settings.usage_interval_s, stuck_after_s=120.0)
 
     async def stop(self) -> None:
         await self.supervisor.stop()
@@ -149,6 +162,13 @@ class LiveService(DurableWrites, SchedulingLoop):
         for t in await asyncio.to_thread(repo.live_tenants):
             self.state.add_tenant(t["tenant_id"], t["sla_class"] or "standard", float(t["weight"] or 1.0),
                                   int(t["priority"] or 0), t["key_hash"])
+            self.access.tenant_quota[t["tenant_id"]] = quota_of_row(t)
+        for p in await asyncio.to_thread(repo.live_projects):
+            self.access.add_project(LiveProject(p["tenant_id"], p["project_id"], quota_of_row(p),
+                                                p["description"] or "", float(p["created_at"] or 0.0)))
+        for k in await asyncio.to_thread(repo.live_api_keys):
+            self.access.add_key(ApiKeyRecord.from_row(k))
+        self.access_requests.recover(await asyncio.to_thread(repo.access_requests))
         for m in await asyncio.to_thread(repo.live_models):
             replicas = int(m["replicas"] or 1)
             if m.get("path"):  # a model directory: its config and tokenizer are read again
@@ -174,7 +194,7 @@ class LiveService(DurableWrites, SchedulingLoop):
                               body_sha=row.get("body_sha"), temperature=float(row.get("temperature") or 0.0),
                               top_p=float(row.get("top_p") or 1.0), seed=row.get("seed"),
                               slo_ttft_s=row.get("slo_ttft_s"), slo_tpot_s=row.get("slo_tpot_s"),
-                              priority=row.get("priority"))
+                              priority=row.get("priority"), project_id=row.get("project_id") or DEFAULT_PROJECT)
             if req.model_uid not in self.state.models:
                 continue
             requeued += req.status not in TERMINAL
@@ -182,6 +202,60 @@ class LiveService(DurableWrites, SchedulingLoop):
         if rows:
             log.info("recovered %d requests from Neo4j (%d queued again)", len(rows), requeued)
         self.work.notify()
+
+    # ---- quotas (admission: DurableWrites.admit) --------------------------------------------------
+    def _request_ended(self, req: LiveRequest) -> None:
+        self.streams.end(req)
+        unused = max(0, req.max_tokens - len(req.output_tokens))
+        if unused:
+            self.quotas.refund(req.tenant_id, req.project_id, unused, self.state.wall())
+
+    def _lease_ended(self, req: LiveRequest, device_s: float) -> None:
+        self.quotas.charge_device_s(req.tenant_id, req.project_id, device_s, self.state.wall())
+
+    def usage_public(self, tenant_id: str, project_id: str | None) -> dict[str, Any]:
+        quota = self.access.quota_of(tenant_id) if project_id is None else self.access.project(tenant_id,
+                                                                                               project_id).quota
+        return self.quotas.of(tenant_id, project_id).public(quota, self.state.wall())
+
+    def _quota_metrics(self) -> Iterator[Metric]:
+        """Quota usage per tenant and project (``project`` empty: the tenant's own meter)."""
+        now = self.state.wall()
+        labels = ["tenant", "project"]
+        used = GaugeMetricFamily(f"{PREFIX}quota_tokens_used", "Tokens admitted (prompt + max_tokens) minus what "
+                                 "ended requests did not generate", labels=labels)
+        refused = CounterMetricFamily(f"{PREFIX}quota_requests_refused", "Submissions refused by a quota (429)",
+                                      labels=labels)
+        device = GaugeMetricFamily(f"{PREFIX}quota_device_seconds_last_hour", "Device-seconds charged over the last "
+                                   "hour", labels=labels)
+        limit = GaugeMetricFamily(f"{PREFIX}quota_tokens_per_second_limit", "The tokens/s quota (absent: none)",
+                                  labels=labels)
+        for (tenant_id, project_id), u in sorted(self.quotas.usage.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+            values = [tenant_id, project_id or ""]
+            used.add_metric(values, u.tokens_admitted - u.tokens_refunded)
+            refused.add_metric(values, u.refused)
+            device.add_metric(values, u.device_s.used(now))
+            if u.rate is not None:
+                limit.add_metric(values, u.rate)
+        yield from (used, refused, device, limit)
+
+    async def _usage_tick(self) -> None:
+        """Usage that changed since the last tick onto its Tenant and Project nodes."""
+        if not self.quotas.dirty or self.repo is None or not self.db_up:
+            return
+        dirty, self.quotas.dirty = self.quotas.dirty, set()
+        now = self.state.wall()
+        rows = []
+        for tenant_id, project_id in sorted(dirty, key=lambda s: (s[0], s[1] or "")):
+            u = self.quotas.of(tenant_id, project_id)
+            rows.append({"tenant_id": tenant_id, "project_id": project_id,
+                         "tokens_used": u.tokens_admitted - u.tokens_refunded, "requests_refused": u.refused,
+                         "device_s_last_hour": u.device_s.used(now), "device_s_total": u.device_s.total, "at": now})
+        try:
+            await self.db(self.repo.record_usage, rows)
+        except BaseException:
+            self.quotas.dirty |= dirty  # written with the next tick
+            raise
 
     # ---- background loops ----------------------------------------------------------------------
     async def _neo4j_tick(self) -> None:
@@ -229,3 +303,10 @@ class LiveService(DurableWrites, SchedulingLoop):
         deleted = await self.db(self.repo.delete_old_live_slices, time.time() - self.settings.slice_retention_s)
         if deleted:
             log.info("retention: deleted %d live slices", deleted)
+
+
+def quota_of_row(row: dict[str, Any]) -> Quota:
+    """A Tenant's or Project's quota from its ``quota_*`` properties (null: no limit)."""
+    return Quota.from_dict({"tokens_per_s": row.get("quota_tokens_per_s"),
+                            "device_s_per_hour": row.get("quota_device_s_per_hour"),
+                            "mem_bytes": row.get("quota_mem_bytes")})

@@ -40,6 +40,8 @@ class ServiceSettings:
     neo4j: Neo4jSettings = field(default_factory=Neo4jSettings.from_env)
     cost_model: str = DEFAULT_KIND  # the what-if mirror's iteration costs (learned.choice.KINDS)
     audit: bool = True  # record the audit log (SLICESCHED_AUDIT=0: off; reading and verifying still work)
+    usage_interval_s: float = 5.0  # quota usage is written onto Tenant and Project nodes this often
+    max_pending_access_requests: int = 1000  # onboarding requests awaiting a decision; beyond, a 429
 
     def __post_init__(self) -> None:
         kind_from(self.cost_model)  # a known kind, else InvalidInputError

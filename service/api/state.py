@@ -23,6 +23,7 @@ class LiveState:
                  lease_ttl_s: float = 10.0, max_attempts: int = 3, max_batch: int = 8,
                  kv_reserve_tokens: int = LIVE_BATCHING.kv_reserve_tokens) -> None:
         self.policy = policy
+        self.wall = wall  # epoch seconds (key expiry, quota meters)
         self.registry = r = Registry(clock=clock, max_batch=max_batch, kv_reserve_tokens=kv_reserve_tokens)
         self.book = b = LeaseBook(r, policy, clock=clock, wall=wall, lease_ttl_s=lease_ttl_s,
                                   max_attempts=max_attempts)

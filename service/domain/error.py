@@ -16,6 +16,7 @@ UnauthorizedError          401          unauthorized     2
 ForbiddenError             403          forbidden        2
 ConflictError              409          conflict         2
 QueueFullError             429          overloaded       3
+QuotaExceededError [4]     429          quota_exceeded   3
 NotServedError             409          not_served       3
 InvariantError             400 [1]      invalid_input    1
 DatabaseUnavailableError   503          unavailable      3
@@ -29,6 +30,7 @@ call), 3 Neo4j cannot be reached or started; 130 (interrupted) is the CLI's own.
 [1] ``http_status`` None: the API has no answer of its own for it; it logs it as unmapped and
 answers 400 ``invalid_input``, as it always has. [2] Raised by the executor daemon, a client of
 the API, never by the service. [3] And its subclasses InvalidGraphError and InvalidClusterError.
+[4] The answer carries ``Retry-After`` (whole seconds) from ``retry_after_s``.
 """
 
 from __future__ import annotations
@@ -127,6 +129,19 @@ class QueueFullError(SliceschedError):
     http_status = 429
     kind = "overloaded"
     exit_code = EXIT_UNAVAILABLE
+
+
+class QuotaExceededError(SliceschedError):
+    """Work beyond a tenant's or project's quota: nothing was accepted; ``retry_after_s`` says
+    when the same work would fit (the API's ``Retry-After``)."""
+
+    http_status = 429
+    kind = "quota_exceeded"
+    exit_code = EXIT_UNAVAILABLE
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class NotServedError(SliceschedError):

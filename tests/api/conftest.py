@@ -31,11 +31,13 @@ def auth(key: str) -> dict[str, str]:
 
 
 def reset_live_state(repo: Any) -> None:
-    """A GMG without live tenants, executor pools, requests or leases (one service's world)."""
+    """A GMG without live tenants, executor pools, keys, projects, access requests, requests or leases
+    (one service's world)."""
     for row in repo.live_tenants():
         repo.delete_tenant(row["tenant_id"])
     with repo.driver.session() as s:
-        s.run("MATCH (n) WHERE n:Request OR (n:Slice AND n.live) OR n:ExecutorPool DETACH DELETE n").consume()
+        s.run("MATCH (n) WHERE n:Request OR (n:Slice AND n.live) OR n:ExecutorPool OR n:ApiKey OR n:Project "
+              "OR n:AccessRequest DETACH DELETE n").consume()
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,21 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.api.routers import audit, executors, keys, leases, models, openai, ops, requests, scheduling, tenants
+from service.api.routers import (
+    access,
+    audit,
+    executors,
+    keys,
+    leases,
+    models,
+    onboarding,
+    openai,
+    ops,
+    requests,
+    scheduling,
+    tenants,
+)
 
 ROUTERS: tuple[APIRouter, ...] = (ops.router, tenants.router, models.router, executors.router, requests.router,
-                                  leases.router, scheduling.router, keys.router, openai.router, audit.router)
+                                  leases.router, scheduling.router, keys.router, access.router, onboarding.router,
+                                  openai.router, audit.router)

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from service.api.deps import AdminPrincipal, Svc, TenantScope
+from service.api.deps import AuditPrincipal, AuditScope, Svc
 from service.api.responses import AuditPageOut, AuditVerifyOut
 from service.domain.audit import AuditEntry
 from service.domain.error import InvalidInputError, NotFoundError
@@ -20,7 +20,7 @@ MAX_PAGE = 1000
 
 @router.get("/v1/audit", response_model=AuditPageOut)
 async def list_audit(
-    svc: Svc, scope: TenantScope,
+    svc: Svc, scope: AuditScope,
     tenant_id: Annotated[str | None, Query(description="entries of this tenant (a tenant key: its own only)")] = None,
     action: Annotated[str | None, Query(description="an action, or a prefix of dotted parts: 'tenant' matches "
                                                     "tenant.create and tenant.key.rotate")] = None,
@@ -51,7 +51,7 @@ async def list_audit(
 
 @router.get("/v1/audit/verify", response_model=AuditVerifyOut)
 async def verify_audit(
-    svc: Svc, _: AdminPrincipal,
+    svc: Svc, _: AuditPrincipal,
     anchor_seq: Annotated[int | None, Query(ge=1, description="a seq whose hash was recorded earlier")] = None,
     anchor_hash: Annotated[str | None, Query(pattern="^[0-9a-f]{64}$", description="that hash")] = None,
 ) -> dict[str, Any]:

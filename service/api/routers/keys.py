@@ -10,7 +10,7 @@ from pydantic import Field
 
 from service.api.audit import actor_of, key_state
 from service.api.credential import hash_key, new_key
-from service.api.deps import AdminPrincipal, AnyPrincipal, Svc, own_tenant
+from service.api.deps import AdminPrincipal, ManagePrincipal, Svc, own_tenant
 from service.api.keys import BOOTSTRAP_POOL, CATALOGUE_KINDS, DEFAULT_MAX_DEVICES, DEFAULT_MAX_MEM_BYTES, ExecutorPool
 from service.api.responses import (
     ExecutorPoolCreatedOut,
@@ -98,8 +98,8 @@ async def revoke_pool_key(pool_id: str, svc: Svc, p: AdminPrincipal) -> dict[str
 
 
 @router.post("/v1/tenants/{tenant_id}/keys/rotate", response_model=TenantKeyOut)
-async def rotate_tenant_key(tenant_id: str, svc: Svc, p: AnyPrincipal) -> dict[str, Any]:
-    """Admin, or the tenant itself: a new key (shown once); the old one is refused from now on."""
+async def rotate_tenant_key(tenant_id: str, svc: Svc, p: ManagePrincipal) -> dict[str, Any]:
+    """Admin, or the tenant's admin: a new key (shown once); the old one is refused from now on."""
     own_tenant(p, tenant_id)
     before = key_state(svc.state.tenant(tenant_id).key_hash)
     key = new_key(tenant_id)
@@ -112,8 +112,8 @@ async def rotate_tenant_key(tenant_id: str, svc: Svc, p: AnyPrincipal) -> dict[s
 
 
 @router.post("/v1/tenants/{tenant_id}/keys/revoke", response_model=TenantKeyRevokedOut)
-async def revoke_tenant_key(tenant_id: str, svc: Svc, p: AnyPrincipal) -> dict[str, Any]:
-    """Admin, or the tenant itself: the key is refused from now on; the tenant's models and
+async def revoke_tenant_key(tenant_id: str, svc: Svc, p: ManagePrincipal) -> dict[str, Any]:
+    """Admin, or the tenant's admin: the key is refused from now on; the tenant's models and
     requests stay (queued requests still run). A rotation issues a new key."""
     own_tenant(p, tenant_id)
     before = key_state(svc.state.tenant(tenant_id).key_hash)

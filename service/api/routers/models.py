@@ -10,7 +10,7 @@ from fastapi import APIRouter
 
 from service.api import registration, reports
 from service.api.audit import actor_of
-from service.api.deps import AnyPrincipal, Svc, require, scoped_tenant
+from service.api.deps import ManagePrincipal, ReadPrincipal, Svc, require, scoped_tenant
 from service.api.responses import ModelOut
 from service.api.schemas import ModelIn
 from service.domain.error import ForbiddenError
@@ -20,7 +20,7 @@ router = APIRouter(tags=["models"])
 
 @router.post("/v1/catalog/models", status_code=201, response_model=ModelOut)
 @router.post("/v1/models", status_code=201, response_model=ModelOut)
-async def create_model(body: ModelIn, svc: Svc, p: AnyPrincipal) -> dict[str, Any]:
+async def create_model(body: ModelIn, svc: Svc, p: ManagePrincipal) -> dict[str, Any]:
     """Register one of the built-in runnable models, or (admin keys) a Hugging Face model directory
     by ``path``; its operator graph is traced into the GMG."""
     tenant_id = scoped_tenant(p, body.tenant_id)
@@ -33,8 +33,8 @@ async def create_model(body: ModelIn, svc: Svc, p: AnyPrincipal) -> dict[str, An
 
 
 @router.get("/v1/catalog/models", response_model=list[ModelOut])
-async def list_models(svc: Svc, p: AnyPrincipal, tenant_id: str | None = None) -> list[dict[str, Any]]:
-    if p.role == "tenant":  # a tenant sees its own; an admin every tenant's, or the one it names
+async def list_models(svc: Svc, p: ReadPrincipal, tenant_id: str | None = None) -> list[dict[str, Any]]:
+    if p.is_tenant:  # a tenant sees its own; an admin every tenant's, or the one it names
         tenant_id = scoped_tenant(p, tenant_id)
     else:
         require(p, "admin")
@@ -43,5 +43,5 @@ async def list_models(svc: Svc, p: AnyPrincipal, tenant_id: str | None = None) -
 
 
 @router.get("/v1/catalog/models/{model_id}", response_model=ModelOut)
-async def get_model(model_id: str, svc: Svc, p: AnyPrincipal, tenant_id: str | None = None) -> dict[str, Any]:
+async def get_model(model_id: str, svc: Svc, p: ReadPrincipal, tenant_id: str | None = None) -> dict[str, Any]:
     return reports.model_public(svc.state.model(scoped_tenant(p, tenant_id), model_id))

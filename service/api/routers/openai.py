@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from service.api import intake
 from service.api import openai as oa
-from service.api.deps import AnyPrincipal, Principal, Svc, require
+from service.api.deps import Principal, ReadPrincipal, SubmitPrincipal, Svc, require
 from service.api.intake import Hints
 from service.api.records import TERMINAL, LiveModel, LiveRequest
 from service.api.streams import TokenStream
@@ -59,51 +59,51 @@ STREAM_DOC = {"text/event-stream": {"schema": {
 
 
 def _resolve(svc: LiveService, p: Principal, name: str) -> LiveModel:
-    if p.role == "tenant":
+    if p.is_tenant:
         model = svc.state.models.get(f"{p.tenant_id}/{name}")
     else:
         require(p, "admin")
         model = svc.state.models.get(name)
     if model is None:
-        hint = "" if p.role == "tenant" else " (an admin key names a model tenant_id/model_id)"
+        hint = "" if p.is_tenant else " (an admin key names a model tenant_id/model_id)"
         raise NotFoundError(f"the model {name!r} does not exist{hint}")
     return model
 
 
 def _card(m: LiveModel, p: Principal) -> dict[str, Any]:
-    return {"id": m.model_id if p.role == "tenant" else m.uid, "object": "model", "created": int(m.created_at),
+    return {"id": m.model_id if p.is_tenant else m.uid, "object": "model", "created": int(m.created_at),
             "owned_by": m.tenant_id}
 
 
 @router.get(oa.MODELS_PATH, response_model=oa.ModelListOut)
-async def list_models(svc: Svc, p: AnyPrincipal) -> dict[str, Any]:
+async def list_models(svc: Svc, p: ReadPrincipal) -> dict[str, Any]:
     """The key's models (an admin key: every tenant's, as tenant_id/model_id)."""
-    if p.role != "tenant":
+    if not p.is_tenant:
         require(p, "admin")
-    models = sorted((m for m in svc.state.models.values() if p.role != "tenant" or m.tenant_id == p.tenant_id),
+    models = sorted((m for m in svc.state.models.values() if not p.is_tenant or m.tenant_id == p.tenant_id),
                     key=lambda m: m.uid)
     return {"object": "list", "data": [_card(m, p) for m in models]}
 
 
 @router.get(oa.MODELS_PATH + "/{model_id:path}", response_model=oa.ModelCardOut)
-async def get_model(model_id: str, svc: Svc, p: AnyPrincipal) -> dict[str, Any]:
+async def get_model(model_id: str, svc: Svc, p: ReadPrincipal) -> dict[str, Any]:
     return _card(_resolve(svc, p, model_id), p)
 
 
 @router.post(oa.COMPLETIONS_PATH, response_class=JSONResponse,
              responses={200: {"model": oa.CompletionOut, "content": STREAM_DOC}})
-async def completions(body: oa.CompletionIn, svc: Svc, p: AnyPrincipal, hints: Hints, request: Request) -> Response:
+async def completions(body: oa.CompletionIn, svc: Svc, p: SubmitPrincipal, hints: Hints, request: Request) -> Response:
     """A completion of ``prompt`` (text, or token ids)."""
     body.check_supported()
     model = _resolve(svc, p, body.model)
     prompt = model.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
-    return await _run(svc, request, model, body, prompt, body.max_tokens or oa.DEFAULT_MAX_TOKENS, hints,
+    return await _run(svc, request, p, model, body, prompt, body.max_tokens or oa.DEFAULT_MAX_TOKENS, hints,
                       chat=False)
 
 
 @router.post(oa.CHAT_PATH, response_class=JSONResponse,
              responses={200: {"model": oa.ChatCompletionOut, "content": STREAM_DOC}})
-async def chat_completions(body: oa.ChatCompletionIn, svc: Svc, p: AnyPrincipal, hints: Hints,
+async def chat_completions(body: oa.ChatCompletionIn, svc: Svc, p: SubmitPrincipal, hints: Hints,
                            request: Request) -> Response:
     """The assistant's reply to ``messages``, rendered with the model's chat template."""
     body.check_supported()
@@ -113,16 +113,17 @@ async def chat_completions(body: oa.ChatCompletionIn, svc: Svc, p: AnyPrincipal,
     if max_tokens < 1:
         raise InvalidInputError(f"the conversation ({len(prompt)} tokens) fills the model's context of "
                                 f"{model.config.max_seq_len} tokens", culprit="messages")
-    return await _run(svc, request, model, body, prompt, max_tokens, hints, chat=True)
+    return await _run(svc, request, p, model, body, prompt, max_tokens, hints, chat=True)
 
 
-async def _run(svc: LiveService, request: Request, model: LiveModel, body: oa.SamplingBody, prompt: list[int],
-               max_tokens: int, hints: intake.RequestHints, *, chat: bool) -> Response:
+async def _run(svc: LiveService, request: Request, p: Principal, model: LiveModel, body: oa.SamplingBody,
+               prompt: list[int], max_tokens: int, hints: intake.RequestHints, *, chat: bool) -> Response:
     """Submit the request and answer it whole, or as a stream."""
     if not any(r.model_uid == model.uid and not r.draining for r in svc.state.replicas.values()):
         raise NotServedError(f"no executor serves model {body.model!r} now; retry later")
     req = intake.build_request(svc, model.tenant_id, model.model_id, prompt, max_tokens, hints=hints,
-                               sampling=intake.sampling_of(body.temperature, body.top_p, body.seed))
+                               sampling=intake.sampling_of(body.temperature, body.top_p, body.seed),
+                               project_id=intake.project_of(svc, p, model.tenant_id, hints.project_id))
     stream = svc.streams.open(req.request_id, progress=bool(body.stream))
     try:
         await svc.accept_requests([req])

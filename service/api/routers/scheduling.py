@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from service.api import reports
-from service.api.deps import AdminPrincipal, AnyPrincipal, Svc
+from service.api.deps import AdminPrincipal, ReadPrincipal, Svc
 from service.api.responses import CandidateWhatIfOut, InspectOut, PolicyWhatIfOut
 from service.api.schemas import InspectIn, WhatIfIn
 
@@ -22,7 +22,7 @@ async def what_if(body: WhatIfIn, svc: Svc, _: AdminPrincipal) -> dict[str, Any]
 
 
 @router.post("/v1/inspect", tags=["inspection"], response_model=InspectOut)
-async def inspect(body: InspectIn, svc: Svc, p: AnyPrincipal) -> dict[str, Any]:
+async def inspect(body: InspectIn, svc: Svc, p: ReadPrincipal) -> dict[str, Any]:
     """Read-only Cypher (admin) or a named query; tenant keys run named queries scoped to themselves."""
     table = await reports.inspect(svc, p, body.query, body.name, body.params)
     return {"columns": table.columns, "rows": table.rows}

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 
 from service.api import registration, reports
 from service.api.audit import actor_of
-from service.api.deps import AdminPrincipal, AnyPrincipal, Svc, scoped_tenant
+from service.api.deps import AdminPrincipal, ReadPrincipal, Svc, scoped_tenant
 from service.api.responses import TenantCreatedOut, TenantOut
 from service.api.schemas import TenantIn
 
@@ -28,5 +28,5 @@ async def list_tenants(svc: Svc, _: AdminPrincipal) -> list[dict[str, Any]]:
 
 
 @router.get("/v1/tenants/{tenant_id}", response_model=TenantOut)
-async def get_tenant(tenant_id: str, svc: Svc, p: AnyPrincipal) -> dict[str, Any]:
+async def get_tenant(tenant_id: str, svc: Svc, p: ReadPrincipal) -> dict[str, Any]:
     return reports.tenant_public(svc, scoped_tenant(p, tenant_id))
