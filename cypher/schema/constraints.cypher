@@ -12,7 +12,7 @@ CREATE CONSTRAINT slice_uid IF NOT EXISTS FOR (n:Slice) REQUIRE n.uid IS UNIQUE
 CREATE CONSTRAINT experiment_uid IF NOT EXISTS FOR (n:Experiment) REQUIRE n.uid IS UNIQUE;
 CREATE CONSTRAINT request_idempotency IF NOT EXISTS FOR (n:Request) REQUIRE (n.tenant_id, n.idempotency_key) IS UNIQUE;
 CREATE CONSTRAINT executor_pool_id IF NOT EXISTS FOR (n:ExecutorPool) REQUIRE n.pool_id IS UNIQUE;
-CREATE CONSTRAINT api_key_id IF NOT EXISTS FOR (n:ApiKey) REQUIRE n.key_id IS UNIQUE;
+CREATE CONSTRAINT api_key_uid IF NOT EXISTS FOR (n:ApiKey) REQUIRE n.uid IS UNIQUE;
 CREATE CONSTRAINT api_key_hash IF NOT EXISTS FOR (n:ApiKey) REQUIRE n.key_hash IS UNIQUE;
 CREATE CONSTRAINT project_uid IF NOT EXISTS FOR (n:Project) REQUIRE n.uid IS UNIQUE;
 CREATE CONSTRAINT access_request_uid IF NOT EXISTS FOR (n:AccessRequest) REQUIRE n.uid IS UNIQUE

@@ -76,33 +76,34 @@ class AccessBook:
     the record: :meth:`recover` rebuilds it)."""
 
     def __init__(self) -> None:
-        self.keys: dict[str, ApiKeyRecord] = {}
-        self.by_hash: dict[str, str] = {}
+        self.keys: dict[tuple[str | None, str], ApiKeyRecord] = {}  # (tenant or None, key id)
+        self.by_hash: dict[str, tuple[str | None, str]] = {}
         self.projects: dict[tuple[str, str], LiveProject] = {}
         self.tenant_quota: dict[str, Quota] = {}
 
     # ---- keys ---------------------------------------------------------------------------------
     def add_key(self, key: ApiKeyRecord) -> None:
-        old = self.keys.get(key.key_id)
+        ident = (key.tenant_id, key.key_id)
+        old = self.keys.get(ident)
         if old is not None and old.key_hash is not None:
             self.by_hash.pop(old.key_hash, None)
-        self.keys[key.key_id] = key
+        self.keys[ident] = key
         if key.key_hash is not None:
-            self.by_hash[key.key_hash] = key.key_id
+            self.by_hash[key.key_hash] = ident
 
     def key_of_hash(self, key_hash: str, now: float) -> ApiKeyRecord | None:
         """The key with this hash; an expired one is a 401 that says so."""
-        key_id = self.by_hash.get(key_hash)
-        if key_id is None:
+        ident = self.by_hash.get(key_hash)
+        if ident is None:
             return None
-        key = self.keys[key_id]
+        key = self.keys[ident]
         if key.status(now) == "expired":
             raise UnauthorizedError(f"key {key.key_id!r} expired; ask your tenant admin for a new one")
         return key
 
     def key(self, tenant_id: str | None, key_id: str) -> ApiKeyRecord:
-        found = self.keys.get(key_id)
-        if found is None or found.tenant_id != tenant_id:
+        found = self.keys.get((tenant_id, key_id))
+        if found is None:
             raise NotFoundError(f"no key {key_id!r}")
         return found
 
@@ -110,7 +111,7 @@ class AccessBook:
         return sorted((k for k in self.keys.values() if k.tenant_id == tenant_id), key=lambda k: k.key_id)
 
     def check_new_key(self, tenant_id: str | None, key_id: str, role: str, projects: tuple[str, ...]) -> None:
-        if key_id in self.keys:
+        if (tenant_id, key_id) in self.keys:
             raise ConflictError(f"key {key_id!r} exists")
         if tenant_id is None:
             if role != AUDITOR:

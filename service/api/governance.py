@@ -40,7 +40,7 @@ async def create_key(svc: LiveService, p: Principal, tenant_id: str | None, key_
     record = ApiKeyRecord(key_id, tenant_id, name, role, projects, hash_key(key),
                           None if expires_in_s is None else now + expires_in_s, now, actor_of(p).actor_id)
     assert svc.repo is not None
-    await svc.db(svc.repo.upsert_api_key, key_id, **_props(record))
+    await svc.db(svc.repo.upsert_api_key, tenant_id, key_id, **_props(record))
     svc.access.add_key(record)
     await svc.audit.append(actor_of(p), "key.create", "api_key", key_id, tenant_id,
                            after={**record.public(now), **key_state(record.key_hash)})
@@ -49,7 +49,7 @@ async def create_key(svc: LiveService, p: Principal, tenant_id: str | None, key_
 
 def _props(record: ApiKeyRecord) -> dict[str, Any]:
     row = record.row()
-    del row["key_id"]
+    del row["key_id"], row["tenant_id"]
     return row
 
 
@@ -62,7 +62,7 @@ async def rotate_key(svc: LiveService, p: Principal, tenant_id: str | None, key_
     key = new_key(f"{tenant_id or 'platform'}-{key_id}")
     rotated = ApiKeyRecord(**{**record.__dict__, "key_hash": hash_key(key)})
     assert svc.repo is not None
-    await svc.db(svc.repo.upsert_api_key, key_id, **_props(rotated))
+    await svc.db(svc.repo.upsert_api_key, tenant_id, key_id, **_props(rotated))
     svc.access.add_key(rotated)
     await svc.audit.append(actor_of(p), "key.rotate", "api_key", key_id, tenant_id, before=before,
                            after=key_state(rotated.key_hash))
@@ -74,7 +74,7 @@ async def revoke_key(svc: LiveService, p: Principal, tenant_id: str | None, key_
     before = key_state(record.key_hash)
     revoked = ApiKeyRecord(**{**record.__dict__, "key_hash": None})
     assert svc.repo is not None
-    await svc.db(svc.repo.upsert_api_key, key_id, **{**_props(revoked), "revoked_at": time.time()})
+    await svc.db(svc.repo.upsert_api_key, tenant_id, key_id, **{**_props(revoked), "revoked_at": time.time()})
     svc.access.add_key(revoked)
     await svc.audit.append(actor_of(p), "key.revoke", "api_key", key_id, tenant_id, before=before,
                            after=key_state(None))

@@ -13,8 +13,10 @@ class GovernanceStore(GraphStore):
     QUERIES: tuple[str, ...] = ("upsert_api_key", "live_api_keys", "upsert_project", "live_projects", "record_usage",
                                 "upsert_access_request", "access_requests")
 
-    def upsert_api_key(self, key_id: str, **props: Any) -> None:
-        self._write("upsert_api_key", key_id=check_id("key", key_id), props=props)
+    def upsert_api_key(self, tenant_id: str | None, key_id: str, **props: Any) -> None:
+        """A tenant's key (``tenant_id`` None: a platform auditor key), its hash only."""
+        uid = f"{check_id('tenant', tenant_id) if tenant_id is not None else 'platform'}/{check_id('key', key_id)}"
+        self._write("upsert_api_key", uid=uid, props={"key_id": key_id, "tenant_id": tenant_id, **props})
 
     def live_api_keys(self) -> list[dict[str, Any]]:
         return self._read("live_api_keys")
