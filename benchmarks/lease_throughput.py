@@ -64,6 +64,8 @@ async def run(url: str, key: str, executor_key: str, args: Any) -> dict[str, Any
 
     async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120.0) as c:
         (await c.post("/v1/tenants", json={"tenant_id": "bench"})).raise_for_status()
+        if args.quota_tokens_per_s is not None:  # admission then runs the quota path on every request
+            (await c.put("/v1/tenants/bench/quota", json={"tokens_per_s": args.quota_tokens_per_s})).raise_for_status()
         (await c.post("/v1/models", json={"model_id": "m", "family": "tiny", "tenant_id": "bench"})).raise_for_status()
         t = time.perf_counter()
         for i in range(0, args.requests, 1000):
@@ -120,6 +122,9 @@ def main() -> int:
     p.add_argument("--work-ms", type=float, default=80.0,
                    help="paced phase: a simulated executor runs each batch this long before completing it")
     p.add_argument("--log-dir", type=Path, help="keep the service's log here")
+    p.add_argument("--quota-tokens-per-s", type=float,
+                   help="give the tenant a tokens/s quota (large enough to refuse nothing: what admission costs "
+                        "with quotas on); default none")
     args = p.parse_args()
     if args.quick:
         args.duration_s, args.requests = 6.0, 30_000
@@ -134,7 +139,8 @@ def main() -> int:
     results["targets"] = {"leases_per_s": 1000, "lease_p99_ms": 50,
                           "met": paced["leases_per_s"] >= 1000 and paced["lease_latency_ms"]["p99"] <= 50}
     _record.write("lease_throughput", args, {"executors": args.executors, "batch": args.batch, "work_ms": args.work_ms,
-                                             "duration_s": args.duration_s, "requests": args.requests}, results)
+                                             "duration_s": args.duration_s, "requests": args.requests,
+                                             "quota_tokens_per_s": args.quota_tokens_per_s}, results)
     return 0
 
 

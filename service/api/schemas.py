@@ -181,7 +181,8 @@ class QuotaIn(Body):
     tokens_per_s: float | None = Field(None, gt=0, le=1e9, description="prompt + max_tokens admitted per second "
                                                                         "(a token bucket holding 10 s of it)")
     device_s_per_hour: float | None = Field(None, gt=0, le=1e9, description="device-seconds over the last hour")
-    mem_bytes: Int | None = Field(None, gt=0, le=2**60, description="bytes of weights its models may hold")
+    mem_bytes: Annotated[int, Field(gt=0, le=2**50), BeforeValidator(_whole)] | None = Field(
+        None, description="bytes of weights its models may hold")
 
 
 class ApiKeyIn(Body):

@@ -73,7 +73,8 @@ def test_each_audited_action_has_its_entry(make_client: Callable[..., TestClient
         ("admin", "admin", "tenant", tenant)
     assert created["tenant_id"] == tenant and created["before"] is None
     assert created["after"] == {"sla_class": "standard", "weight": 1.0, "priority": 0, "key": "active",
-                                "key_fingerprint": fingerprint(first_key)}
+                                "key_fingerprint": fingerprint(first_key),
+                                "quota": {"tokens_per_s": None, "device_s_per_hour": None, "mem_bytes": None}}
     assert concerns(repo, created["seq"]) == {("Tenant", tenant)}
 
     key = client.post(f"/v1/tenants/{tenant}/keys/rotate", headers=auth(first_key)).json()["api_key"]

@@ -114,6 +114,33 @@ def test_real_answers_validate_against_their_declared_model(make_client: Callabl
     call("POST", "/v1/executor-pools/{pool_id}/keys/rotate", f"/v1/executor-pools/{pool}/keys/rotate")
     call("POST", "/v1/executor-pools/{pool_id}/keys/revoke", f"/v1/executor-pools/{pool}/keys/revoke")
     call("DELETE", "/v1/executors/{executor_id}", f"/v1/executors/{other}", key=EXECUTOR)
+    # governance: keys, projects, quotas, usage, onboarding and access requests
+    call("GET", "/v1/whoami", key=key)
+    tk = "/v1/tenants/{tenant_id}/api-keys"
+    call("POST", tk, tk.replace("{tenant_id}", tenant), key=key, json={"key_id": "ann", "name": "Ann", "role": "member"})
+    call("GET", tk, tk.replace("{tenant_id}", tenant), key=key)
+    call("POST", tk + "/{key_id}/rotate", f"/v1/tenants/{tenant}/api-keys/ann/rotate", key=key)
+    call("POST", tk + "/{key_id}/revoke", f"/v1/tenants/{tenant}/api-keys/ann/revoke", key=key)
+    call("POST", "/v1/auditor-keys", json={"key_id": f"a{uid}", "name": "audit"})
+    call("GET", "/v1/auditor-keys")
+    call("POST", "/v1/auditor-keys/{key_id}/revoke", f"/v1/auditor-keys/a{uid}/revoke")
+    call("POST", "/v1/tenants/{tenant_id}/projects", f"/v1/tenants/{tenant}/projects", key=key,
+         json={"project_id": "lab", "quota": {"tokens_per_s": 100.0}})
+    call("GET", "/v1/tenants/{tenant_id}/projects", f"/v1/tenants/{tenant}/projects", key=key)
+    call("PUT", "/v1/tenants/{tenant_id}/projects/{project_id}/quota", f"/v1/tenants/{tenant}/projects/lab/quota",
+         key=key, json={"tokens_per_s": 200.0})
+    call("PUT", "/v1/tenants/{tenant_id}/quota", f"/v1/tenants/{tenant}/quota", json={"tokens_per_s": 1000.0})
+    call("GET", "/v1/tenants/{tenant_id}/usage", f"/v1/tenants/{tenant}/usage", key=key)
+    sub = call("POST", "/v1/onboarding", json={"tenant_id": f"n{uid}", "organisation": "N", "contact": "n@n.test"})
+    call("POST", "/v1/onboarding/{request_id}/claim", f"/v1/onboarding/{sub['request_id']}/claim",
+         json={"claim_token": sub["claim_token"]})
+    call("POST", "/v1/access-requests/{request_id}/approve", f"/v1/access-requests/{sub['request_id']}/approve",
+         json={"reason": "ok"})
+    change = call("POST", "/v1/access-requests", key=key, json={"kind": "sla_class", "sla_class": "batch"})
+    call("GET", "/v1/access-requests", key=key)
+    call("GET", "/v1/access-requests/{request_id}", f"/v1/access-requests/{change['request_id']}", key=key)
+    call("POST", "/v1/access-requests/{request_id}/reject", f"/v1/access-requests/{change['request_id']}/reject",
+         json={"reason": "no"})
     new_key = call("POST", "/v1/tenants/{tenant_id}/keys/rotate", f"/v1/tenants/{tenant}/keys/rotate", key=key)
     call("POST", "/v1/tenants/{tenant_id}/keys/revoke", f"/v1/tenants/{tenant}/keys/revoke", key=new_key["api_key"])
 

@@ -19,6 +19,7 @@ TABLE = [  # class, HTTP status (None: unmapped, answered 400 invalid_input), ki
     (e.ForbiddenError, 403, "forbidden", 2),
     (e.ConflictError, 409, "conflict", 2),
     (e.QueueFullError, 429, "overloaded", 3),
+    (e.QuotaExceededError, 429, "quota_exceeded", 3),
     (e.NotServedError, 409, "not_served", 3),
     (e.InvariantError, None, "invalid_input", 1),
     (e.DatabaseUnavailableError, 503, "unavailable", 3),

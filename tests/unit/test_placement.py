@@ -174,9 +174,8 @@ def test_replica_what_if_predicts_what_the_simulator_then_does() -> None:
     for o in c.metrics.outcomes[done_before:]:
         if not o.sla_met:
             late[o.tenant_id] = late.get(o.tenant_id, 0) + 1
-    for _, req in c.in_flight():
-        if req.arrival_s + c.sla_classes[req.sla_class].e2e_s < now + horizon:
-            late[req.tenant_id] = late.get(req.tenant_id, 0) + 1
+    for req in c.late_in_flight(now + horizon):  # past its deadline, or past its TTFT target without a token
+        late[req.tenant_id] = late.get(req.tenant_id, 0) + 1
     assert predicted.output_tokens == c.tokens_out - tokens_before > 0
     assert predicted.violations_by_tenant == late
     assert predicted.memory_violations == len(c.ledger.violations) - violations_before
