@@ -7,7 +7,8 @@ plumbing and schema (:mod:`service.graph.store`), tenants and models
 (:mod:`service.graph.model_store`), the cluster (:mod:`service.graph.cluster_store`), the
 candidate-slot search (:mod:`service.graph.slot_store`), slices cut from a model's graph
 (:mod:`service.graph.cut_store`), the live service's records
-(:mod:`service.graph.live_store`), the audit log (:mod:`service.graph.audit_store`) and inspection
+(:mod:`service.graph.live_store`), the audit log (:mod:`service.graph.audit_store`), experiment
+records (:mod:`service.graph.experiment_store`) and inspection
 (:mod:`service.graph.inspection`).
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 from service.graph.audit_store import AuditStore
 from service.graph.cluster_store import ClusterStore
 from service.graph.cut_store import CutStore
+from service.graph.experiment_store import ExperimentStore
 from service.graph.inspection import Inspection
 from service.graph.live_store import LiveStore
 from service.graph.model_store import ModelStore
@@ -23,6 +25,8 @@ from service.graph.slot_store import SlotStore
 from service.graph.store import GraphStore
 
 
-class GraphRepository(ModelStore, ClusterStore, SlotStore, CutStore, LiveStore, AuditStore, Inspection):
+class GraphRepository(ModelStore, ClusterStore, SlotStore, CutStore, LiveStore, AuditStore, ExperimentStore,
+                      Inspection):
     REQUIRED: tuple[str, ...] = (*GraphStore.QUERIES, *ModelStore.QUERIES, *ClusterStore.QUERIES, *SlotStore.QUERIES,
-                *CutStore.QUERIES, *LiveStore.QUERIES, *AuditStore.QUERIES, *Inspection.QUERIES)
+                *CutStore.QUERIES, *LiveStore.QUERIES, *AuditStore.QUERIES, *ExperimentStore.QUERIES,
+                *Inspection.QUERIES)
