@@ -86,10 +86,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    print_table(["uid", "kind", "project", "created_at", "seed", "commit", "cost model", "output"],
-                [[r["uid"], r["kind"], r["project"], r["created_at"], r["seed"],
+    # the output folder is left to `show` (and --json): a path would fold every uid in two
+    print_table(["uid", "kind", "project", "created (UTC)", "seed", "commit", "cost model"],
+                [[r["uid"], r["kind"], r["project"], (r["created_at"] or "")[:19].replace("T", " "), r["seed"],
                   None if r["code_commit"] is None else r["code_commit"][:12] + (" dirty" if r["code_dirty"] else ""),
-                  r["cost_model_kind"], r["out_dir"]] for r in rows], title="experiments")
+                  r["cost_model_kind"]] for r in rows], title="experiments")
     print(f"{len(rows)} experiment(s)")
     return 0
 
@@ -115,7 +116,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         ["cluster", c.get("cluster")], ["tenants", c.get("tenants")], ["trace", c.get("trace")],
         ["policies", c.get("policies")], ["loads", c.get("loads")], ["duration_s", c.get("duration_s")],
         ["interval_s", c.get("interval_s")], ["kv", c.get("kv")],
-        ["cost model", f"{e.cost_model.get('kind')} (artifact sha256 {e.cost_model_sha256})"],
+        ["cost model", f"{e.cost_model.get('kind')} " + (f"(artifact sha256 {e.cost_model_sha256})"
+                                                         if e.cost_model_sha256 else "(no artifact)")],
         ["output", e.out_dir]], title="experiment")
     print_table(["data read", "sha256"], sorted(e.data_digests.items()), title="data digests")
     by_key: dict[str, list[Any]] = {}
@@ -189,6 +191,7 @@ def plot_comparison(path: Path, a: Experiment, b: Experiment) -> None:
             values = [figures[(label, k)][side] for k in keys]
             ax.bar(x + offset, [np.nan if v is None else v for v in values], width, label=name)
         ax.set_xticks(x, keys, rotation=20, ha="right")
+        ax.set_ylim(bottom=0)
         ax.set_ylabel(ylabel)
         ax.set_title(label)
         ax.legend(fontsize=8)
@@ -217,6 +220,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     rerun = experiment_of(outcome, uid=f"{record.uid}-rerun", project=record.project, tenant_id=record.tenant_id)
     check = reproduction(record, rerun)
     print(f"reran {record.uid} into {out}")
+    _print_plot_notes(record, rerun)
     if check.exact:
         print(f"reproduced exactly: {len(record.results)} result(s), every number the same "
               f"(code {rerun.code.describe()}, {len(rerun.data_digests)} data digest(s) the same; wall-clock "
@@ -229,3 +233,16 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     for line in check.lines():
         print(f"  {line}")
     return EXIT_DIFFERS
+
+
+def _print_plot_notes(record: Experiment, rerun: Experiment) -> None:
+    """Plots are not part of a reproduction (their bytes move with the matplotlib version, not
+    with the results): said, not counted."""
+    before = {p.name: p.sha256 for p in record.plots}
+    after = {p.name: p.sha256 for p in rerun.plots}
+    changed = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
+    if changed:
+        print(f"note: {len(changed)} plot(s) not byte-identical to the recorded ones (not compared as results): "
+              + ", ".join(changed))
+    else:
+        print(f"plots: all {len(after)} byte-identical to the recorded ones")

@@ -111,7 +111,8 @@ class Experiment:
 
 # ---- comparisons --------------------------------------------------------------------------------
 def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested mappings as one mapping of dotted keys (``e2e_s.p50``); lists stay values."""
+    """Nested mappings as one mapping of dotted keys (``e2e_s.p50``); a list of mappings by
+    index (``by_load[0].requests``), any other list as one value."""
     if not isinstance(doc, Mapping):
         return {prefix: doc} if prefix else {"": doc}
     out: dict[str, Any] = {}
@@ -120,6 +121,9 @@ def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:
         value = doc[key]
         if isinstance(value, Mapping) and value:
             out.update(flatten(value, path))
+        elif isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+            for i, item in enumerate(value):
+                out.update(flatten(item, f"{path}[{i}]") if item else {f"{path}[{i}]": item})
         else:
             out[path] = value
     return out
