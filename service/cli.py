@@ -355,6 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_replay(sub)
 
+    from service.experiment_command import add_parser as add_experiments
+
+    add_experiments(sub)
+
     from service.data.command import add_parser as add_data
 
     add_data(sub)

@@ -7,9 +7,9 @@ plumbing and schema (:mod:`service.graph.store`), tenants and models
 (:mod:`service.graph.model_store`), the cluster (:mod:`service.graph.cluster_store`), the
 candidate-slot search (:mod:`service.graph.slot_store`), slices cut from a model's graph
 (:mod:`service.graph.cut_store`), the live service's records
-(:mod:`service.graph.live_store`), the audit log (:mod:`service.graph.audit_store`), governance (keys, projects, access requests,
-usage: :mod:`service.graph.governance_store`) and inspection
-(:mod:`service.graph.inspection`).
+(:mod:`service.graph.live_store`), the audit log (:mod:`service.graph.audit_store`), governance
+(keys, projects, access requests, usage: :mod:`service.graph.governance_store`), experiment
+records (:mod:`service.graph.experiment_store`) and inspection (:mod:`service.graph.inspection`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 from service.graph.audit_store import AuditStore
 from service.graph.cluster_store import ClusterStore
 from service.graph.cut_store import CutStore
+from service.graph.experiment_store import ExperimentStore
 from service.graph.governance_store import GovernanceStore
 from service.graph.inspection import Inspection
 from service.graph.live_store import LiveStore
@@ -26,7 +27,7 @@ from service.graph.store import GraphStore
 
 
 class GraphRepository(ModelStore, ClusterStore, SlotStore, CutStore, LiveStore, AuditStore, GovernanceStore,
-                      Inspection):
+                      ExperimentStore, Inspection):
     REQUIRED: tuple[str, ...] = (*GraphStore.QUERIES, *ModelStore.QUERIES, *ClusterStore.QUERIES, *SlotStore.QUERIES,
                 *CutStore.QUERIES, *LiveStore.QUERIES, *AuditStore.QUERIES, *GovernanceStore.QUERIES,
-                *Inspection.QUERIES)
+                *ExperimentStore.QUERIES, *Inspection.QUERIES)

@@ -4,7 +4,6 @@ shares."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -36,7 +35,7 @@ class GraphStore:
     """Runs catalog queries by name; ``REQUIRED``: the queries the whole repository needs,
     checked against the catalog when it is built."""
 
-    QUERIES: tuple[str, ...] = ("constraints", "indexes", "create_experiment", "refresh_busy_windows")
+    QUERIES: tuple[str, ...] = ("constraints", "indexes", "refresh_busy_windows")
     REQUIRED: tuple[str, ...] = QUERIES
 
     def __init__(self, driver: Driver, catalog: QueryCatalog | None = None, *, database: str = "neo4j") -> None:
@@ -85,7 +84,7 @@ class GraphStore:
         with self.driver.session(database=self.database) as s:
             return s.execute_write(work)
 
-    # ---- schema and experiment records -----------------------------------------------------------
+    # ---- schema --------------------------------------------------------------------------------------
     def apply_schema(self) -> int:
         """Create constraints and indexes if absent; returns the number of statements run."""
         n = 0
@@ -96,10 +95,3 @@ class GraphStore:
                     n += 1
             s.run("CALL db.awaitIndexes(300)").consume()
         return n
-
-    def create_experiment(self, uid: str, *, kind: str, config: Mapping[str, Any], results: Any) -> str:
-        """Persist a run (replay, benchmark) with its config and results as JSON properties."""
-        rows = self._write("create_experiment", uid=uid, kind=kind,
-                           config_json=json.dumps(config, default=float),
-                           results_json=json.dumps(results, default=float))
-        return str(rows[0]["uid"])

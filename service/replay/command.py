@@ -14,6 +14,8 @@ import shutil
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ import numpy as np
 from learned.choice import add_cost_model_argument
 from service.console import print_table
 from service.domain.error import InvalidInputError
+from service.domain.experiment import DEFAULT_PROJECT, Experiment, Plot
 from service.domain.request import Workload
 from service.replay.binding import DEAL_MODES, TraceBinding
 from service.replay.context import CONTEXT_MODES, ContextCounts
@@ -58,7 +61,11 @@ def add_parser(sub: Any) -> None:
                         "at admission)")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed trace rows (counted and reported)")
     p.add_argument("--out", required=True, help="output folder (report.json and plots)")
-    p.add_argument("--record", action="store_true", help="also write the run and its results to Neo4j")
+    p.add_argument("--record", action="store_true",
+                   help="also record the run in Neo4j as an experiment: options, code version, data digests, cost "
+                        "model, results and plots (see `slicesched experiments`)")
+    p.add_argument("--project", default=DEFAULT_PROJECT, help="with --record: the project the experiment belongs to")
+    p.add_argument("--for-tenant", metavar="TENANT", help="with --record: the tenant the experiment was run for")
     add_cost_model_argument(p)
     p.set_defaults(func=run)
 
@@ -117,7 +124,41 @@ def _sla_targets(mix: Any) -> dict[str, dict[str, float | None]]:
             for name, c in mix.sla_classes.items() if name in used}
 
 
+@dataclass(frozen=True)
+class ReplayRun:
+    """What one replay produced: the report (as written to ``DIR/report.json``), the plots
+    written into ``DIR`` (absolute paths), the data it read (:func:`data_digests`), the
+    options a rerun passes again (:func:`rerun_options`) and the cost model's description."""
+
+    report: dict[str, Any]
+    out: Path
+    plots: tuple[Path, ...]
+    data_digests: dict[str, str]
+    options: dict[str, Any]
+    cost_model: dict[str, Any]
+
+
 def run(args: argparse.Namespace) -> int:
+    outcome = execute(args)
+    report = outcome.report
+    rows = [[r["policy"], r["load_scale"], r["num_requests"], round(r["token_throughput_tps"]),
+             f"{r['sla_violation_rate']:.1%}", r["e2e_s"]["p50"], r["e2e_s"]["p99"], f"{r['mean_utilisation']:.0%}",
+             r["memory_violations"], r["num_guest_replicas"]] for r in report["results"]]
+    print_table(["policy", "load", "requests", "tokens/s", "SLA viol.", "e2e p50 s", "e2e p99 s", "util",
+                 "mem viol.", "guests"], rows,
+                title=f"replay of {report['config']['tenants']} on {report['config']['cluster']}")
+    fitted = ", ".join(f"x{c['load']:g}: {c['clamped']} clamped, {c['rejected']} rejected of {c['requests']}"
+                       for c in report["workload"]["context"]["by_load"])
+    print(f"dealing: {report['workload']['dealing']}; context ({args.context}) {fitted}")
+    print(f"wrote {outcome.out / 'report.json'} and plots in {report['wall_s']:.0f}s")
+    if args.record:
+        _record(experiment_of(outcome, uid=f"replay-{uuid.uuid4().hex[:12]}", project=args.project,
+                              tenant_id=args.for_tenant))
+    return 0
+
+
+def execute(args: argparse.Namespace) -> ReplayRun:
+    """Run the replay ``args`` describe and write ``args.out``; print nothing but progress."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from learned.artifact import load_cost_model
@@ -152,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise InvalidInputError(f"--out {out} exists and is not a folder")
+    digests = data_digests(args.cluster, args.tenants, mix, files)
 
     started = time.perf_counter()
     results = []
@@ -192,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
         "wall_s": round(time.perf_counter() - started, 2),
     }
     tmp = Path(tempfile.mkdtemp(prefix=".replay-", dir=out.parent if out.parent.exists() else None))
+    plots: list[Path] = []
     try:
         (tmp / "report.json").write_text(json.dumps(report, indent=2, default=float) + "\n")
         for name, spans in timelines.items():
@@ -204,32 +247,112 @@ def run(args: argparse.Namespace) -> int:
         if len(loads) > 1:
             plot_load_sweep(tmp / "load_sweep.png", results)
         out.mkdir(parents=True, exist_ok=True)
-        for f in tmp.iterdir():
+        for f in sorted(tmp.iterdir()):
             os.replace(f, out / f.name)
+            if f.suffix == ".png":
+                plots.append((out / f.name).resolve())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-    rows = [[r.policy, r.load_scale, r.num_requests, round(r.token_throughput_tps), f"{r.sla_violation_rate:.1%}",
-             r.e2e_s["p50"], r.e2e_s["p99"], f"{r.mean_utilisation:.0%}", r.memory_violations, r.num_guest_replicas]
-            for r in results]
-    print_table(["policy", "load", "requests", "tokens/s", "SLA viol.", "e2e p50 s", "e2e p99 s", "util",
-                 "mem viol.", "guests"], rows, title=f"replay of {mix.name} on {cluster.name}")
-    fitted = ", ".join(f"x{c['load']:g}: {c['clamped']} clamped, {c['rejected']} rejected of {c['requests']}"
-                       for c in context_by_load)
-    print(f"dealing: {dealing}; context ({args.context}) {fitted}")
-    print(f"wrote {out / 'report.json'} and plots in {report['wall_s']:.0f}s")
-    if args.record:
-        _record(report)
-    return 0
+    return ReplayRun(report, out, tuple(plots), digests, rerun_options(args), cost.describe())
 
 
-def _record(report: dict[str, Any]) -> None:
+# ---- experiment records -------------------------------------------------------------------------
+#: Options that say where and whether to write, not what runs: a rerun chooses its own.
+_NOT_RERUN = frozenset({"func", "command", "out", "record", "project", "for_tenant"})
+
+
+def rerun_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed options that decide what a replay computes, made independent of where it
+    runs: file arguments as absolute paths, the cost model's kind resolved (so that
+    ``$SLICESCHED_COST_MODEL`` at rerun time cannot change it)."""
+    from learned.choice import kind_from
+    from service.cluster.spec import builtin_names
+    from service.replay.binding import parse_binding
+    from service.replay.mix import builtin_mixes
+
+    options = {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_RERUN}
+    options["trace"] = [t if t == "synthetic" else _binding_text(parse_binding(t)) for t in args.trace]
+    if args.cluster not in builtin_names():
+        options["cluster"] = str(Path(args.cluster).resolve())
+    if args.tenants not in builtin_mixes():
+        options["tenants"] = str(Path(args.tenants).resolve())
+    options["cost_model"] = kind_from(args.cost_model)
+    return options
+
+
+def _binding_text(b: TraceBinding) -> str:
+    """A binding as ``--trace`` takes it again (the source already absolute or named)."""
+    return b.source if b.tenant_id is None else f"{b.source}:{b.tenant_id}@{b.offset_s!r}*{b.rate_scale!r}"
+
+
+def replay_arguments(options: dict[str, Any], out: Path) -> argparse.Namespace:
+    """The ``argparse.Namespace`` of a replay with ``options`` (from :func:`rerun_options`)
+    writing into ``out``: today's defaults for options the record does not hold, not recorded."""
+    parser = argparse.ArgumentParser(prog="slicesched")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["replay", "--out", str(out)])
+    unknown = sorted(set(options) - set(vars(args)))
+    if unknown:
+        raise InvalidInputError(f"the record's replay options {', '.join(unknown)} are not options of this "
+                                "version's replay: it cannot be rerun as recorded")
+    for key, value in options.items():
+        setattr(args, key, value)
+    args.record = False
+    return args
+
+
+def data_digests(cluster: str, tenants: str, mix: Any, trace_sources: set[str]) -> dict[str, str]:
+    """SHA-256 of everything the replay reads: the cluster spec and the tenant mix (a built-in
+    by its shipped content, keyed ``builtin:cluster/NAME`` / ``builtin:mix/NAME``; a file by its
+    absolute path), each trace file (keyed by its name: a named trace or an absolute path) and
+    each data file or folder a tenant's arrivals or lengths draw on (``servegen/SOURCE``)."""
+    from service.cluster.spec import builtin_names
+    from service.data import resolve
+    from service.provenance import builtin_sha256, path_sha256
+    from service.replay.binding import resolve_source
+    from service.replay.mix import builtin_mixes
+
+    out: dict[str, str] = {}
+    for value, names, package, folder, label in ((cluster, builtin_names(), "service.cluster", "specs", "cluster"),
+                                                 (tenants, builtin_mixes(), "service.replay", "mixes", "mix")):
+        if value in names:
+            out[f"builtin:{label}/{value}"] = builtin_sha256(package, folder, value)
+        else:
+            out[str(Path(value).resolve())] = path_sha256(Path(value))
+    for source in sorted(trace_sources):
+        out[source] = path_sha256(resolve_source(source))
+    for t in mix.tenants:
+        if t.trace is not None:
+            continue
+        for spec in (t.arrivals, t.lengths):
+            if spec.get("kind") == "trace":
+                out[spec["source"]] = path_sha256(resolve_source(spec["source"]))
+            elif spec.get("kind") == "servegen" and spec is t.arrivals:
+                out[f"servegen/{spec['source']}"] = path_sha256(resolve(f"servegen/{spec['source']}"))
+    return out
+
+
+def experiment_of(outcome: ReplayRun, *, uid: str, project: str = DEFAULT_PROJECT,
+                  tenant_id: str | None = None) -> Experiment:
+    """The experiment record of a replay: its config, options, provenance, results and plots."""
+    from service.provenance import code_version, file_sha256
+
+    report = outcome.report
+    config = {**report["config"], "workload": report["workload"], "options": outcome.options,
+              "sustained_load_at_9pct": report["sustained_load_at_9pct"]}
+    plots = tuple(Plot(p.name, str(p), file_sha256(p), p.stat().st_size) for p in outcome.plots)
+    return Experiment(uid=uid, kind="replay", config=config, code=code_version(), results=report["results"],
+                      created_at=datetime.now(UTC).isoformat(timespec="milliseconds"), project=project,
+                      tenant_id=tenant_id, seed=int(outcome.options["seed"]), data_digests=outcome.data_digests,
+                      cost_model=outcome.cost_model, plots=plots, out_dir=str(outcome.out.resolve()))
+
+
+def _record(experiment: Experiment) -> None:
     from service.graph.connection import Neo4jSettings, open_driver
     from service.graph.repository import GraphRepository
 
     settings = Neo4jSettings.from_env()
     repo = GraphRepository(open_driver(settings), database=settings.database)
     repo.apply_schema()
-    uid = f"replay-{uuid.uuid4().hex[:12]}"
-    repo.create_experiment(uid, kind="replay", config=report["config"], results=report["results"])
-    print(f"recorded experiment {uid} in Neo4j (MATCH (e:Experiment {{uid: '{uid}'}}) RETURN e)")
+    uid = repo.create_experiment(experiment)
+    print(f"recorded experiment {uid} in Neo4j (slicesched experiments show {uid})")

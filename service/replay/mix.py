@@ -229,6 +229,14 @@ def _servegen_clients(source: str) -> tuple[Any, ...]:
     return tuple(read_servegen_clients(folder))
 
 
+def forget_read_data() -> None:
+    """Drop every data file this process has read and kept (traces, ServeGen clients), so that
+    the next run reads them afresh: a rerun in a long-lived process must see a changed file."""
+    read_source.cache_clear()
+    _trace_pairs.cache_clear()
+    _servegen_clients.cache_clear()
+
+
 def _arrivals(rng: np.random.Generator, t: TenantSpec, duration_s: float, load_scale: float) -> tuple[np.ndarray, Any]:
     a = t.arrivals
     kind = a["kind"]
