@@ -55,6 +55,18 @@ def quota_props(quota: Quota) -> dict[str, Any]:
             "quota_mem_bytes": quota.mem_bytes}
 
 
+def check_mem_quota(svc: LiveService, model: LiveModel) -> None:
+    """Refuse (409) a model whose weights would take its tenant past its ``mem_bytes`` quota."""
+    quota = svc.access.quota_of(model.tenant_id).mem_bytes
+    if quota is None:
+        return
+    held = sum(m.weight_bytes for m in svc.state.models.values() if m.tenant_id == model.tenant_id)
+    if held + model.weight_bytes > quota:
+        raise ConflictError(f"model {model.model_id!r} holds {model.weight_bytes} bytes of weights; with the "
+                            f"{held} its tenant's models hold that exceeds its memory quota of {quota} bytes "
+                            "(ask for more with an access request)")
+
+
 def default_seed(tenant_id: str, model_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{tenant_id}/{model_id}".encode()).digest()[:4], "big") >> 1
 
@@ -91,6 +103,7 @@ async def create_model(svc: LiveService, actor: Actor, tenant_id: str, model_id:
         assert family is not None
         seed = seed if seed is not None else default_seed(tenant_id, model_id)
         model = LiveModel(tenant_id, model_id, family, seed, replicas)
+    check_mem_quota(svc, model)  # a model directory's too: its size is known once its config is read
     assert svc.repo is not None
     repo = svc.repo
 

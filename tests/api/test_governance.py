@@ -92,6 +92,10 @@ def test_later_requests_go_through_the_same_approval(client: TestClient, uid: st
     assert t["sla_class"] == "interactive" and t["models"] == ["big"]
     usage = client.get(f"/v1/tenants/t{uid}/usage", headers=auth(key)).json()
     assert usage["tenant"]["quota"]["tokens_per_s"] == 500.0
+    # a memory quota bounds the weights its models hold
+    assert client.put(f"/v1/tenants/t{uid}/quota", json={"mem_bytes": 2**20}, headers=auth(ADMIN)).status_code == 200
+    r = client.post("/v1/models", json={"model_id": "more", "family": "tiny"}, headers=auth(key))
+    assert r.status_code == 409 and "memory quota" in r.json()["error"]["message"]
     # another tenant sees none of it
     other = new_tenant(client, f"o{uid}")
     assert client.get("/v1/access-requests", headers=auth(other)).json() == []
