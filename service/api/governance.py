@@ -18,7 +18,7 @@ from service.api.deps import Principal
 from service.api.onboarding import APPROVED, PENDING, REJECTED, AccessRequest
 from service.api.registration import quota_props
 from service.domain.audit import Actor
-from service.domain.error import ConflictError, ForbiddenError, InvalidInputError, NotFoundError, QueueFullError
+from service.domain.error import ConflictError, InvalidInputError, NotFoundError, QueueFullError
 from service.domain.quota import Quota
 
 if TYPE_CHECKING:
@@ -230,19 +230,9 @@ async def claim(svc: LiveService, uid: str, token: str) -> dict[str, Any]:
     try:
         await _save(svc, req)
     except BaseException:  # the key is in Neo4j: the tenant holds it, whatever the request says
-        log_claim_unsaved(req)
+        log.warning("access request %s: claimed, but the claim is not recorded (a second claim would issue a "
+                    "second key)", uid)
     svc.state.set_tenant_key(req.tenant_id, hash_key(key))
     await svc.audit.append(Actor(req.tenant_id, "tenant"), "tenant.key.claim", "tenant", req.tenant_id,
                            req.tenant_id, after=key_state(hash_key(key)), details={"access_request": uid})
     return {**req.public(), "api_key": key}
-
-
-def log_claim_unsaved(req: AccessRequest) -> None:
-    log.warning("access request %s: claimed, but the claim is not recorded "
-                                                    "(a second claim would issue a second key)", req.uid)
-
-
-def check_member_scope(p: Principal, tenant_id: str, project_id: str) -> None:
-    """A member's or viewer's key acts only in its projects (a 403 for another)."""
-    if p.is_tenant and p.tenant_id == tenant_id and p.projects and project_id not in p.projects:
-        raise ForbiddenError(f"this key acts in the projects {', '.join(p.projects)}, not {project_id!r}")

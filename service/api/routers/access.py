@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter
 
@@ -15,6 +15,9 @@ from service.api.schemas import ApiKeyIn, AuditorKeyIn, ProjectIn, QuotaIn
 from service.domain.error import NotFoundError
 from service.domain.quota import Quota
 from service.domain.role import AUDITOR
+
+if TYPE_CHECKING:
+    from service.api.service import LiveService
 
 router = APIRouter(tags=["access"])
 
@@ -85,7 +88,7 @@ async def revoke_auditor_key(key_id: str, svc: Svc, p: AdminPrincipal) -> dict[s
 
 
 # ---- projects, quotas, usage --------------------------------------------------------------------------
-def _project_public(svc: Any, tenant_id: str, project_id: str) -> dict[str, Any]:
+def _project_public(svc: LiveService, tenant_id: str, project_id: str) -> dict[str, Any]:
     pr = svc.access.project(tenant_id, project_id)
     return {"tenant_id": tenant_id, "project_id": project_id, "description": pr.description,
             "quota": pr.quota.to_dict(), "created_at": pr.created_at}
@@ -132,7 +135,7 @@ async def usage(tenant_id: str, svc: Svc, p: ReadPrincipal) -> dict[str, Any]:
     return _usage(svc, tenant_id, p.projects)
 
 
-def _usage(svc: Any, tenant_id: str, limited_to: tuple[str, ...]) -> dict[str, Any]:
+def _usage(svc: LiveService, tenant_id: str, limited_to: tuple[str, ...]) -> dict[str, Any]:
     projects = [pr.project_id for pr in svc.access.projects_of(tenant_id)
                 if not limited_to or pr.project_id in limited_to]
     if not projects:
