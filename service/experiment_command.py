@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from service.console import print_table
 from service.domain.error import InvalidInputError
@@ -22,16 +23,12 @@ from service.domain.experiment import (
     HEADLINE_FIGURES,
     KINDS,
     Experiment,
-    differences,
+    comparison,
     headline_rows,
     reproduction,
-    result_differences,
 )
 
 EXIT_DIFFERS = 1
-#: Configuration keys a comparison does not list: the options repeat the config, and the cost
-#: model's artifact path differs between machines with the same artifact.
-_CONFIG_NOISE = ("options.", "cost_model.artifact")
 
 
 def add_parser(sub: Any) -> None:
@@ -147,24 +144,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _print_differences(a: Experiment, b: Experiment) -> None:
-    top = [["kind", a.kind, b.kind], ["project", a.project, b.project], ["created_at", a.created_at, b.created_at],
-           ["code", a.code.describe(), b.code.describe()],
-           ["cost model", f"{a.cost_model.get('kind')} {a.cost_model_sha256 or ''}".strip(),
-            f"{b.cost_model.get('kind')} {b.cost_model_sha256 or ''}".strip()]]
-    config = [[d.key, d.a, d.b] for d in differences(a.config, b.config)
-              if not d.key.startswith(_CONFIG_NOISE)]
-    data = [[f"data {d.key}", d.a, d.b] for d in differences(a.data_digests, b.data_digests)]
-    print_table(["", a.uid, b.uid], top + config + data, title="configuration: what differs")
+    doc = comparison(a, b)
+    config, data = doc["config_differences"], [[f"data {k}", va, vb] for k, va, vb in doc["data_differences"]]
+    print_table(["", a.uid, b.uid], doc["top"] + config + data, title="configuration: what differs")
     if not config and not data:
         print("same configuration and data")
     print_table(["policy x load", "figure", a.uid, b.uid, "B - A"],
-                [[key, label, va, vb, _delta(va, vb)] for key, label, va, vb in headline_rows(a.results, b.results)],
+                [[key, label, va, vb, delta(va, vb)] for key, label, va, vb in doc["rows"]],
                 title="results side by side")
-    diffs = result_differences(a.results, b.results)
-    print(f"{len(diffs)} result value(s) differ" if diffs else "every result value is the same")
+    n = doc["result_differences"]
+    print(f"{n} result value(s) differ" if n else "every result value is the same")
 
 
-def _delta(a: Any, b: Any) -> Any:
+def delta(a: Any, b: Any) -> Any:
+    """B - A for two numbers; None otherwise."""
     if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
         return b - a
     return None
@@ -172,13 +165,18 @@ def _delta(a: Any, b: Any) -> Any:
 
 def plot_comparison(path: Path, a: Experiment, b: Experiment) -> None:
     """Bars of token throughput and SLA-violation rate per policy and load, A beside B."""
+    plot_headline(path, headline_rows(a.results, b.results), a.uid, b.uid)
+
+
+def plot_headline(target: Path | BinaryIO, rows: Sequence[Sequence[Any]], a_name: str, b_name: str) -> None:
+    """The comparison plot of :func:`~service.domain.experiment.headline_rows` ``rows`` (key,
+    figure, A, B), written to a path or a binary file as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    rows = headline_rows(a.results, b.results)
     keys = sorted({key for key, *_ in rows})
     figures = {("tokens/s", key): (va, vb) for key, label, va, vb in rows if label == "tokens/s"}
     figures |= {("SLA viol.", key): (va, vb) for key, label, va, vb in rows if label == "SLA viol."}
@@ -187,7 +185,7 @@ def plot_comparison(path: Path, a: Experiment, b: Experiment) -> None:
     width = 0.38
     for ax, (label, ylabel) in zip(axes, (("tokens/s", "output tokens/s"), ("SLA viol.", "SLA violation rate")),
                                    strict=True):
-        for offset, name, side in ((-width / 2, a.uid, 0), (width / 2, b.uid, 1)):
+        for offset, name, side in ((-width / 2, a_name, 0), (width / 2, b_name, 1)):
             values = [figures[(label, k)][side] for k in keys]
             ax.bar(x + offset, [np.nan if v is None else v for v in values], width, label=name)
         ax.set_xticks(x, keys, rotation=20, ha="right")
@@ -195,9 +193,9 @@ def plot_comparison(path: Path, a: Experiment, b: Experiment) -> None:
         ax.set_ylabel(ylabel)
         ax.set_title(label)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{a.uid} vs {b.uid}")
+    fig.suptitle(f"{a_name} vs {b_name}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(target, dpi=110, format="png")
     plt.close(fig)
 
 

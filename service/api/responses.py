@@ -435,3 +435,44 @@ class OnboardingSubmittedOut(AccessRequestOut):
 
 class ClaimOut(AccessRequestOut):
     api_key: str | None = Field(description="the tenant's first key (tenant_admin), once, after approval")
+
+
+# ---- experiments ---------------------------------------------------------------------------------------
+class ExperimentSummaryOut(Out):
+    uid: str
+    kind: str = Field(description="replay, whatif or benchmark")
+    project: str
+    tenant_id: str | None = Field(description="the tenant it was run for; null: none (admin keys only see it)")
+    created_at: str | None = Field(description="ISO 8601 UTC")
+    seed: int | None
+    code_commit: str | None
+    code_dirty: bool | None
+    cost_model_kind: str | None
+    out_dir: str | None
+
+
+class ExperimentOut(Out):
+    uid: str
+    kind: str
+    project: str
+    tenant_id: str | None
+    created_at: str
+    seed: int | None
+    code: dict[str, Any] = Field(description="commit, dirty, package_version, diff_sha256")
+    cost_model: dict[str, Any] = Field(description="kind, artifact, sha256 (null: the analytic roofline)")
+    data_digests: dict[str, str] = Field(description="each data file read -> its SHA-256")
+    config: dict[str, Any]
+    results: list[dict[str, Any]] = Field(description="one per policy and load")
+    plots: list[dict[str, Any]] = Field(description="name, path, sha256, size_bytes")
+    out_dir: str | None
+
+
+class ExperimentComparisonOut(Out):
+    a: str
+    b: str
+    top: list[list[Any]] = Field(description="[field, A, B]: kind, project, created_at, code, cost model")
+    config_differences: list[list[Any]] = Field(description="[dotted key, A, B] of each configuration value "
+                                                            "that differs")
+    data_differences: list[list[Any]] = Field(description="[data file, A's SHA-256, B's]")
+    rows: list[list[Any]] = Field(description="[policy xload, figure, A, B]: the headline figures side by side")
+    result_differences: int = Field(description="result values that differ (wall-clock timings left out)")

@@ -27,6 +27,9 @@ KINDS: tuple[str, ...] = ("replay", "whatif", "benchmark")
 DEFAULT_PROJECT = "default"
 #: Result fields that measure the machine, not the simulation: left out of every comparison.
 UNREPRODUCIBLE_FIELDS: frozenset[str] = frozenset({"wall_s"})
+#: Configuration keys a comparison does not list: the options repeat the config, and the cost
+#: model's artifact path differs between machines with the same artifact.
+CONFIG_NOISE: tuple[str, ...] = ("options.", "cost_model.artifact")
 #: The figures a comparison shows per policy and load: (label, dotted key in a result).
 HEADLINE_FIGURES: tuple[tuple[str, str], ...] = (
     ("tokens/s", "token_throughput_tps"), ("SLA viol.", "sla_violation_rate"),
@@ -242,3 +245,18 @@ def reproduction(record: Experiment, rerun: Experiment) -> Reproduction:
             if not same_value(record.cost_model.get(k), rerun.cost_model.get(k))]
     return Reproduction(code, differences(record.data_digests, rerun.data_digests), cost,
                         result_differences(record.results, rerun.results))
+
+
+def comparison(a: Experiment, b: Experiment) -> dict[str, Any]:
+    """What a side-by-side comparison shows, JSON-ready: the run-level fields of each
+    (``top``: label, A, B), the configuration and data-digest differences, the headline figures
+    per policy and load (``rows``: key, figure, A, B) and how many result values differ."""
+    top = [["kind", a.kind, b.kind], ["project", a.project, b.project], ["created_at", a.created_at, b.created_at],
+           ["code", a.code.describe(), b.code.describe()],
+           ["cost model", f"{a.cost_model.get('kind')} {a.cost_model_sha256 or ''}".strip(),
+            f"{b.cost_model.get('kind')} {b.cost_model_sha256 or ''}".strip()]]
+    config = [[d.key, d.a, d.b] for d in differences(a.config, b.config) if not d.key.startswith(CONFIG_NOISE)]
+    data = [[d.key, d.a, d.b] for d in differences(a.data_digests, b.data_digests)]
+    return {"a": a.uid, "b": b.uid, "top": top, "config_differences": config, "data_differences": data,
+            "rows": [list(r) for r in headline_rows(a.results, b.results)],
+            "result_differences": len(result_differences(a.results, b.results))}

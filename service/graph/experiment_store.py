@@ -7,6 +7,7 @@ stored here: the record keeps their paths and SHA-256 (see the README's "Experim
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from service.domain.error import NotFoundError
@@ -41,11 +42,14 @@ class ExperimentStore(GraphStore):
                               for p in e.plots]))
         return str(rows[0]["uid"])
 
-    def list_experiments(self, *, project: str | None = None, kind: str | None = None, limit: int = 100
+    def list_experiments(self, *, project: str | None = None, kind: str | None = None, limit: int = 100,
+                         tenant_id: str | None = None, projects: Sequence[str] | None = None
                          ) -> list[dict[str, Any]]:
         """Records (uid, kind, project, tenant_id, created_at, seed, code_commit, code_dirty,
-        cost_model_kind, out_dir), newest first; None filters match all."""
-        return self._read("list_experiments", project=project, kind=kind, limit=int(limit))
+        cost_model_kind, out_dir), newest first; None filters match all (``projects``: any of
+        these projects)."""
+        return self._read("list_experiments", project=project, kind=kind, limit=int(limit), tenant_id=tenant_id,
+                          projects=None if projects is None else list(projects))
 
     def get_experiment(self, uid: str) -> Experiment:
         """The record ``uid``; :class:`UnknownExperimentError` if there is none. A record

@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from service.domain.experiment import CodeVersion, Experiment
 from tests.api.conftest import ADMIN, EXECUTOR, auth, new_tenant
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "API.md"
@@ -32,8 +33,8 @@ def documented_matrix() -> dict[tuple[str, str], set[str]]:
 
 
 class World:
-    """One tenant with a key of each tenant role, a model, a project, a request and an access
-    request; an auditor key; the bootstrap executor key; another tenant."""
+    """One tenant with a key of each tenant role, a model, a project, a request, an access
+    request and an experiment; an auditor key; the bootstrap executor key; another tenant."""
 
     def __init__(self, client: TestClient) -> None:
         self.client = client
@@ -58,13 +59,18 @@ class World:
         self.access_request = client.post("/v1/access-requests", json={"kind": "sla_class", "sla_class": "batch"},
                                           headers=admin).json()["request_id"]
         self.other = new_tenant(client, f"o{t}")
+        self.experiment = f"x{t}"
+        client.app.state.service.repo.create_experiment(Experiment(  # type: ignore[attr-defined]
+            uid=self.experiment, kind="replay", config={}, code=CodeVersion(None, None, "test"), results=[],
+            created_at="2026-01-01T00:00:00+00:00", project="p1", tenant_id=t))
 
     def path(self, template: str, *, ghost: bool = False) -> str:
         """The template with this world's ids (``ghost``: with ids that exist nowhere)."""
         request_id = self.access_request if "access-requests" in template else self.request_id
         values = {"tenant_id": "ghost-tenant" if ghost else self.tenant, "key_id": "victim", "project_id": "p1",
                   "model_id": "m", "request_id": "ghost-request" if ghost else request_id,
-                  "executor_id": "nobody", "lease_id": "nolease", "pool_id": "nopool"}
+                  "executor_id": "nobody", "lease_id": "nolease", "pool_id": "nopool",
+                  "uid": "ghost-experiment" if ghost else self.experiment}
         return re.sub(r"\{(\w+)(:path)?\}", lambda m: values[m.group(1)], template)
 
     def intact(self) -> bool:
@@ -106,7 +112,7 @@ def test_every_route_with_every_role(client: TestClient) -> None:
                 world = World(client)
         # another tenant's admin never reaches this tenant's objects: it is answered exactly as
         # for objects that do not exist (an empty body's 422 included: that says nothing either)
-        if ("{tenant_id}" in template or "{request_id}" in template) and "no key" not in allowed:
+        if any(f"{{{name}}}" in template for name in ("tenant_id", "request_id", "uid")) and "no key" not in allowed:
             r = _call(client, method, world.path(template), world.other)
             ghost = _call(client, method, world.path(template, ghost=True), world.other)
             where = f"{method} {template} as another tenant: {r.status_code} {r.text[:200]}"

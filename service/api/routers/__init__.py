@@ -9,6 +9,7 @@ from service.api.routers import (
     access,
     audit,
     executors,
+    experiments,
     keys,
     leases,
     models,
@@ -22,4 +23,4 @@ from service.api.routers import (
 
 ROUTERS: tuple[APIRouter, ...] = (ops.router, tenants.router, models.router, executors.router, requests.router,
                                   leases.router, scheduling.router, keys.router, access.router, onboarding.router,
-                                  openai.router, audit.router)
+                                  openai.router, audit.router, experiments.router)
