@@ -17,7 +17,7 @@ KUSTOMIZE_VERSION := v5.7.1
 KUSTOMIZE_HOME := $(SLICESCHED_CACHE)/tools/kustomize-$(KUSTOMIZE_VERSION)
 KUSTOMIZE := $(KUSTOMIZE_HOME)/kustomize
 
-.PHONY: venv kustomize neo4j data demo test lint typecheck bench clean
+.PHONY: venv kustomize browser neo4j data demo test lint typecheck bench clean
 
 # The environment: exactly uv.lock (--locked also fails if pyproject.toml changed without
 # `uv lock`), the dev extra included. A .venv of the old bootstrap layout is replaced.
@@ -53,6 +53,18 @@ $(KUSTOMIZE):
 	    mv -T "$$tmp" "$(KUSTOMIZE_HOME)" 2>/dev/null || rm -rf "$$tmp"; \
 	  else rm -rf "$$tmp"; echo "[kustomize] could not build kustomize (the Go module proxy is needed once)" >&2; fi
 
+# Chromium and its WebDriver from Debian's packages, for the web console's browser tests
+# (tests/browser): installed with apt-get when missing (once per machine; needs root). Without
+# apt-get or root it says so and goes on (those tests then skip, naming this target).
+browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then exit 0; fi; \
+	  if ! command -v apt-get >/dev/null 2>&1 || [ "$$(id -u)" != 0 ]; then \
+	    echo "[browser] chromium and chromium-driver are missing and apt-get cannot install them here (needs root):" \
+	         "the browser tests skip"; exit 0; fi; \
+	  echo "[browser] installing chromium and chromium-driver from Debian's packages (once per machine)"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      chromium chromium-driver >/dev/null; } || { echo "[browser] apt-get install failed" >&2; exit 1; }
+
 neo4j: venv
 	@$(VENV)/bin/slicesched neo4j start
 
@@ -64,7 +76,7 @@ data: venv
 demo: venv data
 	@$(VENV)/bin/slicesched demo
 
-test: venv kustomize data
+test: venv kustomize browser data
 	@$(RUN) -m pytest $(PYTEST_ARGS)
 
 lint: venv

@@ -294,6 +294,8 @@ PASSTHROUGH: list[tuple[tuple[str, ...], str, str]] = [
     (("profile",), "executor.profiler:profile_main", "time the project's operators on this CPU"),
     (("serve",), "service.api.serve:serve_main", "run the HTTP scheduling API (docs/API.md)"),
     (("executor",), "executor.command:main", "run an executor daemon for this node's devices"),
+    (("console",), "service.webconsole.command:console_main",
+     "run the web console for people (pages calling the API with the signed-in user's key)"),
 ]
 
 
