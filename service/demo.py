@@ -89,6 +89,12 @@ def run_demo(args: argparse.Namespace) -> int:
     driver.close()
 
     if not getattr(args, "skip_live", False):
+        from service.governance_demo import governance_demo
+
+        _step("governance: a newcomer's onboarding, a platform admin's approval, the first key and request, "
+              "the web console")
+        governance_demo(settings.resolved())
+
         from learned.artifact import ensure_cost_model
 
         _step("cost model: the learned default the live what-ifs and the replay use")
@@ -103,6 +109,10 @@ def run_demo(args: argparse.Namespace) -> int:
     elif settings.managed:
         print("\nThe managed Neo4j keeps running: try  slicesched cypher --list  or "
               "slicesched cypher 'MATCH (d:Device) RETURN d.device_id, d.kind'; stop it with  slicesched neo4j stop")
+        from service.api.settings import state_dir
+
+        print("The web console: run  slicesched serve  and  slicesched console --api http://127.0.0.1:8000 , "
+              f"open http://127.0.0.1:8080 and sign in with the admin key in {state_dir() / 'admin.key'}")
     print(f"demo finished in {time.perf_counter() - started:.1f}s")
     return 0
 

@@ -67,6 +67,8 @@ class LiveStack:
         self.executors: dict[str, subprocess.Popen[bytes]] = {}
         self.port = 0
         self.server_started_at = 0.0  # epoch seconds of the last launch of serve
+        self.console: subprocess.Popen[bytes] | None = None
+        self.console_port = 0
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> LiveStack:
@@ -84,6 +86,9 @@ class LiveStack:
         self.close()
 
     def close(self) -> None:
+        if self.console is not None:
+            _stop(self.console, kill=False)
+            self.console = None
         for name in list(self.executors):
             self.stop_executor(name)
         self.stop_server()
@@ -161,6 +166,32 @@ class LiveStack:
     def restart_server(self, *, kill: bool = False) -> None:
         self.stop_server(kill=kill)
         self.start_server()
+
+    # ---- the web console ----------------------------------------------------------------------
+    @property
+    def console_url(self) -> str:
+        return f"http://127.0.0.1:{self.console_port}"
+
+    def start_console(self, *, timeout_s: float = 60.0) -> str:
+        """``slicesched console`` for this stack's API on a free port; returns its URL."""
+        self.console_port = self.console_port or free_port()
+        log = open(self.log_dir / "console.log", "ab")  # noqa: SIM115 - handed to the child process
+        self.console = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "console", "--api", self.url, "--port", str(self.console_port),
+             "--log-level", "warning"], env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.console.poll() is not None:
+                raise RuntimeError(f"slicesched console exited with {self.console.returncode}: see "
+                                   f"{self.log_dir / 'console.log'}")
+            try:
+                if httpx.get(f"{self.console_url}/healthz", timeout=1.0).status_code == 200:
+                    return self.console_url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"slicesched console did not answer within {timeout_s:.0f}s: see {self.log_dir / 'console.log'}")
 
     # ---- executors ---------------------------------------------------------------------------
     def start_executor(self, name: str, devices: Sequence[str], *, mem_gib: float = 2.0,

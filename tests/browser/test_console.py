@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.api.stack import LiveStack, free_port
+from service.api.stack import LiveStack
 from service.graph.connection import Neo4jSettings
 
 pytestmark = [pytest.mark.neo4j, pytest.mark.slow]
@@ -51,27 +50,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, neo4j: Neo4jSettings) -> Ite
 
 
 @pytest.fixture(scope="module")
-def console(stack: LiveStack) -> Iterator[str]:
-    port = free_port()
-    log = open(stack.log_dir / "console.log", "ab")  # noqa: SIM115 - handed to the child
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "console", "--api", stack.url, "--port", str(port),
-                             "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                            start_new_session=True)
-    log.close()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None, (stack.log_dir / "console.log").read_text()
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the console did not start"
-        time.sleep(0.2)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=20)
+def console(stack: LiveStack) -> str:
+    return stack.start_console()
 
 
 @pytest.fixture

@@ -1,0 +1,60 @@
+"""The console's pieces without a browser: sessions, redirects, form values."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.webconsole.app import _gib, _local, _models, _num, _number
+from service.webconsole.session import SessionStore
+
+
+def test_a_session_expires_when_idle_and_sign_in_starts_a_new_one() -> None:
+    now = [0.0]
+    store = SessionStore(idle_s=10.0, clock=lambda: now[0])
+    s = store.new()
+    assert store.get(s.sid) is s and not s.signed_in
+    signed = store.sign_in(s, "key-1", role="viewer", tenant_id="t", key_id="v", projects=("p",))
+    assert signed.sid != s.sid and signed.csrf != s.csrf  # a planted session id is worth nothing after sign-in
+    assert store.get(s.sid) is None and store.get(signed.sid) is signed and signed.signed_in
+    assert signed.csrf_ok(signed.csrf) and not signed.csrf_ok(s.csrf) and not signed.csrf_ok(None)
+    now[0] = 9.0
+    assert store.get(signed.sid) is signed  # seen: the idle clock restarts
+    now[0] = 20.0
+    assert store.get(signed.sid) is None
+    assert "key-1" not in repr(signed)
+
+
+def test_the_store_keeps_at_most_max_sessions() -> None:
+    store = SessionStore(max_sessions=3)
+    first = store.new()
+    for _ in range(3):
+        store.new()
+    assert len(store) == 3 and store.get(first.sid) is None
+
+
+def test_flashes_are_shown_once() -> None:
+    s = SessionStore().new()
+    s.flash("ok", "done")
+    assert s.take_flashes() == [("ok", "done")] and s.take_flashes() == []
+
+
+@pytest.mark.parametrize(("target", "want"), [("/requests", "/requests"), (None, "/"), ("//evil.example", "/"),
+                                              ("https://evil.example/", "/"), ("/\\evil", "/"), ("", "/")])
+def test_redirects_stay_in_the_console(target: str | None, want: str) -> None:
+    assert _local(target) == want
+
+
+def test_form_values() -> None:
+    assert _models("chat:tiny, code:tiny-llama\nx:gpt2-small") == [
+        {"model_id": "chat", "family": "tiny"}, {"model_id": "code", "family": "tiny-llama"},
+        {"model_id": "x", "family": "gpt2-small"}]
+    assert _models("") == []
+    with pytest.raises(ValueError, match="id:family"):
+        _models("chat")
+    assert _number("", "x") is None and _number("2.5", "x") == 2.5
+    with pytest.raises(ValueError, match="must be a number"):
+        _number("lots", "tokens per second")
+    with pytest.raises(ValueError, match="above 0"):
+        _number("-1", "x")
+    assert _gib("1.5") == 3 * 2**29
+    assert _num(None) == "" and _num(1234567) == "1,234,567" and _num(0.12345) == "0.123" and _num(float("nan")) == "—"
