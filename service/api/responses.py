@@ -476,3 +476,35 @@ class ExperimentComparisonOut(Out):
     data_differences: list[list[Any]] = Field(description="[data file, A's SHA-256, B's]")
     rows: list[list[Any]] = Field(description="[policy xload, figure, A, B]: the headline figures side by side")
     result_differences: int = Field(description="result values that differ (wall-clock timings left out)")
+
+
+# ---- workflows -----------------------------------------------------------------------------------------
+class WorkflowStepOut(Out):
+    step_id: str
+    kind: str = Field(description="model or tool")
+    role: str
+    status: str = Field(description="pending, running, done, failed or cancelled")
+    request_id: str | None = Field(description="a model call's request")
+    start_s: float | None = Field(description="seconds from the workflow's submission")
+    end_s: float | None
+    duration_s: float | None
+    output_tokens: int
+    text: str = Field(description="what it produced (up to 2,000 characters)")
+    error: str | None
+    detail: dict[str, Any] = Field(description="a call's prompt_tokens, ttft_s, queued_s; a tool's cpu_s, wall_s, "
+                                               "digest, waited_s")
+
+
+class WorkflowOut(Out):
+    workflow_id: str
+    tenant_id: str
+    project_id: str
+    shape: str
+    status: str = Field(description="running, done, failed or cancelled")
+    slo_s: float
+    created_at: float = Field(description="epoch seconds")
+    finished_at: float | None
+    e2e_s: float | None
+    met_slo: bool | None = Field(description="done within slo_s (null while it runs, or when it did not finish)")
+    error: str | None
+    steps: list[WorkflowStepOut] = Field(description="in dependency order")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -45,6 +46,7 @@ from service.api.settings import ServiceSettings
 from service.api.state import LiveState
 from service.api.streams import StreamBook
 from service.api.supervisor import Supervisor
+from service.api.workflows import WorkflowBook
 from service.api.writer import GmgWriter
 from service.core.policies import make_placement_policy
 from service.core.queue import make_queue_policy
@@ -76,6 +78,7 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.access = AccessBook()  # people's and services' keys, projects, tenant quotas
         self.quotas = QuotaBook()  # usage against them
         self.access_requests = AccessRequests()  # onboarding and later changes, awaiting approval
+        self.workflows = WorkflowBook(self, tool_slots=os.cpu_count() or 1)  # DAGs of model and tool calls
         self.state.book.on_end = self._request_ended
         self.state.book.on_lease_end = self._lease_ended
         self.pools = ExecutorPools(settings.executor_key, settings.executor_kinds)  # executor keys
@@ -132,6 +135,7 @@ class LiveService(DurableWrites, SchedulingLoop):
         sup.spawn("usage", self._usage_tick, interval_s=self.settings.usage_interval_s, stuck_after_s=120.0)
 
     async def stop(self) -> None:
+        await self.workflows.stop()
         await self.supervisor.stop()
         if self.writer is not None:
             await self.writer.close()

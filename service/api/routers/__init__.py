@@ -19,8 +19,9 @@ from service.api.routers import (
     requests,
     scheduling,
     tenants,
+    workflows,
 )
 
 ROUTERS: tuple[APIRouter, ...] = (ops.router, tenants.router, models.router, executors.router, requests.router,
                                   leases.router, scheduling.router, keys.router, access.router, onboarding.router,
-                                  openai.router, audit.router, experiments.router)
+                                  openai.router, audit.router, experiments.router, workflows.router)
