@@ -292,6 +292,8 @@ PASSTHROUGH: list[tuple[tuple[str, ...], str, str]] = [
      "train the default cost-model artifact (table, GNN, host overheads) into the cache"),
     (("cost-model", "evaluate"), "learned.evaluate:evaluate_main", "held-out accuracy of every cost model"),
     (("profile",), "executor.profiler:profile_main", "time the project's operators on this CPU"),
+    (("predictors",), "learned.distributional:predictors_main",
+     "distributional predictors of workflow calls: record|train|calibration"),
     (("serve",), "service.api.serve:serve_main", "run the HTTP scheduling API (docs/API.md)"),
     (("executor",), "executor.command:main", "run an executor daemon for this node's devices"),
     (("console",), "service.webconsole.command:console_main",

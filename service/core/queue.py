@@ -30,6 +30,10 @@ Policies (the names are interfaces):
                           a request is served before anything arriving later than
                           ``arrival_s + min(prompt_tokens / aging_tokens_per_s, max_delay_s)``
 ``oracle-remaining``      true remaining output tokens (a reference, not deployable)
+``slack``                 least predicted slack first: the latest start time ``deadline -
+                          predicted p99 remaining work`` of the request's workflow, as its
+                          ``latest_start`` callable answers when the request is queued
+                          (:mod:`service.sim.workflow`); arrival order without one
 ========================  ===============================================================
 """
 
@@ -46,7 +50,8 @@ from service.domain.error import InvalidInputError
 
 __all__ = [
     "QUEUE_POLICIES", "AgingPolicy", "AgingSpfPolicy", "FifoPolicy", "FifoQueue", "OracleRemainingPolicy",
-    "PriorityPolicy", "QueuePolicy", "QueuedRequest", "RequestQueue", "SjfPolicy", "WaitingQueue", "WeightedPolicy",
+    "PriorityPolicy", "QueuePolicy", "QueuedRequest", "RequestQueue", "SjfPolicy", "SlackPolicy", "WaitingQueue",
+    "WeightedPolicy",
     "make_queue_policy", "make_waiting_queue", "select_index",
 ]
 
@@ -238,9 +243,29 @@ class OracleRemainingPolicy:
         return (float(req.true_output_tokens - req.generated_tokens), req.arrival_s)
 
 
+@dataclass(frozen=True, slots=True)
+class SlackPolicy:
+    """Least slack first: the key is the request's latest start time, its workflow's deadline
+    minus the predicted p99 of the work left on the workflow's critical path from this step on,
+    an absolute time answered by ``latest_start`` once, when the request is queued (so the key
+    is static: ordering by it at any instant is ordering by slack ``latest_start - now``).
+    Without ``latest_start`` (or when it answers ``None``: a request of no workflow) the key is
+    the arrival time: ``fifo``."""
+
+    latest_start: Callable[[QueuedRequest], float | None] | None = None
+    name: ClassVar[str] = "slack"
+    fair_share: ClassVar[bool] = False
+    needs_estimate: ClassVar[bool] = False
+    needs_truth: ClassVar[bool] = False
+
+    def key(self, req: QueuedRequest) -> Key:
+        at = None if self.latest_start is None else self.latest_start(req)
+        return (req.arrival_s if at is None else at, req.arrival_s)
+
+
 QUEUE_POLICIES: dict[str, Callable[..., QueuePolicy]] = {
     p.name: p for p in (FifoPolicy, PriorityPolicy, WeightedPolicy, SjfPolicy, AgingPolicy, AgingSpfPolicy,
-                        OracleRemainingPolicy)
+                        OracleRemainingPolicy, SlackPolicy)
 }
 
 

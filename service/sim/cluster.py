@@ -72,6 +72,9 @@ __all__ = [
 ]
 
 Router = Callable[[RequestSpec, Sequence[str], "SimulatedCluster"], str]
+# Called with every finished or dropped request's outcome; the events it returns follow from
+# the same handler (a workflow releasing its next steps: service.sim.workflow).
+OnDone = Callable[[RequestOutcome], Iterable[Event]]
 
 
 class SimulatedCluster(PlacedSlices, SlicedReplicas):
@@ -91,8 +94,9 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
                  overheads: dict[str, IterationOverhead] | None = None,
                  queue_policy: QueuePolicy | None = None, estimator: OutputEstimator | None = None,
                  tenant_priority: dict[str, int] | None = None,
-                 tenant_weight: dict[str, float] | None = None) -> None:
+                 tenant_weight: dict[str, float] | None = None, on_done: OnDone | None = None) -> None:
         self.spec = spec
+        self.on_done = on_done
         self.config = config or SimConfig()
         self.queue_policy = queue_policy  # None: arrival order
         self.estimator = estimator
@@ -275,8 +279,7 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
         if candidates and not routing.fits_ever(req, candidates):
             candidates = []
         if not candidates:
-            self._notify_finished(dropped_outcome(req))
-            return []
+            return self._notify_finished(dropped_outcome(req))
         rid = routing.route(req, candidates)
         r = self.state.replicas[rid]
         routing.enqueue(r, req)
@@ -314,13 +317,14 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
                     obs.slice_executed(d, r.current_start_s, now, r.spec.replica_id)
         finished, kv_delta, tokens = self._batcher.finish_iteration(r, now)
         st.tokens_out += tokens
+        done: list[Event] = []
         for live in finished:
-            self._finished(r, live, now)
+            done += self._finished(r, live, now)
         if st.dynamic:
             st.last_active_s[ev.replica_id] = now
             if ev.replica_id in st.draining and r.load() == 0:
-                return self._remove_replica(ev.replica_id, now)
-        follow = self._guest_in_gap(r, now) if not r.spec.guest else []
+                return done + self._remove_replica(ev.replica_id, now)
+        follow = done + (self._guest_in_gap(r, now) if not r.spec.guest else [])
         follow += self._start_iteration(r, now)
         if kv_delta < 0 and st.shared:
             follow += self._wake_idle(r.device_ids, now)
@@ -339,14 +343,15 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
         return out
 
     # ---- outcomes -----------------------------------------------------------------------
-    def _finished(self, r: Replica, live: Live, now: float) -> None:
-        self._notify_finished(request_outcome(r, live, now, self.sla_classes))
+    def _finished(self, r: Replica, live: Live, now: float) -> list[Event]:
         if self.estimator is not None:
             self.estimator.observe(live.spec, live.spec.output_tokens)
+        return self._notify_finished(request_outcome(r, live, now, self.sla_classes))
 
-    def _notify_finished(self, outcome: RequestOutcome) -> None:
+    def _notify_finished(self, outcome: RequestOutcome) -> list[Event]:
         for obs in self._observers:
             obs.request_finished(outcome)
+        return [] if self.on_done is None else list(self.on_done(outcome))
 
     # ---- what-if support ----------------------------------------------------------------
     def affected(self, device_ids: Iterable[str]) -> tuple[set[str], set[str]]:
@@ -380,15 +385,18 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
         f.spec, f.config, f.cost_model, f.sla_classes = self.spec, self.config, self.cost_model, self.sla_classes
         f.queue_policy, f.router, f.overheads = self.queue_policy, self.router, self.overheads
         f.estimator = None  # a what-if must not calibrate the real estimator (no arrivals to estimate)
+        f.on_done = None  # nor release the next steps of the real workflows
         f.tenant_priority, f.tenant_weight = self.tenant_priority, self.tenant_weight
         f._configs, f._devices = self._configs, self._devices
         f._assemble(state, self.engine.fork(keep), ())
         return f
 
     # ---- run-time replica changes -----------------------------------------------------------
-    def add_replica(self, spec: ReplicaSpec, *, weights_from: str | None = None) -> float | None:
+    def add_replica(self, spec: ReplicaSpec, *, weights_from: str | None = None,
+                    startup_s: float = 0.0) -> float | None:
         """Create a replica now; returns the time it starts taking requests, or ``None`` when
-        its weights do not fit (nothing changes then).
+        its weights do not fit (nothing changes then). It is ready no earlier than
+        ``startup_s`` from now (an engine's start-up), and after its weights have arrived.
 
         With ``weights_from`` (a device holding the model's weights) each device's shard is
         copied over the link from there (FIFO on the link); the replica is ready when the last
@@ -401,7 +409,7 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
         except InvalidInputError:
             return None
         now = self.engine.now_s
-        ready = now
+        ready = now + startup_s
         if weights_from is not None:
             r = st.replicas[spec.replica_id]
             shards = r.weights_on or (-(-weight_bytes(self._configs[spec.model]) // len(spec.device_ids)),) * r.tp

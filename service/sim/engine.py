@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from service.domain.request import RequestSpec
+from service.domain.workflow import Workflow
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,12 +86,30 @@ class StepRequested(Event):
     replica_id: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolFinished(Event):
+    """Tool call ``step_id`` of workflow ``workflow_id`` has finished on its CPU slot."""
+
+    workflow_id: str
+    step_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowArrived(Event):
+    """``workflow`` reached the cluster: its root steps are released (service.sim.workflow)."""
+
+    workflow: Workflow
+
+
 # Same-time ordering, stated once: a finished transfer delivers data before anything that
 # needs it starts; finished work frees devices and memory before new work is admitted; all
 # arrivals of an instant are queued before an idle replica forms its batch, so simultaneous
-# arrivals share one iteration instead of the first one running alone.
+# arrivals share one iteration instead of the first one running alone. A finished tool call
+# releases its workflow's next steps (requests) and a workflow's arrival its roots before any
+# replica forms a batch at that instant.
 SAME_TIME_ORDER: tuple[type[Event], ...] = (
-    TransferFinished, IterationFinished, SliceFinished, StageFinished, RequestArrived, StepRequested, StageReady,
+    TransferFinished, IterationFinished, SliceFinished, StageFinished, ToolFinished, WorkflowArrived, RequestArrived,
+    StepRequested, StageReady,
 )
 for _rank, _kind in enumerate(SAME_TIME_ORDER):
     _kind.priority = _rank

@@ -217,7 +217,7 @@ def test_unknown_policy_names_the_known_ones_and_bad_parameters_are_refused() ->
                     {"max_delay_s": float("inf")}, {"max_delay_s": float("nan")}):
             with pytest.raises(InvalidInputError, match=next(iter(bad))):
                 make_queue_policy(name, **bad)
-    assert set(QUEUE_POLICIES) == {"fifo", "priority", "weighted", "sjf", "aging", "aging-spf", "oracle-remaining"}
+    assert set(QUEUE_POLICIES) == {"fifo", "priority", "weighted", "sjf", "aging", "aging-spf", "oracle-remaining", "slack"}
 
 
 def test_an_empty_queue_refuses_to_select() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from service.domain.request import RequestSpec
+from service.domain.workflow import Workflow
 from service.sim.engine import (
     SAME_TIME_ORDER,
     Engine,
@@ -15,15 +16,20 @@ from service.sim.engine import (
     StageFinished,
     StageReady,
     StepRequested,
+    ToolFinished,
     TransferFinished,
+    WorkflowArrived,
 )
 
 REQ = RequestSpec("q0", "t0", "tiny", 0.0, 4, 2)
+WF = Workflow.from_dict({"workflow_id": "w", "tenant_id": "t0", "slo_s": 1.0,
+                         "steps": [{"step_id": "a", "kind": "tool", "role": "x", "tool": "x"}]})
 
 
 def _one_of_each(t: float) -> list[Event]:
     return [StageReady(time_s=t, replica_id="g", iteration=0, stage=1), StepRequested(time_s=t, replica_id="r"),
-            RequestArrived(time_s=t, request=REQ), StageFinished(time_s=t, replica_id="g", iteration=0, stage=0),
+            RequestArrived(time_s=t, request=REQ), WorkflowArrived(time_s=t, workflow=WF),
+            ToolFinished(time_s=t, workflow_id="w", step_id="a"), StageFinished(time_s=t, replica_id="g", iteration=0, stage=0),
             SliceFinished(time_s=t, slice_id="s"), IterationFinished(time_s=t, replica_id="r", iteration=0),
             TransferFinished(time_s=t, transfer_id=0)]
 
@@ -120,7 +126,7 @@ def test_observers_see_every_handled_event_after_its_handler() -> None:
         engine.schedule(ev)
     engine.run()
     assert [e for e, _ in observed] == seen
-    assert [n for _, n in observed] == [1, 2, 3, 4, 5, 6, 7]
+    assert [n for _, n in observed] == list(range(1, len(SAME_TIME_ORDER) + 1))
 
 
 def test_fork_keeps_selected_events_with_their_order() -> None:
@@ -133,4 +139,4 @@ def test_fork_keeps_selected_events_with_their_order() -> None:
         fork.on(kind, lambda ev: seen.append(ev) or [])
     fork.run()
     assert [type(e) for e in seen] == [k for k in SAME_TIME_ORDER if k is not RequestArrived]
-    assert engine.peek() == 1.0 and len(engine.pending()) == 7  # the original is untouched
+    assert engine.peek() == 1.0 and len(engine.pending()) == len(SAME_TIME_ORDER)  # the original is untouched

@@ -1,0 +1,317 @@
+"""Distributional predictors of workflow calls: quantiles of output length and latency of a
+model call, and of a tool call's duration, from a small MLP trained with the pinball loss.
+
+The model (:class:`QuantileMLP`) maps features to a base value and six non-negative
+increments (softplus), summed cumulatively: its quantiles at :data:`~service.core.tail.QUANTILES`
+are non-decreasing by construction. Targets are learned in log space (``log1p`` of tokens,
+``log`` of seconds), so the answers are positive and monotone after the inverse transform too.
+
+Features of a model call (:func:`call_vector`): log prompt tokens, the step type (one-hot over
+the roles seen in training, plus "other"), depth, number of inputs and workflow size, the
+tenant's mean log output of the role so far (history), the replica's queue length, running
+batch, KV load and queued prompt tokens (runtime state), and the model's size. A tool call:
+one-hot of its tool and log input tokens.
+
+:class:`DistributionalPredictor` answers the :class:`~service.core.tail.TailPredictor`
+protocol; :class:`OnlinePredictor` wraps one, keeps every observation, and :meth:`~OnlinePredictor.refit`
+fine-tunes a copy on the recent ones (warm start) and swaps it in. Training is deterministic
+for a seed (one torch generator, one thread). ``slicesched predictors train|calibration``
+(:func:`predictors_main`) is the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from service.core.tail import QUANTILES, CallFeatures, ToolFeatures
+from service.domain.error import InvalidInputError
+from service.sim.workflow import CallRecord, ToolRecord
+
+__all__ = ["DistributionalPredictor", "OnlinePredictor", "QuantileMLP", "calibration", "fit", "predictors_main"]
+
+_Q = torch.tensor(QUANTILES)
+
+
+class QuantileMLP(nn.Module):
+    """``n_in -> hidden -> hidden -> n_targets x len(QUANTILES)``, monotone along quantiles."""
+
+    def __init__(self, n_in: int, n_targets: int, hidden: int = 64) -> None:
+        super().__init__()
+        self.n_targets = n_targets
+        self.body = nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                  nn.Linear(hidden, n_targets * len(QUANTILES)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raw = self.body(x).view(-1, self.n_targets, len(QUANTILES))
+        base = raw[..., :1]
+        steps = nn.functional.softplus(raw[..., 1:])
+        return torch.cat([base, base + torch.cumsum(steps, dim=-1)], dim=-1)
+
+
+def pinball(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean pinball loss of ``pred`` (n, t, q) against ``target`` (n, t)."""
+    diff = target.unsqueeze(-1) - pred
+    return torch.maximum(_Q * diff, (_Q - 1) * diff).mean()
+
+
+@dataclass(frozen=True)
+class Vocab:
+    roles: tuple[str, ...]
+    tools: tuple[str, ...]
+
+
+def call_vector(f: CallFeatures, vocab: Vocab) -> list[float]:
+    role = [1.0 if f.role == r else 0.0 for r in vocab.roles] + [0.0 if f.role in vocab.roles else 1.0]
+    return [math.log1p(f.prompt_tokens) / 8, *role, f.depth / 10, f.num_uses / 5, math.log1p(f.workflow_steps) / 3,
+            f.tenant_log_output / 6, math.log1p(f.queue_len) / 4, math.log1p(f.running) / 4, f.kv_frac,
+            math.log1p(f.queued_prompt_tokens) / 10, math.log1p(f.model_params_b) / 4]
+
+
+def tool_vector(f: ToolFeatures, vocab: Vocab) -> list[float]:
+    tool = [1.0 if f.tool == t else 0.0 for t in vocab.tools] + [0.0 if f.tool in vocab.tools else 1.0]
+    return [*tool, math.log1p(f.input_tokens) / 8]
+
+
+def _call_targets(r: CallRecord) -> list[float]:
+    return [math.log1p(r.output_tokens), math.log(max(1e-3, r.latency_s))]
+
+
+def _train(model: QuantileMLP, x: torch.Tensor, y: torch.Tensor, *, epochs: int, seed: int, lr: float = 3e-3,
+           batch: int = 256) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    n = len(x)
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=gen)
+        for i in range(0, n, batch):
+            idx = perm[i:i + batch]
+            opt.zero_grad()
+            loss = pinball(model(x[idx]), y[idx])
+            loss.backward()  # type: ignore[no-untyped-call]
+            opt.step()
+
+
+class DistributionalPredictor:
+    """Call and tool quantile models with their vocabulary (the TailPredictor protocol)."""
+
+    def __init__(self, call_model: QuantileMLP, tool_model: QuantileMLP, vocab: Vocab,
+                 y_shift: tuple[float, float], tool_shift: float) -> None:
+        self.call_model = call_model.eval()
+        self.tool_model = tool_model.eval()
+        self.vocab = vocab
+        self.y_shift = y_shift  # target means, subtracted in training (a centred output layer)
+        self.tool_shift = tool_shift
+        self._cache: dict[CallFeatures, np.ndarray] = {}
+
+    def call_quantiles(self, feats: Sequence[CallFeatures]) -> np.ndarray:
+        out = np.empty((len(feats), 2, len(QUANTILES)))
+        missing = [i for i, f in enumerate(feats) if f not in self._cache]
+        if missing:
+            with torch.no_grad():
+                x = torch.tensor([call_vector(feats[i], self.vocab) for i in missing], dtype=torch.float32)
+                q = self.call_model(x).numpy().astype(np.float64)
+            q[:, 0] = np.expm1(q[:, 0] + self.y_shift[0])
+            q[:, 1] = np.exp(q[:, 1] + self.y_shift[1])
+            if len(self._cache) > 200_000:
+                self._cache.clear()
+            for j, i in enumerate(missing):
+                self._cache[feats[i]] = q[j]
+        for i, f in enumerate(feats):
+            out[i] = self._cache[f]
+        return out
+
+    def tool_quantiles(self, feats: Sequence[ToolFeatures]) -> np.ndarray:
+        with torch.no_grad():
+            x = torch.tensor([tool_vector(f, self.vocab) for f in feats], dtype=torch.float32)
+            q = self.tool_model(x).numpy().astype(np.float64)[:, 0]
+        return np.asarray(np.exp(q + self.tool_shift))
+
+    # ---- persistence -------------------------------------------------------------------------
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.save({"call": self.call_model.state_dict(), "tool": self.tool_model.state_dict()}, directory / "weights.pt")
+        (directory / "meta.json").write_text(json.dumps({
+            "roles": list(self.vocab.roles), "tools": list(self.vocab.tools), "y_shift": list(self.y_shift),
+            "tool_shift": self.tool_shift, "quantiles": list(QUANTILES),
+            "hidden": self.call_model.body[0].out_features}, indent=2) + "\n")
+
+    @staticmethod
+    def load(directory: Path) -> DistributionalPredictor:
+        if not (directory / "meta.json").is_file():
+            raise InvalidInputError(f"{directory}: no predictor here (make one with `slicesched predictors train`)",
+                                    culprit=str(directory))
+        meta = json.loads((directory / "meta.json").read_text())
+        vocab = Vocab(tuple(meta["roles"]), tuple(meta["tools"]))
+        call = QuantileMLP(len(call_vector(_PROBE, vocab)), 2, meta.get("hidden", 64))
+        tool = QuantileMLP(len(tool_vector(ToolFeatures("x", 0), vocab)), 1, _TOOL_HIDDEN)
+        weights = torch.load(directory / "weights.pt", weights_only=True)
+        call.load_state_dict(weights["call"])
+        tool.load_state_dict(weights["tool"])
+        return DistributionalPredictor(call, tool, vocab, (meta["y_shift"][0], meta["y_shift"][1]), meta["tool_shift"])
+
+
+_TOOL_HIDDEN = 32
+_PROBE = CallFeatures("x", "m", 1.0, 1, 0, 0, 1, 0.0, 0, 0, 0.0)
+
+
+def fit(calls: Sequence[CallRecord], tools: Sequence[ToolRecord], *, seed: int = 0, epochs: int = 30,
+        hidden: int = 64) -> DistributionalPredictor:
+    """Train both models on the records (``InvalidInputError`` without any call or tool)."""
+    if not calls or not tools:
+        raise InvalidInputError(f"training needs call and tool records (got {len(calls)} and {len(tools)})")
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)
+    vocab = Vocab(tuple(sorted({c.features.role for c in calls})), tuple(sorted({t.features.tool for t in tools})))
+    x = torch.tensor([call_vector(c.features, vocab) for c in calls], dtype=torch.float32)
+    y = torch.tensor([_call_targets(c) for c in calls], dtype=torch.float32)
+    shift = y.mean(dim=0)
+    call = QuantileMLP(x.shape[1], 2, hidden)
+    _train(call, x, y - shift, epochs=epochs, seed=seed)
+    tx = torch.tensor([tool_vector(t.features, vocab) for t in tools], dtype=torch.float32)
+    ty = torch.tensor([[math.log(max(1e-3, t.duration_s))] for t in tools], dtype=torch.float32)
+    tshift = float(ty.mean())
+    tool = QuantileMLP(tx.shape[1], 1, _TOOL_HIDDEN)
+    _train(tool, tx, ty - tshift, epochs=epochs, seed=seed)
+    return DistributionalPredictor(call, tool, vocab, (float(shift[0]), float(shift[1])), tshift)
+
+
+class OnlinePredictor:
+    """A predictor adapted online: :meth:`observe_call` / :meth:`observe_tool` keep the latest
+    ``window`` observations; :meth:`refit` fine-tunes a copy of the current models on them
+    (``epochs`` passes, warm start, same vocabulary) and swaps it in; until then, and if there
+    are fewer than ``min_new`` new observations, the current one answers."""
+
+    def __init__(self, base: DistributionalPredictor, *, window: int = 4000, min_new: int = 200, epochs: int = 3,
+                 seed: int = 0) -> None:
+        self.current = base
+        self.calls: deque[CallRecord] = deque(maxlen=window)
+        self.tools: deque[ToolRecord] = deque(maxlen=window)
+        self.min_new, self.epochs, self.seed = min_new, epochs, seed
+        self._new = 0
+        self.num_refits = 0
+
+    def call_quantiles(self, feats: Sequence[CallFeatures]) -> np.ndarray:
+        return self.current.call_quantiles(feats)
+
+    def tool_quantiles(self, feats: Sequence[ToolFeatures]) -> np.ndarray:
+        return self.current.tool_quantiles(feats)
+
+    def observe_call(self, features: CallFeatures, output_tokens: int, latency_s: float) -> None:
+        self.calls.append(CallRecord(features, output_tokens, latency_s))
+        self._new += 1
+
+    def observe_tool(self, features: ToolFeatures, duration_s: float) -> None:
+        self.tools.append(ToolRecord(features, duration_s))
+
+    def refit(self) -> bool:
+        """Fine-tune and swap in; False when too little is new."""
+        if self._new < self.min_new or not self.calls:
+            return False
+        torch.set_num_threads(1)
+        cur = self.current
+        call = copy.deepcopy(cur.call_model).train()
+        x = torch.tensor([call_vector(c.features, cur.vocab) for c in self.calls], dtype=torch.float32)
+        y = torch.tensor([_call_targets(c) for c in self.calls], dtype=torch.float32)
+        _train(call, x, y - torch.tensor(cur.y_shift), epochs=self.epochs, seed=self.seed + self.num_refits, lr=1e-3)
+        tool = copy.deepcopy(cur.tool_model).train()
+        if self.tools:
+            tx = torch.tensor([tool_vector(t.features, cur.vocab) for t in self.tools], dtype=torch.float32)
+            ty = torch.tensor([[math.log(max(1e-3, t.duration_s))] for t in self.tools], dtype=torch.float32)
+            _train(tool, tx, ty - cur.tool_shift, epochs=self.epochs, seed=self.seed + self.num_refits, lr=1e-3)
+        self.current = DistributionalPredictor(call, tool, cur.vocab, cur.y_shift, cur.tool_shift)  # the swap
+        self._new = 0
+        self.num_refits += 1
+        return True
+
+
+def calibration(predictor: DistributionalPredictor | OnlinePredictor, calls: Sequence[CallRecord],
+                tools: Sequence[ToolRecord]) -> dict[str, Any]:
+    """Coverage of each quantile on held-out records: the share of truths at or below it
+    (a calibrated p90 covers 0.9), per target."""
+    out: dict[str, Any] = {"quantiles": list(QUANTILES), "num_calls": len(calls), "num_tools": len(tools)}
+    if calls:
+        q = predictor.call_quantiles([c.features for c in calls])
+        outs = np.array([c.output_tokens for c in calls], dtype=float)
+        lats = np.array([c.latency_s for c in calls])
+        out["output_tokens"] = [float(np.mean(outs <= q[:, 0, j])) for j in range(len(QUANTILES))]
+        out["latency_s"] = [float(np.mean(lats <= q[:, 1, j])) for j in range(len(QUANTILES))]
+    if tools:
+        tq = predictor.tool_quantiles([t.features for t in tools])
+        dur = np.array([t.duration_s for t in tools])
+        out["tool_duration_s"] = [float(np.mean(dur <= tq[:, j])) for j in range(len(QUANTILES))]
+    return out
+
+
+# ---- command line ----------------------------------------------------------------------------
+def predictors_main(argv: Sequence[str]) -> int:
+    """``slicesched predictors record|train|calibration`` (see ``--help``)."""
+    p = argparse.ArgumentParser(prog="slicesched predictors",
+                                description="distributional predictors of workflow calls (learned/distributional.py)")
+    sub = p.add_subparsers(dest="action", required=True)
+    rec = sub.add_parser("record", help="replay the three workflow shapes and write predictor records (JSONL)")
+    rec.add_argument("--out", type=Path, required=True, help="the records file to write")
+    rec.add_argument("--loads", default="0.5,1.5,3", help="loads (multiples of the base rates), comma-separated")
+    rec.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals per load")
+    rec.add_argument("--seed", type=int, default=100, help="workload seed (keep it apart from evaluation seeds)")
+    rec.add_argument("--cluster", default="8xA100-nvlink")
+    rec.add_argument("--cost-model", default=None, help="learned|gnn|table|roofline (default $SLICESCHED_COST_MODEL)")
+    tr = sub.add_parser("train", help="train the call and tool quantile models from records")
+    tr.add_argument("records", type=Path, nargs="+", help="JSONL records (`predictors record`, or a live export)")
+    tr.add_argument("--out", type=Path, required=True, help="folder for the trained predictor")
+    tr.add_argument("--epochs", type=int, default=30)
+    tr.add_argument("--seed", type=int, default=0)
+    ca = sub.add_parser("calibration", help="coverage of each quantile on held-out records")
+    ca.add_argument("records", type=Path, nargs="+")
+    ca.add_argument("--model", type=Path, required=True, help="a folder written by `predictors train`")
+    ca.add_argument("--json", action="store_true")
+    args = p.parse_args(list(argv))
+    from service.replay.agentic import read_records, write_records
+
+    if args.action == "record":
+        from learned.artifact import load_cost_model
+        from service.replay.agentic import AgenticConfig, run_agentic, shape_workflows
+        from service.workload.workflows import trace_lengths
+
+        config = AgenticConfig.on(args.cluster, load_cost_model(args.cost_model).model, seed=args.seed)
+        calls: list[CallRecord] = []
+        tools: list[ToolRecord] = []
+        for load in (float(x) for x in args.loads.split(",")):
+            wfs = shape_workflows(trace_lengths(), load, duration_s=args.duration, seed=args.seed)
+            result = run_agentic(config, wfs, router="least-loaded", horizon_s=args.duration, record=True)
+            calls += result.calls
+            tools += result.tools
+        n = write_records(args.out, calls, tools)
+        print(f"{n} records ({len(calls)} calls, {len(tools)} tools) -> {args.out}")
+        return 0
+    calls, tools = [], []
+    for path in args.records:
+        c, t = read_records(path)
+        calls += c
+        tools += t
+    if args.action == "train":
+        pred = fit(calls, tools, seed=args.seed, epochs=args.epochs)
+        pred.save(args.out)
+        print(f"trained on {len(calls)} calls and {len(tools)} tools -> {args.out}")
+        return 0
+    report = calibration(DistributionalPredictor.load(args.model), calls, tools)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"coverage on {report['num_calls']} calls, {report['num_tools']} tools (a calibrated q covers q)")
+    print("target            " + "  ".join(f"p{round(100 * q):<4d}" for q in QUANTILES))
+    for key in ("output_tokens", "latency_s", "tool_duration_s"):
+        if key in report:
+            print(f"{key:<17s} " + "  ".join(f"{v:5.3f}" for v in report[key]))
+    return 0
