@@ -89,11 +89,13 @@ def run_demo(args: argparse.Namespace) -> int:
     driver.close()
 
     if not getattr(args, "skip_live", False):
+        from pathlib import Path
+
         from service.governance_demo import governance_demo
 
         _step("governance: a newcomer's onboarding, a platform admin's approval, the first key and request, "
-              "the web console")
-        governance_demo(settings.resolved())
+              "the web console; then its first workflow, a code-generation fan-out")
+        governance_demo(settings.resolved(), Path(getattr(args, "out", None) or "demo-output"))
 
         from learned.artifact import ensure_cost_model
 
