@@ -125,22 +125,74 @@ def main() -> int:
     p.add_argument("--quota-tokens-per-s", type=float,
                    help="give the tenant a tokens/s quota (large enough to refuse nothing: what admission costs "
                         "with quotas on); default none")
+    p.add_argument("--quota-pairs", type=int, default=0,
+                   help="instead: this many interleaved pairs of runs, quotas off then on (a tokens/s quota of "
+                        "1e9 on the tenant), each a fresh service; reports medians side by side")
     args = p.parse_args()
     if args.quick:
         args.duration_s, args.requests = 6.0, 30_000
+    if args.quota_pairs > 0:
+        return quota_pairs(args)
+    results = one_run(args, args.quota_tokens_per_s)
+    _record.write("lease_throughput", args, {"executors": args.executors, "batch": args.batch, "work_ms": args.work_ms,
+                                             "duration_s": args.duration_s, "requests": args.requests,
+                                             "quota_tokens_per_s": args.quota_tokens_per_s}, results)
+    return 0
 
+
+def one_run(args: Any, quota_tokens_per_s: float | None) -> dict[str, Any]:
     from service.api.stack import LiveStack
 
+    args.quota_tokens_per_s = quota_tokens_per_s
     # One replica per executor device: the model's weight decides nothing here; max_batch caps leases per replica.
     with LiveStack(lease_ttl_s=30.0, max_batch=args.batch, log_dir=args.log_dir) as stack:
-        print(f"service at {stack.url}; {args.executors} simulated executors", flush=True)
+        print(f"service at {stack.url}; {args.executors} simulated executors"
+              + (f"; tokens/s quota {quota_tokens_per_s:g}" if quota_tokens_per_s is not None else "; no quota"),
+              flush=True)
         results = asyncio.run(run(stack.url, stack.admin_key, stack.executor_key, args))
     paced = results["paced"]
     results["targets"] = {"leases_per_s": 1000, "lease_p99_ms": 50,
                           "met": paced["leases_per_s"] >= 1000 and paced["lease_latency_ms"]["p99"] <= 50}
-    _record.write("lease_throughput", args, {"executors": args.executors, "batch": args.batch, "work_ms": args.work_ms,
-                                             "duration_s": args.duration_s, "requests": args.requests,
-                                             "quota_tokens_per_s": args.quota_tokens_per_s}, results)
+    return results
+
+
+def quota_pairs(args: Any) -> int:
+    """Quotas off, then on, ``--quota-pairs`` times (interleaved, so drift on a shared machine hits
+    both sides alike); medians of each figure, and on/off ratios."""
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    for i in range(args.quota_pairs):
+        for side, quota in (("off", None), ("on", 1e9)):
+            print(f"== pair {i + 1}/{args.quota_pairs}, quotas {side}", flush=True)
+            runs[side].append(one_run(args, quota))
+
+    def med(side: str, phase: str, *key: str) -> float:
+        values = []
+        for r in runs[side]:
+            v: Any = r[phase]
+            for k in key:
+                v = v[k]
+            values.append(float(v))
+        return statistics.median(values)
+
+    summary: dict[str, Any] = {}
+    for phase in ("paced", "saturated"):
+        summary[phase] = {side: {"leases_per_s": med(side, phase, "leases_per_s"),
+                                 "lease_p50_ms": med(side, phase, "lease_latency_ms", "p50"),
+                                 "lease_p99_ms": med(side, phase, "lease_latency_ms", "p99")} for side in runs}
+        summary[phase]["on_over_off"] = summary[phase]["on"]["leases_per_s"] / summary[phase]["off"]["leases_per_s"]
+        summary[phase]["per_pair_leases_per_s"] = {side: [r[phase]["leases_per_s"] for r in rs]
+                                                   for side, rs in runs.items()}
+    on = summary["paced"]["on"]
+    results = {"quotas": summary, "targets": {
+        "leases_per_s": 1000, "lease_p99_ms": 50,
+        "met_with_quotas": on["leases_per_s"] >= 1000 and on["lease_p99_ms"] <= 50,
+        "met_without": summary["paced"]["off"]["leases_per_s"] >= 1000 and summary["paced"]["off"]["lease_p99_ms"] <= 50}}
+    for phase in ("paced", "saturated"):
+        print(f"{phase}: off {summary[phase]['off']['leases_per_s']:.0f} leases/s, on "
+              f"{summary[phase]['on']['leases_per_s']:.0f} ({summary[phase]['on_over_off']:.2f}x)", flush=True)
+    _record.write("lease_throughput-quotas", args, {
+        "executors": args.executors, "batch": args.batch, "work_ms": args.work_ms, "duration_s": args.duration_s,
+        "requests": args.requests, "pairs": args.quota_pairs, "quota_tokens_per_s": 1e9}, results)
     return 0
 
 
