@@ -141,6 +141,23 @@ def test_real_answers_validate_against_their_declared_model(make_client: Callabl
     call("GET", "/v1/access-requests/{request_id}", f"/v1/access-requests/{change['request_id']}", key=key)
     call("POST", "/v1/access-requests/{request_id}/reject", f"/v1/access-requests/{change['request_id']}/reject",
          json={"reason": "no"})
+    # experiments and workflows
+    from service.domain.experiment import CodeVersion, Experiment
+
+    for e in (f"x{uid}", f"y{uid}"):
+        client.app.state.service.repo.create_experiment(Experiment(  # type: ignore[attr-defined]
+            uid=e, kind="replay", config={"seed": e}, code=CodeVersion(None, None, "test"),
+            results=[{"policy": "fifo/container", "load_scale": 1.0, "token_throughput_tps": 1.0}],
+            created_at="2026-01-01T00:00:00+00:00", tenant_id=tenant))
+    call("GET", "/v1/experiments", key=key)
+    call("GET", "/v1/experiments/{uid}", f"/v1/experiments/x{uid}", key=key)
+    call("GET", "/v1/experiments/{uid}/compare", f"/v1/experiments/x{uid}/compare", key=key,
+         params={"other": f"y{uid}"})
+    call("POST", "/v1/workflows", key=key, json={"workflow_id": "w", "slo_s": 60, "steps": [
+        {"step_id": "t", "kind": "tool", "role": "code-exec", "tool": "python", "duration_s": 30.0}]})
+    call("GET", "/v1/workflows", key=key)
+    call("GET", "/v1/workflows/{workflow_id}", "/v1/workflows/w", key=key)
+    call("POST", "/v1/workflows/{workflow_id}/cancel", "/v1/workflows/w/cancel", key=key)
     new_key = call("POST", "/v1/tenants/{tenant_id}/keys/rotate", f"/v1/tenants/{tenant}/keys/rotate", key=key)
     call("POST", "/v1/tenants/{tenant_id}/keys/revoke", f"/v1/tenants/{tenant}/keys/revoke", key=new_key["api_key"])
 

@@ -34,7 +34,7 @@ def documented_matrix() -> dict[tuple[str, str], set[str]]:
 
 class World:
     """One tenant with a key of each tenant role, a model, a project, a request, an access
-    request and an experiment; an auditor key; the bootstrap executor key; another tenant."""
+    request, a workflow and an experiment; an auditor key; the bootstrap executor key; another tenant."""
 
     def __init__(self, client: TestClient) -> None:
         self.client = client
@@ -59,6 +59,10 @@ class World:
         self.access_request = client.post("/v1/access-requests", json={"kind": "sla_class", "sla_class": "batch"},
                                           headers=admin).json()["request_id"]
         self.other = new_tenant(client, f"o{t}")
+        r = client.post("/v1/workflows", headers=admin, json={"workflow_id": "wf", "slo_s": 60, "steps": [
+            {"step_id": "t", "kind": "tool", "role": "code-exec", "tool": "python", "duration_s": 0.0}]})
+        assert r.status_code == 202, r.text
+        self.workflow = "wf"
         self.experiment = f"x{t}"
         client.app.state.service.repo.create_experiment(Experiment(  # type: ignore[attr-defined]
             uid=self.experiment, kind="replay", config={}, code=CodeVersion(None, None, "test"), results=[],
@@ -70,7 +74,8 @@ class World:
         values = {"tenant_id": "ghost-tenant" if ghost else self.tenant, "key_id": "victim", "project_id": "p1",
                   "model_id": "m", "request_id": "ghost-request" if ghost else request_id,
                   "executor_id": "nobody", "lease_id": "nolease", "pool_id": "nopool",
-                  "uid": "ghost-experiment" if ghost else self.experiment}
+                  "uid": "ghost-experiment" if ghost else self.experiment,
+                  "workflow_id": "ghost-workflow" if ghost else self.workflow}
         return re.sub(r"\{(\w+)(:path)?\}", lambda m: values[m.group(1)], template)
 
     def intact(self) -> bool:
@@ -112,7 +117,7 @@ def test_every_route_with_every_role(client: TestClient) -> None:
                 world = World(client)
         # another tenant's admin never reaches this tenant's objects: it is answered exactly as
         # for objects that do not exist (an empty body's 422 included: that says nothing either)
-        if any(f"{{{name}}}" in template for name in ("tenant_id", "request_id", "uid")) and "no key" not in allowed:
+        if any(f"{{{name}}}" in template for name in ("tenant_id", "request_id", "uid", "workflow_id")) and "no key" not in allowed:
             r = _call(client, method, world.path(template), world.other)
             ghost = _call(client, method, world.path(template, ghost=True), world.other)
             where = f"{method} {template} as another tenant: {r.status_code} {r.text[:200]}"

@@ -17,6 +17,7 @@ from service.domain.error import InvalidInputError, NotFoundError
 from service.domain.workflow import Workflow
 
 router = APIRouter(tags=["workflows"])
+WORKFLOW_STATES = ("running", "done", "failed", "cancelled")
 
 WorkflowDoc = Annotated[dict[str, Any], Body(description=(
     "the workflow document (service/domain/workflow.py, docs/API.md \"Workflows\"), and optionally "
@@ -51,8 +52,10 @@ async def submit_workflow(body: WorkflowDoc, svc: Svc, p: SubmitPrincipal) -> di
 @router.get("/v1/workflows", response_model=list[WorkflowOut])
 async def list_workflows(svc: Svc, p: ReadPrincipal,
                          status: Annotated[str | None, Query(json_schema_extra={
-                             "enum": ["running", "done", "failed", "cancelled"]})] = None,
+                             "enum": list(WORKFLOW_STATES)})] = None,
                          limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[dict[str, Any]]:
+    if status is not None and status not in WORKFLOW_STATES:
+        raise InvalidInputError(f"unknown status {status!r} (valid: {', '.join(WORKFLOW_STATES)})")
     tenant = p.tenant_id if p.is_tenant else None
     runs = [r for r in svc.workflows.runs.values()
             if (tenant is None or r.tenant_id == tenant) and (status is None or r.status == status)
