@@ -106,7 +106,8 @@ class LeaseBook:
         queue.push(QueuedRequest(req.request_id, req.tenant_id, req.model_uid, req.arrival, len(req.prompt),
                                  req.token_budget, priority=req.priority if req.priority is not None
                                  else tenant.priority if tenant else 0,
-                                 weight=tenant.weight if tenant else 1.0, true_output_tokens=req.max_tokens),
+                                 weight=tenant.weight if tenant else 1.0, true_output_tokens=req.max_tokens,
+                                 deadline_s=req.arrival + req.sla.deadline_s(len(req.prompt), req.token_budget)),
                    req.request_id)
 
     def request(self, request_id: str, tenant_id: str | None) -> LiveRequest:

@@ -30,6 +30,9 @@ Policies (the names are interfaces):
                           a request is served before anything arriving later than
                           ``arrival_s + min(prompt_tokens / aging_tokens_per_s, max_delay_s)``
 ``oracle-remaining``      true remaining output tokens (a reference, not deployable)
+``slack``                 least slack first: the request's deadline (``deadline_s``, from its
+                          SLA) minus its predicted remaining work (``token_s`` seconds per
+                          estimated remaining output token)
 ========================  ===============================================================
 """
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,7 +50,8 @@ from service.domain.error import InvalidInputError
 
 __all__ = [
     "QUEUE_POLICIES", "AgingPolicy", "AgingSpfPolicy", "FifoPolicy", "FifoQueue", "OracleRemainingPolicy",
-    "PriorityPolicy", "QueuePolicy", "QueuedRequest", "RequestQueue", "SjfPolicy", "WaitingQueue", "WeightedPolicy",
+    "PriorityPolicy", "QueuePolicy", "QueuedRequest", "RequestQueue", "SjfPolicy", "SlackPolicy", "WaitingQueue",
+    "WeightedPolicy",
     "make_queue_policy", "make_waiting_queue", "select_index",
 ]
 
@@ -67,6 +72,9 @@ class QueuedRequest:
     priority: int = 0  # the tenant's priority; higher goes first
     weight: float = 1.0  # the tenant's fair-share weight (> 0)
     true_output_tokens: int | None = None  # only for oracle policies; None otherwise
+    # when it should be finished, on the arrival clock: arrival_s + its SLA's finish-by target for its
+    # estimated length (SlaClass.deadline_s); inf: no deadline
+    deadline_s: float = math.inf
 
 
 class QueuePolicy(Protocol):
@@ -238,9 +246,38 @@ class OracleRemainingPolicy:
         return (float(req.true_output_tokens - req.generated_tokens), req.arrival_s)
 
 
+@dataclass(frozen=True, slots=True)
+class SlackPolicy:
+    """Least slack first (least laxity): ``slack = deadline_s - token_s * remaining``, smallest
+    first, then arrival; ``remaining`` is the estimated output not yet produced (the token
+    budget), ``token_s`` the predicted seconds one output token of a running request takes (a
+    decode iteration). The slack at any instant is this minus ``now``, common to all requests,
+    so the key is static. A request without a deadline (``inf``) goes after every one with a
+    deadline, in arrival order.
+
+    Request-level only: the deadline is the request's own, from its SLA; a workflow's deadline
+    and critical path are not seen here. Not starvation-safe by itself: a request with a far
+    deadline waits while tighter ones keep arriving, until its slack is the smallest.
+    """
+
+    token_s: float = 0.02  # predicted seconds of work per remaining output token
+    name: ClassVar[str] = "slack"
+    fair_share: ClassVar[bool] = False
+    needs_estimate: ClassVar[bool] = True
+    needs_truth: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.token_s < math.inf):
+            raise InvalidInputError(f"slack: token_s must be finite and >= 0, got {self.token_s}")
+
+    def key(self, req: QueuedRequest) -> Key:
+        remaining = max(0, req.estimated_output_tokens - req.generated_tokens)
+        return (req.deadline_s - self.token_s * remaining, req.arrival_s)
+
+
 QUEUE_POLICIES: dict[str, Callable[..., QueuePolicy]] = {
     p.name: p for p in (FifoPolicy, PriorityPolicy, WeightedPolicy, SjfPolicy, AgingPolicy, AgingSpfPolicy,
-                        OracleRemainingPolicy)
+                        OracleRemainingPolicy, SlackPolicy)
 }
 
 
