@@ -149,6 +149,18 @@ class LeaseBook:
         self.on_end(req)
         return [*writes, Write("request", req.update_row())]
 
+    def set_policy(self, policy: QueuePolicy) -> None:
+        """Order every model's queue by ``policy`` from now on. Only between runs: with a request
+        queued or leased, a ``ConflictError`` and nothing changes (keys already given would mix two
+        orders). The fair-share counts start again from zero."""
+        busy = sum(1 for r in self.requests.values() if r.status in (RequestStatus.QUEUED, RequestStatus.LEASED))
+        if busy or self.leases:
+            raise ConflictError(f"{busy} request(s) are queued or leased: switch the queue policy when none is")
+        self.policy = policy
+        for uid in self.queues:  # in place: the state shares this dict
+            self.queues[uid] = RequestQueue(policy)
+        self.served.clear()
+
     def waiting(self, model_uid: str) -> int:
         queue = self.queues.get(model_uid)
         return sum(1 for rid in queue if self.requests[rid].status == RequestStatus.QUEUED) if queue is not None else 0
