@@ -190,21 +190,24 @@ def _jsonable(value: Any) -> Any:
 def print_report(record: dict[str, Any]) -> None:
     from service.testbench.metrics import METRICS
 
+    heads = ["policy", "tok/s", "TTFT p50 (s)", "TTFT p99 (s)", "e2e p50 (s)", "e2e p99 (s)"]
+    fmt = {m: "{:.0f}" if m == "tokens_per_s" else "{:.2f}" for m in METRICS}
     names = record["predictions"]
-    rows = []
+    measured, ratios = [], []
     for p in record["policies"]:
         e = record["per_policy"][p]
         cells = [p]
         for m in METRICS:
-            meas = e["measured"][m]
-            preds = " / ".join(f"{e['predicted'][n][m]:.2f}" for n in names)
-            cells.append(f"{meas['median']:.2f} [{meas['min']:.2f}-{meas['max']:.2f}] / {preds}")
-        rows.append(cells)
-    print_table(["policy", "tok/s", "TTFT p50 (s)", "TTFT p99 (s)", "e2e p50 (s)", "e2e p99 (s)"], rows,
-                title=f"measured median [repeats' range] / predicted: {' / '.join(names)}")
+            v = e["measured"][m]
+            cells.append(f"{fmt[m].format(v['median'])} ({fmt[m].format(v['min'])}-{fmt[m].format(v['max'])})")
+        measured.append(cells)
+        ratios.append([p, *(" / ".join(f"{e['ratio_predicted_over_measured'][n][m]:.2f}" for n in names)
+                            for m in METRICS)])
+    print_table(heads, measured, title="measured: median over the repeats (min-max)")
+    print_table(heads, ratios, title=f"predicted / measured ({' / '.join(names)})")
     for n in names:
         taus = ", ".join(f"{m} {r['kendall_tau']:.2f}" for m, r in record["rank"][n].items())
-        print(f"  rank agreement with {n} (Kendall tau): {taus}")
+        print(f"  rank order, measured vs {n} (Kendall tau): {taus}")
     for note in record["notes"]:
         print(f"  {note}")
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -161,47 +160,52 @@ class LiveBench:
         """Serve ``workload`` with the queue policy ``queue``; ``label`` names it in progress lines."""
         self.set_policy(queue, params)
         load_start = os.getloadavg()[0]
-        ids: list[str | None] = [None] * len(workload.requests)
-        lags: list[float] = []
-        errors: list[BaseException] = []
         start = time.monotonic() + 0.2
         with self.client() as c:
-            def post(i: int, req: BenchRequest) -> None:
-                try:
-                    lags.append(time.monotonic() - (start + req.spec.arrival_s))
-                    r = c.post("/v1/requests", headers=req.headers(),
-                               json={"model_id": "m", "prompt_tokens": list(req.prompt),
-                                     "max_tokens": req.spec.output_tokens})
-                    r.raise_for_status()
-                    ids[i] = r.json()["request_id"]
-                except BaseException as exc:  # reported by the caller's thread
-                    errors.append(exc)
-
-            with ThreadPoolExecutor(SUBMITTERS, thread_name_prefix="testbench-submit") as pool:
-                last_note = [time.monotonic()]
-                for i, req in enumerate(workload.requests):
-                    delay = start + req.spec.arrival_s - time.monotonic()
-                    if delay > 0:
-                        time.sleep(delay)
-                    pool.submit(post, i, req)
-                    if time.monotonic() - last_note[0] > 3.0:
-                        last_note[0] = time.monotonic()
-                        self.say(f"  {label}: {time.monotonic() - start:4.0f}s  submitted {i + 1}/{len(ids)}")
-            if errors:
-                raise RuntimeError(f"{label}: a submission failed: {errors[0]}") from errors[0]
-            got = [i for i in ids if i is not None]
-            notes = threading.Event()
+            ids, lags = self._submit(c, label, workload, start)
+            noted = [0.0]  # when the last progress line was printed
 
             def tick(done: int) -> None:
-                if not notes.is_set() or time.monotonic() - last_note[0] > 3.0:
-                    notes.set()
-                    last_note[0] = time.monotonic()
-                    self.say(f"  {label}: {time.monotonic() - start:4.0f}s  draining, {done}/{len(got)} done")
+                if time.monotonic() - noted[0] > 3.0:
+                    noted[0] = time.monotonic()
+                    self.say(f"  {label}: {time.monotonic() - start:4.0f}s  draining, {done}/{len(ids)} done")
 
-            rows = self._wait(c, got, tick)
+            rows = self._wait(c, ids, tick)
         first = min(r["arrival"] for r in rows)
         outcomes = [Outcome(i, r["arrival"] - first, float(r["ttft_s"]), float(r["e2e_s"]), len(r["output_tokens"]),
                             float(r["queued_s"])) for i, r in enumerate(rows)]
         digest = hashlib.sha256(json.dumps([r["output_tokens"] for r in rows]).encode()).hexdigest()
         return LiveRun(label, outcomes, digest, max(lags, default=0.0), self.iteration_s(),
                        (load_start, os.getloadavg()[0]), time.monotonic() - start)
+
+    def _submit(self, c: httpx.Client, label: str, workload: BenchWorkload, start: float
+                ) -> tuple[list[str], list[float]]:
+        """Send every request at ``start`` + its arrival time; returns the request ids in workload
+        order and each submission's lag behind its arrival time."""
+        ids: list[str | None] = [None] * len(workload.requests)
+        lags: list[float] = []
+        errors: list[BaseException] = []
+
+        def post(i: int, req: BenchRequest) -> None:
+            try:
+                lags.append(time.monotonic() - (start + req.spec.arrival_s))
+                r = c.post("/v1/requests", headers=req.headers(),
+                           json={"model_id": "m", "prompt_tokens": list(req.prompt), "max_tokens": req.spec.output_tokens})
+                r.raise_for_status()
+                ids[i] = r.json()["request_id"]
+            except BaseException as exc:  # raised in the caller's thread below
+                errors.append(exc)
+
+        noted = time.monotonic()
+        with ThreadPoolExecutor(SUBMITTERS, thread_name_prefix="testbench-submit") as pool:
+            for i, req in enumerate(workload.requests):
+                delay = start + req.spec.arrival_s - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                pool.submit(post, i, req)
+                if time.monotonic() - noted > 3.0:
+                    noted = time.monotonic()
+                    self.say(f"  {label}: {noted - start:4.0f}s  submitted {i + 1}/{len(ids)}")
+        if errors:
+            raise RuntimeError(f"{label}: a submission failed: {errors[0]}") from errors[0]
+        return [i for i in ids if i is not None], lags
