@@ -135,3 +135,16 @@ def test_options_refuse_unknown_policies_and_models() -> None:
     with pytest.raises(InvalidInputError, match="llama2-7b"):
         BenchOptions(shape=WorkloadShape(model="llama2-7b"))
     assert policy_params("slack", 0.02) == {"token_s": 0.02} and policy_params("sjf", 0.02) == {}
+
+
+def test_the_command_line_quick_preset_and_overrides() -> None:
+    from service.cli import build_parser
+    from service.testbench.command import options_from
+
+    quick = options_from(build_parser().parse_args(["testbench", "--quick"]))
+    assert quick.repeats == 2 and quick.shape.duration_s == 10.0 and quick.policies == POLICIES
+    opts = options_from(build_parser().parse_args(
+        ["testbench", "--policies", "fifo, slack", "--repeats", "4", "--duration-s", "20", "--rate-rps", "3",
+         "--max-batch", "4", "--seed", "7"]))
+    assert opts.policies == ("fifo", "slack") and opts.repeats == 4 and opts.shape.duration_s == 20.0
+    assert opts.rate_rps == 3.0 and opts.max_batch == 4 and opts.seed == 7
