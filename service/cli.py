@@ -371,6 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_audit(sub)
 
+    from service.testbench.command import add_parser as add_testbench
+
+    add_testbench(sub)
+
     tr = sub.add_parser("trace", help="production traces").add_subparsers(dest="action", required=True)
     ts = tr.add_parser("stats", help="summarise an Azure CSV or Mooncake JSONL trace")
     ts.add_argument("file")

@@ -106,7 +106,8 @@ class LeaseBook:
         queue.push(QueuedRequest(req.request_id, req.tenant_id, req.model_uid, req.arrival, len(req.prompt),
                                  req.token_budget, priority=req.priority if req.priority is not None
                                  else tenant.priority if tenant else 0,
-                                 weight=tenant.weight if tenant else 1.0, true_output_tokens=req.max_tokens),
+                                 weight=tenant.weight if tenant else 1.0, true_output_tokens=req.max_tokens,
+                                 deadline_s=req.arrival + req.sla.deadline_s(len(req.prompt), req.token_budget)),
                    req.request_id)
 
     def request(self, request_id: str, tenant_id: str | None) -> LiveRequest:
@@ -147,6 +148,18 @@ class LeaseBook:
         req.status, req.finished_at = RequestStatus.CANCELLED, self.wall()
         self.on_end(req)
         return [*writes, Write("request", req.update_row())]
+
+    def set_policy(self, policy: QueuePolicy) -> None:
+        """Order every model's queue by ``policy`` from now on. Only between runs: with a request
+        queued or leased, a ``ConflictError`` and nothing changes (keys already given would mix two
+        orders). The fair-share counts start again from zero."""
+        busy = sum(1 for r in self.requests.values() if r.status in (RequestStatus.QUEUED, RequestStatus.LEASED))
+        if busy or self.leases:
+            raise ConflictError(f"{busy} request(s) are queued or leased: switch the queue policy when none is")
+        self.policy = policy
+        for uid in self.queues:  # in place: the state shares this dict
+            self.queues[uid] = RequestQueue(policy)
+        self.served.clear()
 
     def waiting(self, model_uid: str) -> int:
         queue = self.queues.get(model_uid)

@@ -70,6 +70,7 @@ def stats(svc: LiveService) -> dict[str, Any]:
                           "guest": r.guest, "draining": r.draining, "leases": len(r.leases)}
                          for r in svc.state.replicas.values()],
             "decisions": svc.decisions[-50:], "iteration_s": svc.state.iteration_s,
+            "queue_policy": svc.state.policy.name,
             "unplaced_models": dict(svc.unplaced), "loops": svc.supervisor.report(),
             "scheduler_steps": len(svc.step_s), "scheduler_step_s_total": sum(svc.step_s),
             "token_budget_mae": sum(errors) / len(errors) if errors else None}

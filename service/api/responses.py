@@ -93,6 +93,7 @@ class StatsOut(Out):
     replicas: list[ReplicaStatOut]
     decisions: list[str] = Field(description="the scheduler's last 50 decisions, oldest first")
     iteration_s: dict[str, float] = Field(description="measured mean iteration time per model family")
+    queue_policy: str = Field(description="the queue policy in force (--queue, or the last PUT /v1/queue-policy)")
     unplaced_models: dict[str, str] = Field(description="model uid -> why the last re-plan found it no home")
     loops: dict[str, LoopOut]
     scheduler_steps: int
@@ -322,6 +323,12 @@ class PolicyWhatIfOut(Out):
     add: list[PolicyAddOut]
     drain: list[str] = Field(description="replica ids")
     notes: list[str]
+
+
+class QueuePolicyOut(Out):
+    queue: str = Field(description="the queue policy every model's queue is ordered by from now on")
+    params: dict[str, float]
+    previous: str = Field(description="the policy it replaced")
 
 
 class InspectOut(Out):

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.api.records import LIVE_FAMILIES
+from service.core.queue import QUEUE_POLICIES
 from service.domain.sampling import MAX_SEED, MAX_TEMPERATURE
 from service.sim.sla import SLA_CLASSES
 
@@ -153,6 +154,13 @@ class WhatIfIn(Body):
                                          description="a candidate placement: a replica of the model on these devices")
     placement: Literal["replica"] | None = Field(None, description="or: what the replica policy would do now")
     horizon_s: float = Field(20.0, gt=0, le=600)
+
+
+class QueuePolicyIn(Body):
+    queue: str = Field(max_length=64, json_schema_extra={"enum": list(QUEUE_POLICIES)})
+    params: dict[str, float] = Field(default_factory=dict, max_length=8,
+                                     description="the policy's parameters (e.g. slack's token_s, sjf's "
+                                                 "aging_tokens_per_s); none: its defaults")
 
 
 class InspectIn(Body):

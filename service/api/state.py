@@ -46,6 +46,11 @@ class LiveState:
         self.completion_row, self.complete, self.fail_row, self.fail = b.completion_row, b.complete, b.fail_row, b.fail
         self.slice_row, self.queued, self.in_flight = b.slice_row, b.queued, b.in_flight
 
+    def set_queue_policy(self, policy: QueuePolicy) -> None:
+        """The queue policy of every model from now on (``ConflictError`` while requests wait or run)."""
+        self.book.set_policy(policy)
+        self.policy = policy
+
     def add_model(self, model: LiveModel) -> None:
         self.registry.add_model(model)
         self.book.open_queue(model.uid)

@@ -30,10 +30,12 @@ Policies (the names are interfaces):
                           a request is served before anything arriving later than
                           ``arrival_s + min(prompt_tokens / aging_tokens_per_s, max_delay_s)``
 ``oracle-remaining``      true remaining output tokens (a reference, not deployable)
-``slack``                 least predicted slack first: the latest start time ``deadline -
-                          predicted p99 remaining work`` of the request's workflow, as its
-                          ``latest_start`` callable answers when the request is queued
-                          (:mod:`service.sim.workflow`); arrival order without one
+``slack``                 least slack first: the latest start time of the request's workflow
+                          (``deadline - predicted p99 remaining work``, as its ``latest_start``
+                          callable answers when the request is queued: :mod:`service.sim.workflow`),
+                          else the request's own deadline (``deadline_s``, from its SLA) minus
+                          its predicted remaining work (``token_s`` seconds per estimated
+                          remaining output token); arrival order without either
 ========================  ===============================================================
 """
 
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -72,6 +75,9 @@ class QueuedRequest:
     priority: int = 0  # the tenant's priority; higher goes first
     weight: float = 1.0  # the tenant's fair-share weight (> 0)
     true_output_tokens: int | None = None  # only for oracle policies; None otherwise
+    # when it should be finished, on the arrival clock: arrival_s + its SLA's finish-by target for its
+    # estimated length (SlaClass.deadline_s); inf: no deadline
+    deadline_s: float = math.inf
 
 
 class QueuePolicy(Protocol):
@@ -245,22 +251,43 @@ class OracleRemainingPolicy:
 
 @dataclass(frozen=True, slots=True)
 class SlackPolicy:
-    """Least slack first: the key is the request's latest start time, its workflow's deadline
-    minus the predicted p99 of the work left on the workflow's critical path from this step on,
-    an absolute time answered by ``latest_start`` once, when the request is queued (so the key
-    is static: ordering by it at any instant is ordering by slack ``latest_start - now``).
-    Without ``latest_start`` (or when it answers ``None``: a request of no workflow) the key is
-    the arrival time: ``fifo``."""
+    """Least slack first (least laxity). The key is an absolute latest start time, so ordering
+    by it at any instant is ordering by slack (the key minus ``now``, common to all requests):
 
+    - a workflow's step: ``latest_start(req)``, the workflow's deadline minus the predicted p99
+      of the work left on its critical path from this step on, answered once, when the request
+      is queued;
+    - otherwise (no ``latest_start``, or it answers ``None``: a request of no workflow) the
+      request's own ``deadline_s`` (from its SLA) minus ``token_s`` seconds per estimated
+      output token it has yet to produce (the token budget);
+    - a request with neither (no deadline: ``inf``) goes after every one with a deadline, in
+      arrival order.
+
+    Not starvation-safe by itself: a request with a far deadline waits while tighter ones keep
+    arriving, until its slack is the smallest.
+    """
+
+    token_s: float = 0.02  # predicted seconds of work per remaining output token
     latest_start: Callable[[QueuedRequest], float | None] | None = None
     name: ClassVar[str] = "slack"
     fair_share: ClassVar[bool] = False
-    needs_estimate: ClassVar[bool] = False
     needs_truth: ClassVar[bool] = False
+
+    @property
+    def needs_estimate(self) -> bool:
+        """A token budget for the remaining work, unless a workflow's latest start decides."""
+        return self.latest_start is None
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.token_s < math.inf):
+            raise InvalidInputError(f"slack: token_s must be finite and >= 0, got {self.token_s}")
 
     def key(self, req: QueuedRequest) -> Key:
         at = None if self.latest_start is None else self.latest_start(req)
-        return (req.arrival_s if at is None else at, req.arrival_s)
+        if at is not None:
+            return (at, req.arrival_s)
+        remaining = max(0, req.estimated_output_tokens - req.generated_tokens)
+        return (req.deadline_s - self.token_s * remaining, req.arrival_s)
 
 
 QUEUE_POLICIES: dict[str, Callable[..., QueuePolicy]] = {

@@ -48,6 +48,7 @@ class RequestSpec:
     output_tokens: int
     sla_class: str = "standard"
     prefix_hashes: tuple[int, ...] = ()
+    priority: int | None = None  # its own queue priority (higher first); None: its tenant's
 
     def __post_init__(self) -> None:
         # `not (x >= 0)` also rejects NaN

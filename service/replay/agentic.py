@@ -212,7 +212,7 @@ def _queue_policy(name: str, driver_ref: list[WorkflowDriver]) -> QueuePolicy | 
     if name == "fifo":
         return None
     if name == "slack":
-        return SlackPolicy(lambda q: driver_ref[0].latest_start(q))
+        return SlackPolicy(latest_start=lambda q: driver_ref[0].latest_start(q))
     return make_queue_policy(name)
 
 

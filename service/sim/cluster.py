@@ -138,7 +138,8 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
         self._routing = Routing(state, self._batcher,
                                 choose=None if router is None else (lambda req, ids: router(req, ids, self)),
                                 queue_policy=self.queue_policy, estimator=self.estimator,
-                                tenant_priority=self.tenant_priority, tenant_weight=self.tenant_weight)
+                                tenant_priority=self.tenant_priority, tenant_weight=self.tenant_weight,
+                                sla_classes=self.sla_classes)
         engine.on(RequestArrived, self._on_request_arrived)
         engine.on(StepRequested, self._on_step_requested)
         engine.on(IterationFinished, self._on_iteration_finished)

@@ -4,19 +4,22 @@ A request goes to a replica of its model that serves its tenant (or any tenant),
 is not draining; among several, to a custom router's choice or to the one with the fewest
 requests in it, ties broken by the state's ``rng``. A request that could never fit any of them
 (its whole KV on an empty replica) is dropped. Each queued request carries its token budget
-(from the ``estimator``; the true length for an oracle policy without one) and its tenant's
-priority and weight, what the queue policy orders by. Run-time replicas move queued requests:
+(from the ``estimator``; the true length for an oracle policy without one), its priority (its
+own, else its tenant's), its tenant's weight and its deadline (arrival plus its SLA class's
+finish-by target for that budget), what the queue policy orders by. Run-time replicas move queued requests:
 a draining replica hands its queue to its peers, a new one takes an even share of its tenant's.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 from service.core.queue import QueuedRequest, QueuePolicy
 from service.domain.request import RequestSpec
 from service.sim.batcher import Batcher
 from service.sim.replica import Live, OutputEstimator, Replica
+from service.sim.sla import SlaClass
 from service.sim.state import SimState
 
 __all__ = ["Routing"]
@@ -25,11 +28,13 @@ Choose = Callable[[RequestSpec, Sequence[str]], str]  # (request, candidate repl
 
 
 class Routing:
-    __slots__ = ("batcher", "choose", "estimator", "queue_policy", "state", "tenant_priority", "tenant_weight")
+    __slots__ = ("batcher", "choose", "estimator", "queue_policy", "sla_classes", "state", "tenant_priority",
+                 "tenant_weight")
 
     def __init__(self, state: SimState, batcher: Batcher, *, choose: Choose | None,
                  queue_policy: QueuePolicy | None, estimator: OutputEstimator | None,
-                 tenant_priority: Mapping[str, int], tenant_weight: Mapping[str, float]) -> None:
+                 tenant_priority: Mapping[str, int], tenant_weight: Mapping[str, float],
+                 sla_classes: Mapping[str, SlaClass]) -> None:
         self.state = state
         self.batcher = batcher
         self.choose = choose
@@ -37,6 +42,7 @@ class Routing:
         self.estimator = estimator
         self.tenant_priority = tenant_priority  # missing tenants: 0
         self.tenant_weight = tenant_weight  # missing tenants: 1.0
+        self.sla_classes = sla_classes  # by name; a request of an unknown class has no deadline
 
     def routable(self, req: RequestSpec, now: float) -> list[str]:
         """Replicas that may take ``req`` now: its model, its tenant (or any), ready, not draining."""
@@ -76,9 +82,12 @@ class Routing:
     def push(self, r: Replica, live: Live) -> None:
         spec = live.spec
         truth = self.queue_policy is not None and self.queue_policy.needs_truth
+        priority = spec.priority if spec.priority is not None else self.tenant_priority.get(spec.tenant_id, 0)
+        sla = self.sla_classes.get(spec.sla_class)
+        deadline = spec.arrival_s + sla.deadline_s(spec.prompt_tokens, live.estimate) if sla is not None else math.inf
         q = QueuedRequest(spec.request_id, spec.tenant_id, spec.model, spec.arrival_s, spec.prompt_tokens,
-                          live.estimate, 0, self.tenant_priority.get(spec.tenant_id, 0),
-                          self.tenant_weight.get(spec.tenant_id, 1.0), spec.output_tokens if truth else None)
+                          live.estimate, 0, priority, self.tenant_weight.get(spec.tenant_id, 1.0),
+                          spec.output_tokens if truth else None, deadline)
         r.waiting.push(q, live)
 
     def steal(self, r: Replica) -> None:

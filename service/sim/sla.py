@@ -26,6 +26,14 @@ class SlaClass:
         """The TTFT target for a prompt of ``prompt_tokens`` tokens."""
         return self.ttft_s + self.ttft_per_prompt_token_s * prompt_tokens
 
+    def deadline_s(self, prompt_tokens: int, output_tokens: int) -> float:
+        """Seconds after arrival by which a request of these lengths should be finished: its
+        TTFT target plus a TPOT target for every later token, or the end-to-end target if
+        sooner (``math.inf`` when the class sets none)."""
+        later = max(0, output_tokens - 1)
+        paced = self.ttft_target_s(prompt_tokens) + (self.tbt_s * later if later else 0.0)  # inf * 0 is nan
+        return min(self.e2e_s, paced)
+
     def slack_s(self, ttft_s: float, tbt_mean_s: float, e2e_s: float, prompt_tokens: int = 0) -> float:
         """The smallest of the three slacks (negative: the SLA is missed)."""
         return min(self.ttft_target_s(prompt_tokens) - ttft_s, self.tbt_s - tbt_mean_s, self.e2e_s - e2e_s)

@@ -67,6 +67,8 @@ def test_real_answers_validate_against_their_declared_model(make_client: Callabl
     call("GET", "/v1/catalog/models/{model_id}", "/v1/catalog/models/m", key=key)
     call("GET", "/v1/models", key=key)
     call("GET", "/v1/models/{model_id}", "/v1/models/m", key=key)
+    switched = call("PUT", "/v1/queue-policy", json={"queue": "slack", "params": {"token_s": 0.01}})
+    assert switched == {"queue": "slack", "params": {"token_s": 0.01}, "previous": "fifo"}
     lead, other = f"o{uid}a", f"o{uid}b"
     for executor, stage_url in ((lead, None), (other, "http://127.0.0.1:9")):
         call("POST", "/v1/executors", key=EXECUTOR, json={

@@ -98,12 +98,13 @@ def test_tail_scaler_adds_where_the_predicted_tail_is_worst() -> None:
     assert isinstance(TailScaler(NaivePredictor()).up, float)
 
 
-def test_slack_policy_orders_by_latest_start_and_falls_back_to_fifo() -> None:
+def test_slack_policy_orders_by_latest_start_then_by_the_request_deadline() -> None:
     latest = {"a": 10.0, "b": 5.0}
-    policy = SlackPolicy(lambda q: latest.get(q.request_id))
+    policy = SlackPolicy(latest_start=lambda q: latest.get(q.request_id))
     qa, qb, qc = (QueuedRequest(i, "t", "m", at, 10, 0) for i, at in (("a", 1.0), ("b", 2.0), ("c", 3.0)))
-    assert sorted([qa, qb, qc], key=policy.key) == [qc, qb, qa]
-    assert SlackPolicy().key(qb) == (2.0, 2.0)
+    # c is of no workflow and has no deadline of its own: after every request with one
+    assert sorted([qa, qb, qc], key=policy.key) == [qb, qa, qc]
+    assert SlackPolicy().key(qb) == (math.inf, 2.0)
 
 
 def _records(n: int, seed: int = 0) -> tuple[list[CallRecord], list[ToolRecord]]:

@@ -174,6 +174,28 @@ def test_a_requests_own_priority_orders_the_queue_before_its_tenants() -> None:
     assert [req.request_id for _, _, req in state.grant("e1", 8)] == [ids[1], ids[3], ids[0], ids[2]]
 
 
+def test_the_queue_policy_switches_only_between_runs_and_slack_reads_a_requests_own_targets() -> None:
+    state, clock = make_state()
+    submit(state, "a", 1)
+    with pytest.raises(ConflictError, match="queued or leased"):
+        state.set_queue_policy(make_queue_policy("slack"))
+    ((lease, _, _),) = state.grant("e1", 8)
+    with pytest.raises(ConflictError, match="queued or leased"):  # leased
+        state.set_queue_policy(make_queue_policy("slack"))
+    complete(state, "e1", done(lease.lease_id))
+    state.set_queue_policy(make_queue_policy("slack", token_s=0.01))
+    assert state.policy.name == state.book.policy.name == "slack" and state.served == {}
+    ids = []
+    for ttft_s in (None, 0.5, None, 0.2):  # the tenant's class (standard: 3 s TTFT) or the request's own
+        req = state.new_request("a", "m", [1, 2], 3, None)
+        req.slo_ttft_s = ttft_s
+        state.accept(req)
+        ids.append(req.request_id)
+        clock.t += 0.1
+    # deadlines (arrival + TTFT + 2 x 0.2 s TPOT): 3.4, 1.0, 3.6, 0.9 s after the first arrival
+    assert [req.request_id for _, _, req in state.grant("e1", 8)] == [ids[3], ids[1], ids[0], ids[2]]
+
+
 def test_a_completion_may_end_early_only_at_a_stop_id() -> None:
     state, _ = make_state()
     state.models["a/m"].tokenizer = StopAt(9)

@@ -75,6 +75,34 @@ def test_sjf_orders_by_output_by_default_and_counts_the_prompt_when_asked() -> N
         make_queue_policy("sjf", prompt_weight=-1.0)
 
 
+def _due(rid: str, at: float, deadline: float, *, est: int = 10, done: int = 0) -> QueuedRequest:
+    return QueuedRequest(rid, "a", "m", at, 100, est, done, deadline_s=deadline)
+
+
+def test_slack_orders_by_deadline_minus_predicted_remaining_work() -> None:
+    policy = make_queue_policy("slack", token_s=0.1)
+    # slack = deadline - 0.1 s per remaining token: 10 - 5 = 5, 8 - 1 = 7, 9 - 0 = 9 (its 100 tokens done), 6 - 2 = 4
+    reqs = [_due("long", 0.0, 10.0, est=50), _due("soon", 1.0, 8.0, est=10), _due("done", 2.0, 9.0, est=100, done=100),
+            _due("mid", 3.0, 6.0, est=20)]
+    assert _drain(policy, reqs) == ["mid", "long", "soon", "done"]
+    # with free work (token_s 0) it is earliest deadline first
+    assert _drain(make_queue_policy("slack", token_s=0.0), reqs) == ["mid", "soon", "done", "long"]
+    # equal slack goes by arrival, and a request with no deadline after every one with one, in arrival order
+    reqs = [_due("none-late", 5.0, float("inf")), _due("b", 2.0, 7.0), _due("a", 1.0, 7.0), _due("none", 0.0, float("inf"))]
+    assert _drain(policy, reqs) == ["a", "b", "none", "none-late"]
+    assert policy.needs_estimate and not policy.needs_truth and not policy.fair_share
+
+
+def test_a_deadline_is_the_sla_pace_for_the_length_or_the_end_to_end_target() -> None:
+    from service.sim.sla import SlaClass
+
+    sla = SlaClass("x", ttft_s=1.0, tbt_s=0.1, e2e_s=30.0, ttft_per_prompt_token_s=0.001)
+    assert sla.deadline_s(500, 11) == pytest.approx(1.5 + 0.1 * 10)  # TTFT for 500 prompt tokens, then 10 gaps
+    assert sla.deadline_s(0, 1000) == 30.0  # the end-to-end target comes first
+    assert SlaClass("ttft-only", ttft_s=2.0).deadline_s(10, 1) == 2.0  # no TPOT target and one token: no nan
+    assert SlaClass("none").deadline_s(10, 50) == float("inf")
+
+
 def test_oracle_without_true_length_is_refused() -> None:
     with pytest.raises(InvalidInputError, match="true_output_tokens"):
         make_queue_policy("oracle-remaining").key(_q("x", 0.0))
@@ -217,7 +245,11 @@ def test_unknown_policy_names_the_known_ones_and_bad_parameters_are_refused() ->
                     {"max_delay_s": float("inf")}, {"max_delay_s": float("nan")}):
             with pytest.raises(InvalidInputError, match=next(iter(bad))):
                 make_queue_policy(name, **bad)
-    assert set(QUEUE_POLICIES) == {"fifo", "priority", "weighted", "sjf", "aging", "aging-spf", "oracle-remaining", "slack"}
+    for bad_token_s in (-0.1, float("inf"), float("nan")):
+        with pytest.raises(InvalidInputError, match="token_s"):
+            make_queue_policy("slack", token_s=bad_token_s)
+    assert set(QUEUE_POLICIES) == {"fifo", "priority", "weighted", "sjf", "aging", "aging-spf", "oracle-remaining",
+                                   "slack"}
 
 
 def test_an_empty_queue_refuses_to_select() -> None:

@@ -120,6 +120,39 @@ def test_priority_tenants_wait_less_and_aging_bounds_the_low_priority_wait() -> 
     assert max(o.admitted_s - o.arrival_s for o in aged.requests if o.tenant_id == "lo") < worst
 
 
+def test_a_request_priority_of_its_own_wins_over_its_tenants_and_slack_serves_tight_deadlines_first() -> None:
+    from dataclasses import replace
+
+    from service.sim.sla import SLA_CLASSES
+
+    base = _requests(np.random.default_rng(13), 150)
+
+    def mean_wait(report: SimReport, ids: set[str]) -> float:
+        return float(np.mean([o.admitted_s - o.arrival_s for o in report.requests if o.request_id in ids]))
+
+    # one tenant (priority 0); every third request asks for priority 1 itself (x-priority live)
+    marked = {r.request_id for r in base[::3]}
+    reqs = [replace(r, priority=1) if r.request_id in marked else r for r in base]
+    by_priority, _ = _run(make_queue_policy("priority"), reqs, tenant_priority={"t": 0})
+    assert mean_wait(by_priority, marked) < 0.5 * mean_wait(by_priority, {r.request_id for r in base} - marked)
+
+    # the same third with a tight SLA of its own: slack (deadline minus remaining work) serves it first
+    tight = SLA_CLASSES["standard"].with_targets(0.2, 0.01)
+    reqs = [replace(r, sla_class=tight.name) if r.request_id in marked else r for r in base]
+    classes = {**SLA_CLASSES, tight.name: tight}
+
+    class Exact:
+        def estimate(self, req: RequestSpec) -> int:
+            return req.output_tokens
+
+        def observe(self, req: RequestSpec, true_output_tokens: int) -> None:
+            pass
+
+    slack, _ = _run(make_queue_policy("slack", token_s=0.001), reqs, estimator=Exact(), sla_classes=classes)
+    fifo, _ = _run(None, reqs, sla_classes=classes)
+    assert mean_wait(slack, marked) < 0.5 * mean_wait(fifo, marked)
+
+
 def test_a_policy_that_reads_estimates_needs_an_estimator() -> None:
     with pytest.raises(InvalidInputError, match="estimator"):
         _run(make_queue_policy("sjf"), [])

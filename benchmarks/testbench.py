@@ -1,0 +1,58 @@
+"""testbench: how do the queue policies compare on real execution, and how far is the simulator's prediction of the same runs?
+
+``slicesched testbench`` as a benchmark: one ``slicesched serve`` (on a private Neo4j) and one
+executor daemon running the ``tiny`` model with PyTorch on one CPU device, warmed up; every queue
+policy (fifo, priority, weighted, sjf, aging, aging-spf, oracle-remaining, slack) serves the same
+seeded workload (1.2x the request rate the warm-up measured), repeated; the simulator replays the
+same requests on a cluster built as the live what-if mirror builds it, under two calibrations of
+its per-iteration overhead (``mirror``: the executor's mean iteration time; ``calibrated``: the
+time per iteration the warm-up delivered with every KV slot busy). Writes
+``benchmarks/results/testbench.json`` and the plots into ``benchmarks/results/testbench/``.
+``--quick``: 10 s of arrivals and two repeats (all policies in under 10 minutes).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import _record
+
+
+def main() -> int:
+    p = _record.parser("testbench", __doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, help="runs per policy (default 3; --quick 2)")
+    p.add_argument("--load", type=float, default=1.2, help="offered request rate over the warm-up's measured rate")
+    args = p.parse_args()
+
+    from service.graph.connection import Neo4jSettings
+    from service.graph.local_server import LocalNeo4j
+    from service.testbench.command import BenchOptions, run_testbench
+
+    opts = BenchOptions.quick() if args.quick else BenchOptions()
+    opts = replace(opts, seed=args.seed, load=args.load, repeats=args.repeats or opts.repeats)
+    plots = args.out / "testbench"
+    with tempfile.TemporaryDirectory(prefix="slicesched-testbench-") as state:
+        server = LocalNeo4j(Path(state) / "neo4j")  # a private graph: nothing of another run or user is touched
+        info = server.start(log=False)
+        try:
+            user, password = server.auth()
+            neo4j = Neo4jSettings(uri=info.uri, user=user, password=password, state_dir=server.state_dir)
+            record = run_testbench(opts, plots, say=lambda m: print(" ", m, flush=True), neo4j=neo4j)
+        finally:
+            server.stop()
+    (plots / "testbench.json").unlink()  # the record below holds it
+    results = {k: record[k] for k in ("policies", "predictions", "per_policy", "rank", "ratio_range",
+                                      "reproducibility", "notes", "workload", "warm_up", "prediction_overhead_s",
+                                      "live_runs", "machine", "wall_s")}
+    results["plots"] = [f"testbench/{name}" for name in record["plots"]]
+    _record.write("testbench", args, record["config"], results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
