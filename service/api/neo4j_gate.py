@@ -75,9 +75,27 @@ class Neo4jGate:
         does not end within ``bound_s`` (default ``call_timeout_s``; None: no bound, for long
         work such as tracing a model)."""
         self._check_db()
-        task = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+        task = self.in_thread(fn, *args, **kwargs)
         task.add_done_callback(_retrieve)
         return await self._bounded(task, self.settings.call_timeout_s if bound_s == -1.0 else bound_s)
+
+    def in_thread(self, fn: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        """``fn`` in a worker thread, tracked until it ends: a task cancelled on its way does not
+        stop its thread, and :meth:`threads_done` waits for them before the driver is closed (a
+        driver closed under a thread still using one of its connections corrupts it)."""
+        threads: set[asyncio.Future[Any]] = self.__dict__.setdefault("_threads", set())
+        task = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+        threads.add(task)
+        task.add_done_callback(threads.discard)
+        return task
+
+    async def threads_done(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) for the worker threads :meth:`in_thread` started."""
+        pending = list(self.__dict__.get("_threads", ()))
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=timeout_s)
+            if late:
+                log.warning("%d worker thread(s) still running after %.0f s at stop", len(late), timeout_s)
 
     def _check_db(self) -> None:
         if not self.db_up:

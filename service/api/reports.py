@@ -4,7 +4,6 @@ stats (write-lag percentiles, counters, recent decisions); what-if predictions; 
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
 from service.api.deps import Principal, require, scoped_tenant
@@ -82,11 +81,13 @@ async def what_if(svc: LiveService, tenant_id: str | None, model_id: str | None,
     if placement is not None:
         if device_ids is not None:
             raise InvalidInputError("give either a candidate placement (tenant_id, model_id, device_ids) or placement")
-        return await asyncio.to_thread(svc.policy_what_if, horizon_s)
+        answer: dict[str, Any] = await svc.in_thread(svc.policy_what_if, horizon_s)
+        return answer
     if tenant_id is None or model_id is None or device_ids is None:
         raise InvalidInputError("a candidate placement needs tenant_id, model_id and device_ids")
     svc.state.model(tenant_id, model_id)
-    return await asyncio.to_thread(svc.what_if, f"{tenant_id}/{model_id}", tuple(device_ids), horizon_s)
+    outcome: dict[str, Any] = await svc.in_thread(svc.what_if, f"{tenant_id}/{model_id}", tuple(device_ids), horizon_s)
+    return outcome
 
 
 async def inspect(svc: LiveService, p: Principal, query: str | None, name: str | None,

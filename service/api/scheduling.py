@@ -148,7 +148,7 @@ class SchedulingLoop(HomePlanner):
         started = time.perf_counter()
         view = LiveClusterView(snap, cost_model=self.cost_model, target=self.state,
                                on_what_if=self.metrics.what_if_timer("scheduler"))
-        decision = await asyncio.to_thread(self.scheduler.step, snap.now_s, view)
+        decision = await self.in_thread(self.scheduler.step, snap.now_s, view)
         self.step_s.append(time.perf_counter() - started)
         self.metrics.step_done(self.scheduler.name, self.step_s[-1])
         applied = view.apply(decision)  # on the event loop: the state is not shared with worker threads

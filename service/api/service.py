@@ -141,6 +141,7 @@ class LiveService(DurableWrites, SchedulingLoop):
             await self.writer.close()
         if self.repo is not None:
             await self.audit.close()
+        await self.threads_done(30.0)  # a scheduler step or a call cancelled on its way still holds a session
         if self.driver is not None:
             await asyncio.to_thread(self.driver.close)
 
