@@ -36,8 +36,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch_geometric.nn import GraphConv
-from torch_geometric.utils import scatter
 
 from learned.roofline import RooflineCostModel
 from service.core.cost import OP_KINDS, Edge, Latency, OpFeatures, chain_edges, check_edges
@@ -154,6 +152,10 @@ class _Net(nn.Module):
         super().__init__()
         h = config.hidden
         self.encode = nn.Sequential(nn.Linear(N_FEATURES, h), nn.SiLU(), nn.Linear(h, h))
+        # imported here, not with the module: torch_geometric takes seconds (it loads torch._dynamo), and
+        # a service costing with the roofline or the profile table never builds a network
+        from torch_geometric.nn import GraphConv
+
         self.convs = nn.ModuleList(GraphConv(h, h) for _ in range(config.layers))
         self.norms = nn.ModuleList(nn.LayerNorm(h) for _ in range(config.layers))
         self.node_head = nn.Sequential(nn.Linear(h, h), nn.SiLU(), nn.Linear(h, 1))
@@ -166,6 +168,8 @@ class _Net(nn.Module):
         ``weight`` [nodes]: how many times each node stands in its graph (1 when None); a graph
         whose repeated part is given once with its multiplicity answers as the unrolled graph.
         """
+        from torch_geometric.utils import scatter
+
         h = self.encode(x)
         for conv, norm in zip(self.convs, self.norms, strict=True):
             h = norm(h + torch.nn.functional.silu(conv(h, edge_index)))
