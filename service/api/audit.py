@@ -41,6 +41,7 @@ from typing import Any
 
 from neo4j.exceptions import ConstraintError
 
+from service.api import threads
 from service.api.deps import Principal
 from service.core.scheduler import Applied, Decision, WhatIfOutcome
 from service.domain.audit import GENESIS, Actor, AuditEntry, AuditRecord, chain, json_text
@@ -251,7 +252,7 @@ class AuditLog:
         async with self._lock:
             self._urgent = False
             if self._stale or self._unsure:
-                landed, head = await asyncio.wait_for(asyncio.to_thread(self._resync, self._unsure), self.max_commit_s)
+                landed, head = await asyncio.wait_for(threads.run(self._resync, self._unsure), self.max_commit_s)
                 if landed is not None:
                     self._written(landed)
                     self._unsure = []
@@ -263,8 +264,7 @@ class AuditLog:
             entries = chain([p.record for p in batch], *self.head)
             rows = [{"entry": e.row(), **p.links} for e, p in zip(entries, batch, strict=True)]
             self._in_flight = len(batch)
-            self._commit = asyncio.ensure_future(asyncio.to_thread(self._store().append_audit_entries, rows,
-                                                                  (entries[-1].seq, entries[-1].hash)))
+            self._commit = threads.run(self._store().append_audit_entries, rows, (entries[-1].seq, entries[-1].hash))
             self._commit.add_done_callback(_retrieve)
             try:  # bounded: a hung connection is a failed batch (its entries stay), not a writer that stopped
                 await asyncio.wait_for(asyncio.shield(self._commit), self.max_commit_s)

@@ -61,7 +61,7 @@ class DurableWrites(Neo4jGate):
             try:
                 self._check_db()
                 self.admit(fresh)  # quotas: a 429 accepts none
-                task = asyncio.ensure_future(asyncio.to_thread(self.repo.create_requests, [r.row() for r in fresh]))
+                task = self.in_thread(self.repo.create_requests, [r.row() for r in fresh])
                 task.add_done_callback(lambda t: self._settle_intake(t, fresh))
                 existing = await self._bounded(task, self.settings.call_timeout_s + 0.01 * len(fresh))
             finally:
@@ -208,7 +208,7 @@ class DurableWrites(Neo4jGate):
             while self._completion_batch:
                 batch, self._completion_batch = self._completion_batch, []
                 try:
-                    committed: set[str] | None = await asyncio.to_thread(
+                    committed: set[str] | None = await self.in_thread(
                         self.repo.complete_leases, [row for rows, _, _ in batch for row in rows])
                     failure: BaseException | None = None
                 except Exception as exc:
@@ -263,7 +263,7 @@ class DurableWrites(Neo4jGate):
             settled.append(True)
             settle(t.result() if not t.cancelled() and t.exception() is None else None)
 
-        task = asyncio.ensure_future(asyncio.to_thread(fn, rows))
+        task = self.in_thread(fn, rows)
         task.add_done_callback(once)
         try:
             await self._bounded(task, self.settings.call_timeout_s + 0.002 * len(rows))

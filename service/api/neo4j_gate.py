@@ -12,6 +12,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from service.api import threads
 from service.api.audit import AuditLog
 from service.api.metrics import LiveMetrics
 from service.api.records import Write
@@ -80,22 +81,12 @@ class Neo4jGate:
         return await self._bounded(task, self.settings.call_timeout_s if bound_s == -1.0 else bound_s)
 
     def in_thread(self, fn: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        """``fn`` in a worker thread, tracked until it ends: a task cancelled on its way does not
-        stop its thread, and :meth:`threads_done` waits for them before the driver is closed (a
-        driver closed under a thread still using one of its connections corrupts it)."""
-        threads: set[asyncio.Future[Any]] = self.__dict__.setdefault("_threads", set())
-        task = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
-        threads.add(task)
-        task.add_done_callback(threads.discard)
-        return task
+        """``fn`` in a worker thread the stop waits for (:mod:`service.api.threads`)."""
+        return threads.run(fn, *args, **kwargs)
 
     async def threads_done(self, timeout_s: float) -> None:
-        """Wait (at most ``timeout_s``) for the worker threads :meth:`in_thread` started."""
-        pending = list(self.__dict__.get("_threads", ()))
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=timeout_s)
-            if late:
-                log.warning("%d worker thread(s) still running after %.0f s at stop", len(late), timeout_s)
+        """Wait (at most ``timeout_s``) for the worker threads still running."""
+        await threads.drain(timeout_s)
 
     def _check_db(self) -> None:
         if not self.db_up:
@@ -126,7 +117,7 @@ class Neo4jGate:
     async def _watch_call(self, fn: Any) -> Any:
         bound = 3 * self.settings.db_timeout_s + 2.0
         try:
-            return await asyncio.wait_for(asyncio.to_thread(fn), bound)
+            return await asyncio.wait_for(self.in_thread(fn), bound)
         except TimeoutError:
             raise DatabaseUnavailableError(f"the Neo4j watcher's {fn.__name__} took longer than {bound:.0f} s") from None
 

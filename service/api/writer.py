@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from service.api import threads
 from service.api.records import Write
 from service.graph.repository import GraphRepository
 
@@ -120,8 +121,8 @@ class GmgWriter:
                 else:
                     ends[uid] = w.row
         try:  # bounded: a hung connection is a failed batch (its rows stay), not a writer that stopped
-            await asyncio.wait_for(asyncio.to_thread(self._commit, list(requests.values()), list(new.values()),
-                                                     list(ends.values())), self.max_commit_s)
+            await asyncio.wait_for(threads.run(self._commit, list(requests.values()), list(new.values()),
+                                               list(ends.values())), self.max_commit_s)
         except Exception:
             self.failed_batches += 1
             raise
