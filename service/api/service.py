@@ -211,6 +211,7 @@ class LiveService(DurableWrites, SchedulingLoop):
     # ---- quotas (admission: DurableWrites.admit) --------------------------------------------------
     def _request_ended(self, req: LiveRequest) -> None:
         self.streams.end(req)
+        self.workflows.request_ended(req)
         unused = max(0, req.max_tokens - len(req.output_tokens))
         if unused:
             self.quotas.refund(req.tenant_id, req.project_id, unused, self.state.wall())

@@ -105,9 +105,10 @@ class WorkflowRun:
 class WorkflowBook:
     """The service's live workflows, keyed ``(tenant, workflow id)``."""
 
-    def __init__(self, svc: LiveService, *, tool_slots: int = 2, poll_s: float = 0.05) -> None:
+    def __init__(self, svc: LiveService, *, tool_slots: int = 2, poll_s: float = 1.0) -> None:
         self.svc = svc
         self.runs: dict[tuple[str, str], WorkflowRun] = {}
+        self._ends: dict[str, asyncio.Future[None]] = {}  # request id -> woken when it ends
         self.tool_slots = asyncio.Semaphore(max(1, tool_slots))
         self.poll_s = poll_s
 
@@ -145,9 +146,14 @@ class WorkflowBook:
 
     def get(self, tenant_id: str | None, workflow_id: str) -> WorkflowRun:
         """The workflow (``tenant_id`` None: any tenant's); another tenant's is a 404."""
-        for (t, w), run in self.runs.items():
-            if w == workflow_id and (tenant_id is None or t == tenant_id):
+        if tenant_id is not None:
+            run = self.runs.get((tenant_id, workflow_id))
+            if run is not None:
                 return run
+        else:
+            for (_, w), run in self.runs.items():
+                if w == workflow_id:
+                    return run
         raise NotFoundError(f"no workflow {workflow_id!r}")
 
     async def cancel(self, actor: Actor, run: WorkflowRun) -> None:
@@ -248,8 +254,7 @@ class WorkflowBook:
                                    project_id=run.project_id)
         (req,) = await svc.accept_requests([req])
         st.request_id = req.request_id
-        while req.status not in TERMINAL:  # a cancelled workflow cancels the request (_stop_steps)
-            await asyncio.sleep(self.poll_s)
+        await self._until_ended(req)  # a cancelled workflow cancels the request (_stop_steps)
         st.finished_at = svc.state.wall()
         st.output_tokens = len(req.output_tokens)
         st.text = model.tokenizer.decode(req.output_tokens)
@@ -258,6 +263,21 @@ class WorkflowBook:
             st.status = "done"
         else:
             st.status, st.error = "failed", f"request {req.request_id} {req.status}: {req.error or ''}".strip()
+
+    def request_ended(self, req: LiveRequest) -> None:
+        """The service's end-of-request hook (on the event loop): wakes the step waiting for it."""
+        fut = self._ends.pop(req.request_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def _until_ended(self, req: LiveRequest) -> None:
+        """Until ``req`` ends: woken by :meth:`request_ended`, and looking again every ``poll_s``
+        in case an end reached the request by another way."""
+        while req.status not in TERMINAL:
+            fut = self._ends.setdefault(req.request_id, asyncio.get_running_loop().create_future())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(fut), self.poll_s)
+        self._ends.pop(req.request_id, None)
 
     async def _tool_call(self, run: WorkflowRun, s: ToolCall) -> None:
         st = run.steps[s.step_id]

@@ -19,12 +19,14 @@ revoke); ``/usage`` (quota and usage, live); ``/requests`` (submit, and the list
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -423,8 +425,6 @@ def create_console(api_url: str, *, secure_cookies: bool = False, session_idle_s
 
 # ---- template filters ------------------------------------------------------------------------------
 def _when(epoch: float | None) -> str:
-    import datetime as dt
-
     if epoch is None:
         return ""
     return dt.datetime.fromtimestamp(float(epoch), dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
@@ -451,8 +451,6 @@ def _local(target: str | None) -> str:
 
 def _seg(value: str) -> str:
     """A value for one path segment of an API URL (percent-encoded)."""
-    from urllib.parse import quote
-
     return quote(value, safe="")
 
 

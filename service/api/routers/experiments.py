@@ -27,12 +27,10 @@ def _visible(p: Principal, e: Experiment | dict[str, Any]) -> bool:
 
 
 async def _get(svc: Any, p: Principal, uid: str) -> Experiment:
+    """The record, if the key may read it; else the same 404 as for one that does not exist."""
     assert svc.repo is not None
-    try:
-        e: Experiment = await svc.db(svc.repo.get_experiment, uid)
-    except NotFoundError:
-        e = None  # type: ignore[assignment]
-    if e is None or not _visible(p, e):
+    e: Experiment = await svc.db(svc.repo.get_experiment, uid)  # NotFoundError when absent
+    if not _visible(p, e):
         raise NotFoundError(f"no experiment {uid!r}")
     return e
 
