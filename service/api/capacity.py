@@ -66,8 +66,8 @@ class TenantCapacity:
 #: What each demo tenant does, as (role, multiple of its measured capacity). The busy tenant is
 #: offered more than its container devices serve; the bursty one is idle for the first
 #: :data:`BURSTY_IDLE_SHARE` of the run, then arrives in bursts (gamma gaps, CV 3).
-ROLES: dict[str, tuple[str, float]] = {"acme": ("saturated", 1.5), "globex": ("steady", 0.3),
-                                       "initech": ("idle then bursty", 0.6)}
+ROLES: dict[str, tuple[str, float]] = {"acme": ("saturated", 1.2), "globex": ("steady", 0.2),
+                                       "initech": ("idle then bursty", 0.4)}
 BURSTY_IDLE_SHARE = 0.4
 
 

@@ -1,10 +1,11 @@
-"""Home replicas of the live service: each served model's whole devices (container placement),
+"""Home replicas of the live service: each served model's whole compute units (container placement),
 re-planned when models or devices change, and the cluster's shape written to the GMG."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from service.api.audit import AuditLog
@@ -14,7 +15,6 @@ from service.api.notify import Signal
 from service.api.records import LIVE_FAMILIES, LiveModel
 from service.core.placement import TenantDemand, container_replicas
 from service.domain.audit import SCHEDULER
-from service.domain.cluster import ClusterSpec
 from service.domain.error import DatabaseUnavailableError, InvalidInputError
 from service.models.family import MODEL_CONFIGS
 from service.sim.iteration import weight_bytes
@@ -96,7 +96,7 @@ class HomePlanner(Neo4jGate):
 
     def _homes(self, models: list[LiveModel], devices: list[Any]) -> list[tuple[str, tuple[str, ...]]]:
         """Home devices per model. A device too small for every model hosts none; a model whose
-        weights fit no executor's devices is left out and reported; when whole-device homes are
+        weights fit no executor's devices is left out and reported; when whole-unit homes are
         impossible, each model gets the device with the most room that holds it."""
         unplaced: dict[str, str] = {}
         smallest = min(m.weight_bytes for m in models)
@@ -115,8 +115,7 @@ class HomePlanner(Neo4jGate):
         out: list[tuple[str, tuple[str, ...]]] = []
         if fitting:
             try:
-                out = self._container_homes(live_spec([(d.device_id, d.executor_id, d.kind, d.mem_bytes)
-                                                       for d in usable]), fitting, usable)
+                out = self._container_homes(fitting, usable)
             except InvalidInputError as exc:
                 log.warning("whole-device homes impossible (%s): each model on the roomiest device that holds it", exc)
                 out = self._greedy_homes(fitting, usable, unplaced)
@@ -126,24 +125,10 @@ class HomePlanner(Neo4jGate):
         self.unplaced = unplaced
         return out
 
-    def _container_homes(self, spec: ClusterSpec, models: list[LiveModel],
-                         devices: list[Any]) -> list[tuple[str, tuple[str, ...]]]:
-        demands = [TenantDemand(m.uid, m.family, self.state.tenant(m.tenant_id).weight) for m in models]
-        fits = min(len(models), len(devices))
-        by_weight = sorted(demands, key=lambda t: (-t.device_s_per_s, t.tenant_id))
-        sizes = {m.family: m.weight_bytes for m in models}
-        placed = container_replicas(spec, by_weight[:fits], weight_bytes=sizes.__getitem__, reserve_bytes=lambda f: 0)
-        out = [(uid, devs) for uid, _, devs in placed]
-        load: dict[str, int] = {d.device_id: 0 for d in devices}
-        for _, devs in out:
-            for d in devs:
-                load[d] += 1
-        for extra in by_weight[fits:]:  # more models than devices: share the least loaded one
-            d = min(load, key=lambda x: (load[x], x))
-            load[d] += 1
-            out.append((extra.tenant_id, (d,)))
-            log.warning("%s shares device %s: more models than devices", extra.tenant_id, d)
-        return out
+    def _container_homes(self, models: list[LiveModel], devices: list[Any]) -> list[tuple[str, tuple[str, ...]]]:
+        weight = {m.uid: self.state.tenant(m.tenant_id).weight for m in models}
+        return unit_homes([(m.uid, m.family, m.weight_bytes, weight[m.uid]) for m in models],
+                          [(d.device_id, d.executor_id, d.kind, d.mem_bytes) for d in devices])
 
     @staticmethod
     def _greedy_homes(models: list[LiveModel], devices: list[Any],
@@ -158,3 +143,47 @@ class HomePlanner(Neo4jGate):
             free[best] -= m.weight_bytes
             out.append((m.uid, (best,)))
         return out
+
+
+def unit_homes(models: Sequence[tuple[str, str, int, float]], devices: Sequence[tuple[str, str, str, int]]
+               ) -> list[tuple[str, tuple[str, ...]]]:
+    """Container homes over whole compute units, by offered work: ``(model uid, devices)`` per
+    home replica, for ``models`` as ``(uid, family, weight bytes, offered work)`` and
+    ``devices`` as ``(device_id, executor_id, kind, mem_bytes)``.
+
+    An executor runs one iteration at a time, so it is one unit whatever its devices: two
+    replicas of a model on one executor would only split its batches. Units are shared out by
+    :func:`container_replicas` over a spec of one device per executor (its devices' memory
+    together); with more models than units, each extra shares the unit with the least offered
+    work. Inside a unit a model goes on the device with the most room left, or over all the
+    executor's devices when no one device holds its weights. Raises :class:`InvalidInputError`
+    where whole units cannot hold the models."""
+    units: dict[str, list[tuple[str, str, str, int]]] = {}
+    for d in devices:
+        units.setdefault(d[1], []).append(d)
+    unit_spec = live_spec([(eid, eid, ds[0][2], sum(d[3] for d in ds)) for eid, ds in sorted(units.items())])
+    demands = [TenantDemand(uid, family, work) for uid, family, _, work in models]
+    work_of = {t.tenant_id: t.device_s_per_s for t in demands}
+    by_work = sorted(demands, key=lambda t: (-t.device_s_per_s, t.tenant_id))
+    fits = min(len(models), len(units))
+    sizes = {family: size for _, family, size, _ in models}
+    placed = container_replicas(unit_spec, by_work[:fits], weight_bytes=sizes.__getitem__, reserve_bytes=lambda f: 0)
+    on_unit = [(uid, eid) for uid, _, eids in placed for eid in eids]
+    work = dict.fromkeys(units, 0.0)
+    for uid, eid in on_unit:
+        work[eid] += work_of[uid]
+    for extra in by_work[fits:]:  # more models than units: share the one with least offered work
+        eid = min(work, key=lambda e: (work[e], e))
+        work[eid] += extra.device_s_per_s
+        on_unit.append((extra.tenant_id, eid))
+        log.warning("%s shares executor %s: more models than executors", extra.tenant_id, eid)
+    size_of = {uid: size for uid, _, size, _ in models}
+    free = {d[0]: d[3] for d in devices}
+    out: list[tuple[str, tuple[str, ...]]] = []
+    for uid, eid in sorted(on_unit, key=lambda p: (-size_of[p[0]], p)):  # big models first
+        roomiest = max(units[eid], key=lambda d: (free[d[0]], d[0]))[0]
+        chosen = (roomiest,) if free[roomiest] >= size_of[uid] else tuple(sorted(d[0] for d in units[eid]))
+        for device_id in chosen:  # the executor's devices together hold what no one of them does (stages)
+            free[device_id] -= size_of[uid] // len(chosen)
+        out.append((uid, chosen))
+    return out

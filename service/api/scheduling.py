@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from dataclasses import replace
 from typing import Any
@@ -55,12 +56,15 @@ class SchedulingLoop(HomePlanner):
         for r in sorted(state.replicas.values(), key=lambda r: (r.guest, r.replica_id)):
             if not r.guest and not r.draining:
                 first_home.setdefault(r.model_uid, r.replica_id)
+        share = self._wait_slack_shares(now_wall)
         for r in state.replicas.values():
-            waiting = state.waiting(r.model_uid) if first_home.get(r.model_uid) == r.replica_id else 0
+            first = first_home.get(r.model_uid) == r.replica_id
+            waiting = state.waiting(r.model_uid) if first else 0
             idle = 0.0 if r.leases else now - r.last_active
             units = tuple(dict.fromkeys(unit_of[d] for d in r.device_ids))
             replicas.append(ReplicaInfo(r.replica_id, state.models[r.model_uid].tenant_id, r.model_uid,
-                                        family[r.model_uid], units, waiting, len(r.leases), r.guest, r.draining, idle))
+                                        family[r.model_uid], units, waiting, len(r.leases), r.guest, r.draining, idle,
+                                        share.get(r.model_uid, 1.0) if first else 1.0))
         devices, rows, devices_of = [], [], {}
         for e in state.executors.values():
             members = [state.devices[d] for d in e.device_ids if d in state.devices]
@@ -95,6 +99,16 @@ class SchedulingLoop(HomePlanner):
                             window_start_wall=start, iteration_s=dict(state.iteration_s), devices_of=devices_of,
                             sla_classes=sla_classes, configs={m.family: m.config for m in state.models.values()},
                             pending=frozenset(pending))
+
+    def _wait_slack_shares(self, now_wall: float) -> dict[str, float]:
+        """Per model, the least TTFT allowance left among its queued requests, as a share of
+        their targets (what decides whether a guest must yield to the model's backlog)."""
+        shares: dict[str, float] = {}
+        for req in self.state.queued():
+            target = req.sla.ttft_target_s(len(req.prompt))
+            left = (target - (now_wall - req.arrival)) / target if target > 0 else -math.inf
+            shares[req.model_uid] = min(shares.get(req.model_uid, math.inf), left)
+        return shares
 
     def _utilisation(self, executor_id: str) -> float:
         e = self.state.executors[executor_id]

@@ -19,6 +19,7 @@ tenant's registered model ``tenant/model``, or a replay tenant's model ``tenant/
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -40,6 +41,9 @@ class ReplicaInfo:
     guest: bool  # placed by the slice policy on devices outside the tenant's home set
     draining: bool  # takes no new requests; removed when empty
     idle_s: float  # seconds since it last had any request (0 while busy)
+    # The least TTFT allowance left among its waiting requests, as a share of their targets (1:
+    # just arrived, 0: due now, below 0: late); -inf where unknown: every backlog then counts.
+    wait_slack_share: float = -math.inf
 
 
 @dataclass(frozen=True, slots=True)
