@@ -7,8 +7,9 @@ Replay of the three workflow shapes (code generation, deep research, multimodal;
 8xA100-nvlink, at loads from light to saturated (multiples of
 :data:`service.replay.agentic.BASE_RATES`), for several seeds:
 
-1. The predictor is trained first from records of other seeds (least-loaded routing, loads
-   0.5/1.5/3), then adapts online during each tail-aware run (refit every 60 simulated s).
+1. The predictor is trained first from records of another seed (loads 0.5/1.5/3, each with
+   least-loaded and round-robin routing: :func:`service.replay.agentic.record_runs`), then
+   adapts online during each tail-aware run (refit every 60 simulated s).
 2. Routing, on the container split sized by the run's offered work: ``round-robin/fifo``,
    ``mean/fifo`` and ``tail/slack``. Per load, P99 workflow latency of each shape; the change
    of tail/slack against the *better* baseline at that load (``min`` of the two P99s), averaged
@@ -73,7 +74,14 @@ def main() -> int:
 
     from learned.artifact import load_cost_model
     from learned.distributional import OnlinePredictor, calibration, fit
-    from service.replay.agentic import AgenticConfig, run_agentic, shape_workflows
+    from service.replay.agentic import (
+        RECORD_LOADS,
+        RECORD_ROUTERS,
+        AgenticConfig,
+        record_runs,
+        run_agentic,
+        shape_workflows,
+    )
     from service.workload.workflows import trace_lengths
 
     started = time.perf_counter()
@@ -87,12 +95,7 @@ def main() -> int:
     slo = {s: c.slo_s for s, c in config.shapes.items()}
 
     # 1. train the predictor from records of other seeds
-    calls, tools = [], []
-    for load in ((1.5,) if args.quick else (0.5, 1.5, 3.0)):
-        wfs = shape_workflows(lengths, load, duration_s=duration, seed=1000 + args.seed)
-        r = run_agentic(config, wfs, router="least-loaded", horizon_s=duration, record=True)
-        calls += r.calls
-        tools += r.tools
+    calls, tools = record_runs(config, lengths, duration_s=duration, seed=1000 + args.seed)
     base = fit(calls, tools, seed=args.seed, epochs=15 if args.quick else 30)
     print(f"predictor trained on {len(calls)} calls, {len(tools)} tools ({time.perf_counter() - started:.0f} s)",
           file=sys.stderr, flush=True)
@@ -176,7 +179,8 @@ def main() -> int:
                   "loads": list(loads), "scale_loads": list(scale_loads), "attainment": ATTAINMENT,
                   "shapes": {s: {"tenant": c.tenant_id, "model": c.model, "slo_s": c.slo_s}
                              for s, c in config.shapes.items()},
-                  "routing": [f"{r}/{q}" for r, q in ROUTING], "predictor_train_seed": 1000 + args.seed}
+                  "routing": [f"{r}/{q}" for r, q in ROUTING], "predictor_train_seed": 1000 + args.seed,
+                  "predictor_train": {"loads": list(RECORD_LOADS), "routers": list(RECORD_ROUTERS)}}
     _record.write("agentic_tail", args, config_doc, results)
     return 0
 

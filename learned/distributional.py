@@ -1,16 +1,29 @@
 """Distributional predictors of workflow calls: quantiles of output length and latency of a
 model call, and of a tool call's duration, from a small MLP trained with the pinball loss.
 
-The model (:class:`QuantileMLP`) maps features to a base value and six non-negative
+The tool model (:class:`QuantileMLP`) maps features to a base value and six non-negative
 increments (softplus), summed cumulatively: its quantiles at :data:`~service.core.tail.QUANTILES`
 are non-decreasing by construction. Targets are learned in log space (``log1p`` of tokens,
 ``log`` of seconds), so the answers are positive and monotone after the inverse transform too.
 
 Features of a model call (:func:`call_vector`): log prompt tokens, the step type (one-hot over
 the roles seen in training, plus "other"), depth, number of inputs and workflow size, the
-tenant's mean log output of the role so far (history), the replica's queue length, running
-batch, KV load and queued prompt tokens (runtime state), and the model's size. A tool call:
+tenant's mean log output of the role so far (history) and the model's size (the *call*
+features); then the replica's queue length, running batch, KV load and queued prompt tokens
+(the *runtime state*, the last :data:`N_STATE` entries, each non-negative). A tool call:
 one-hot of its tool and log input tokens.
+
+The call model (:class:`CallQuantileModel`) is structured by what each target can depend on:
+
+- output length depends on the call only (the replica it runs on does not change what the
+  model writes): its head sees the call features alone;
+- log latency is a call-dependent base plus ``sum_j c_j(call) * state_j`` with every
+  sensitivity ``c_j >= 0`` and non-decreasing along the quantiles, so a predicted latency
+  never falls as a replica gets busier (for any call) and the quantiles stay monotone.
+
+Without that structure a net trained where queues are short extrapolates freely in the state
+features, and a router that takes the argmin over replicas then prefers the busiest one
+(herding: what made mean-based routing lose to round robin).
 
 :class:`DistributionalPredictor` answers the :class:`~service.core.tail.TailPredictor`
 protocol; :class:`OnlinePredictor` wraps one, keeps every observation, and :meth:`~OnlinePredictor.refit`
@@ -39,7 +52,8 @@ from service.core.tail import QUANTILES, CallFeatures, ToolFeatures
 from service.domain.error import InvalidInputError
 from service.sim.workflow import CallRecord, ToolRecord
 
-__all__ = ["DistributionalPredictor", "OnlinePredictor", "QuantileMLP", "calibration", "fit", "predictors_main"]
+__all__ = ["N_STATE", "CallQuantileModel", "DistributionalPredictor", "OnlinePredictor", "QuantileMLP", "calibration",
+           "fit", "predictors_main"]
 
 _Q = torch.tensor(QUANTILES)
 
@@ -72,11 +86,49 @@ class Vocab:
     tools: tuple[str, ...]
 
 
+#: Runtime-state entries at the end of :func:`call_vector` (queue, running, KV, queued prompt).
+N_STATE = 4
+
+
 def call_vector(f: CallFeatures, vocab: Vocab) -> list[float]:
+    """Call features, then the :data:`N_STATE` runtime-state entries (each >= 0)."""
     role = [1.0 if f.role == r else 0.0 for r in vocab.roles] + [0.0 if f.role in vocab.roles else 1.0]
     return [math.log1p(f.prompt_tokens) / 8, *role, f.depth / 10, f.num_uses / 5, math.log1p(f.workflow_steps) / 3,
-            f.tenant_log_output / 6, math.log1p(f.queue_len) / 4, math.log1p(f.running) / 4, f.kv_frac,
-            math.log1p(f.queued_prompt_tokens) / 10, math.log1p(f.model_params_b) / 4]
+            f.tenant_log_output / 6, math.log1p(f.model_params_b) / 4,
+            math.log1p(max(0, f.queue_len)) / 4, math.log1p(max(0, f.running)) / 4, max(0.0, f.kv_frac),
+            math.log1p(max(0, f.queued_prompt_tokens)) / 10]
+
+
+def _monotone_q(raw: torch.Tensor) -> torch.Tensor:
+    """A base plus cumulative softplus increments along the last axis: non-decreasing."""
+    steps = nn.functional.softplus(raw[..., 1:])
+    return torch.cat([raw[..., :1], raw[..., :1] + torch.cumsum(steps, dim=-1)], dim=-1)
+
+
+class CallQuantileModel(nn.Module):
+    """Output-length and latency quantiles of a model call (module docstring): input
+    ``call features + N_STATE state entries``, output ``(n, 2, len(QUANTILES))`` in log space,
+    monotone along the quantiles and, for latency, non-decreasing in every state entry."""
+
+    def __init__(self, n_in: int, hidden: int = 64) -> None:
+        super().__init__()
+        self.n_call = n_in - N_STATE
+        nq = len(QUANTILES)
+        self.body = nn.Sequential(nn.Linear(self.n_call, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
+        self.tokens = nn.Linear(hidden, nq)
+        self.latency = nn.Linear(hidden, nq)
+        self.sensitivity = nn.Linear(hidden, N_STATE * nq)
+        with torch.no_grad():  # start nearly state-blind; the data raise the sensitivities
+            self.sensitivity.bias.fill_(-3.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x[:, :self.n_call])
+        state = x[:, self.n_call:]
+        nq = len(QUANTILES)
+        raw = self.sensitivity(h).view(-1, N_STATE, nq)
+        c = torch.cumsum(nn.functional.softplus(raw), dim=-1)  # >= 0, non-decreasing along q
+        load = torch.einsum("ns,nsq->nq", state, c)
+        return torch.stack([_monotone_q(self.tokens(h)), _monotone_q(self.latency(h)) + load], dim=1)
 
 
 def tool_vector(f: ToolFeatures, vocab: Vocab) -> list[float]:
@@ -88,7 +140,7 @@ def _call_targets(r: CallRecord) -> list[float]:
     return [math.log1p(r.output_tokens), math.log(max(1e-3, r.latency_s))]
 
 
-def _train(model: QuantileMLP, x: torch.Tensor, y: torch.Tensor, *, epochs: int, seed: int, lr: float = 3e-3,
+def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, seed: int, lr: float = 3e-3,
            batch: int = 256) -> None:
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
@@ -106,7 +158,7 @@ def _train(model: QuantileMLP, x: torch.Tensor, y: torch.Tensor, *, epochs: int,
 class DistributionalPredictor:
     """Call and tool quantile models with their vocabulary (the TailPredictor protocol)."""
 
-    def __init__(self, call_model: QuantileMLP, tool_model: QuantileMLP, vocab: Vocab,
+    def __init__(self, call_model: CallQuantileModel, tool_model: QuantileMLP, vocab: Vocab,
                  y_shift: tuple[float, float], tool_shift: float) -> None:
         self.call_model = call_model.eval()
         self.tool_model = tool_model.eval()
@@ -145,7 +197,7 @@ class DistributionalPredictor:
         (directory / "meta.json").write_text(json.dumps({
             "roles": list(self.vocab.roles), "tools": list(self.vocab.tools), "y_shift": list(self.y_shift),
             "tool_shift": self.tool_shift, "quantiles": list(QUANTILES),
-            "hidden": self.call_model.body[0].out_features}, indent=2) + "\n")
+            "hidden": self.call_model.body[0].out_features, "call_model": "monotone-state/1"}, indent=2) + "\n")
 
     @staticmethod
     def load(directory: Path) -> DistributionalPredictor:
@@ -153,8 +205,11 @@ class DistributionalPredictor:
             raise InvalidInputError(f"{directory}: no predictor here (make one with `slicesched predictors train`)",
                                     culprit=str(directory))
         meta = json.loads((directory / "meta.json").read_text())
+        if meta.get("call_model") != "monotone-state/1":
+            raise InvalidInputError(f"{directory}: a predictor of an older format; train it again with "
+                                    "`slicesched predictors train`", culprit=str(directory))
         vocab = Vocab(tuple(meta["roles"]), tuple(meta["tools"]))
-        call = QuantileMLP(len(call_vector(_PROBE, vocab)), 2, meta.get("hidden", 64))
+        call = CallQuantileModel(len(call_vector(_PROBE, vocab)), meta.get("hidden", 64))
         tool = QuantileMLP(len(tool_vector(ToolFeatures("x", 0), vocab)), 1, _TOOL_HIDDEN)
         weights = torch.load(directory / "weights.pt", weights_only=True)
         call.load_state_dict(weights["call"])
@@ -177,7 +232,7 @@ def fit(calls: Sequence[CallRecord], tools: Sequence[ToolRecord], *, seed: int =
     x = torch.tensor([call_vector(c.features, vocab) for c in calls], dtype=torch.float32)
     y = torch.tensor([_call_targets(c) for c in calls], dtype=torch.float32)
     shift = y.mean(dim=0)
-    call = QuantileMLP(x.shape[1], 2, hidden)
+    call = CallQuantileModel(x.shape[1], hidden)
     _train(call, x, y - shift, epochs=epochs, seed=seed)
     tx = torch.tensor([tool_vector(t.features, vocab) for t in tools], dtype=torch.float32)
     ty = torch.tensor([[math.log(max(1e-3, t.duration_s))] for t in tools], dtype=torch.float32)
@@ -260,7 +315,7 @@ def predictors_main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="slicesched predictors",
                                 description="distributional predictors of workflow calls (learned/distributional.py)")
     sub = p.add_subparsers(dest="action", required=True)
-    rec = sub.add_parser("record", help="replay the three workflow shapes and write predictor records (JSONL)")
+    rec = sub.add_parser("record", help="replay the three workflow shapes (least-loaded and round-robin routing) and write predictor records (JSONL)")
     rec.add_argument("--out", type=Path, required=True, help="the records file to write")
     rec.add_argument("--loads", default="0.5,1.5,3", help="loads (multiples of the base rates), comma-separated")
     rec.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals per load")
@@ -281,17 +336,12 @@ def predictors_main(argv: Sequence[str]) -> int:
 
     if args.action == "record":
         from learned.artifact import load_cost_model
-        from service.replay.agentic import AgenticConfig, run_agentic, shape_workflows
+        from service.replay.agentic import AgenticConfig, record_runs
         from service.workload.workflows import trace_lengths
 
         config = AgenticConfig.on(args.cluster, load_cost_model(args.cost_model).model, seed=args.seed)
-        calls: list[CallRecord] = []
-        tools: list[ToolRecord] = []
-        for load in (float(x) for x in args.loads.split(",")):
-            wfs = shape_workflows(trace_lengths(), load, duration_s=args.duration, seed=args.seed)
-            result = run_agentic(config, wfs, router="least-loaded", horizon_s=args.duration, record=True)
-            calls += result.calls
-            tools += result.tools
+        calls, tools = record_runs(config, trace_lengths(), duration_s=args.duration, seed=args.seed,
+                                   loads=[float(x) for x in args.loads.split(",")])
         n = write_records(args.out, calls, tools)
         print(f"{n} records ({len(calls)} calls, {len(tools)} tools) -> {args.out}")
         return 0

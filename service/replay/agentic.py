@@ -45,11 +45,14 @@ from service.sim.workflow import CallRecord, ToolRecord, WorkflowDriver, Workflo
 from service.workload.workflows import ShapeConfig, TraceLengths, generate
 
 __all__ = [
+    "RECORD_LOADS",
+    "RECORD_ROUTERS",
     "AdaptivePredictor",
     "AgenticConfig",
     "AgenticResult",
     "default_shapes",
     "read_records",
+    "record_runs",
     "run_agentic",
     "shape_workflows",
     "write_records",
@@ -58,6 +61,11 @@ __all__ = [
 #: Workflows per second of each shape at load 1.0 on 8xA100-nvlink (about what its eight
 #: devices sustain with the container split; the benchmark sweeps multiples of it).
 BASE_RATES: dict[str, float] = {"code-generation": 0.5, "deep-research": 0.35, "multimodal": 4.0}
+
+
+#: Loads and routers of the runs a predictor is trained from (:func:`record_runs`).
+RECORD_LOADS: tuple[float, ...] = (0.5, 1.5, 3.0)
+RECORD_ROUTERS: tuple[str, ...] = ("least-loaded", "round-robin")
 
 
 def default_shapes() -> dict[str, ShapeConfig]:
@@ -294,6 +302,29 @@ def _apply(config: AgenticConfig, cluster: SimulatedCluster, actions: Iterable[A
 
 
 # ---- records ---------------------------------------------------------------------------------
+def record_runs(config: AgenticConfig, lengths: TraceLengths, *, duration_s: float, seed: int,
+                loads: Sequence[float] = RECORD_LOADS,
+                routers: Sequence[str] = RECORD_ROUTERS) -> tuple[list[CallRecord], list[ToolRecord]]:
+    """Records to train a predictor from: the three shapes at each of ``loads``, each replayed
+    with each of ``routers`` (workload seed ``seed``).
+
+    More than one router because a router asks the predictor about *every* candidate replica,
+    the busy ones too: runs logged under least-loaded routing alone only show it balanced
+    replicas (the state features barely vary), and a model fitted there answers the other
+    replicas' states by extrapolation. Round robin, blind to load, leaves replicas unevenly
+    busy and so covers the states the routers and scalers ask about.
+    """
+    calls: list[CallRecord] = []
+    tools: list[ToolRecord] = []
+    for load in loads:
+        wfs = shape_workflows(lengths, load, duration_s=duration_s, seed=seed)
+        for router in routers:
+            r = run_agentic(config, wfs, router=router, horizon_s=duration_s, record=True)
+            calls += r.calls
+            tools += r.tools
+    return calls, tools
+
+
 def write_records(path: Path, calls: Iterable[CallRecord], tools: Iterable[ToolRecord]) -> int:
     """One JSON object per line: ``{"kind": "call", "features": {...}, "output_tokens", "latency_s"}``
     or ``{"kind": "tool", "features": {...}, "duration_s"}``; returns the lines written."""

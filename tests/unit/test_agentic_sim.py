@@ -172,3 +172,62 @@ def test_the_benchmark_defines_its_keys() -> None:
     text = Path(bench.__file__).read_text()
     for key in ("p99_change_vs_best_baseline", "throughput_at_slo_ratio", "p90_coverage"):
         assert f'"{key}"' in text
+
+
+def test_learned_latency_never_falls_as_a_replica_gets_busier() -> None:
+    """The contract routers rely on: for any call, a busier replica (longer queue, larger
+    running batch, more KV, more queued prompt) never gets a lower predicted latency at any
+    quantile, even far outside the training data; the output length ignores the replica."""
+    from dataclasses import replace
+
+    from learned.distributional import fit
+
+    calls, tools = _records(800)
+    pred = fit(calls, tools, seed=0, epochs=6)
+    rng = np.random.default_rng(2)
+    for c in calls[:40]:
+        f = c.features
+        busier = [replace(f, queue_len=f.queue_len + int(rng.integers(0, 500)), running=f.running + int(rng.integers(0, 300)),
+                          kv_frac=f.kv_frac + float(rng.uniform(0, 1)),
+                          queued_prompt_tokens=f.queued_prompt_tokens + int(rng.integers(0, 10**6)))]
+        idle = replace(f, queue_len=0, running=0, kv_frac=0.0, queued_prompt_tokens=0)
+        q = pred.call_quantiles([idle, f, *busier])
+        assert np.all(q[1, 1] >= q[0, 1] - 1e-9) and np.all(q[2, 1] >= q[1, 1] - 1e-9)
+        assert np.allclose(q[0, 0], q[2, 0])  # output tokens: the same call writes the same
+
+
+def test_a_predicted_latency_router_sends_a_call_to_the_idle_replica() -> None:
+    """The mean router asks the learned predictor about each candidate: it must not herd onto
+    the busier one (what a state-blind or non-monotone predictor did)."""
+    from learned.distributional import fit
+    from service.sim.tail_routing import MeanRouter, TailRouter
+    from service.sim.workflow import ReplicaState
+
+    calls, tools = _records(800)
+    pred = fit(calls, tools, seed=0, epochs=6)
+
+    states = {"a": ReplicaState(12, 40, 0.6, 6000), "b": ReplicaState(0, 2, 0.05, 0)}
+
+    class Driver:
+
+        def replica_state(self, rid: str) -> ReplicaState:
+            return states[rid]
+
+        def call_features(self, req: object, s: ReplicaState) -> CallFeatures:
+            return CallFeatures("coder", "m", 7.0, 500, 1, 1, 5, 4.0, s.queue_len, s.running, s.kv_frac,
+                                s.queued_prompt_tokens)
+
+        def downstream_p99(self, rid: str) -> tuple[float, float]:
+            return 0.0, 0.0
+
+        def note_routed(self, *a: object) -> None:
+            pass
+
+    class Cluster:
+        now_s = 0.0
+
+    from service.domain.request import RequestSpec
+
+    req = RequestSpec("w/s", "t", "m", 0.0, 500, 10)
+    for router in (MeanRouter(Driver(), pred), TailRouter(Driver(), pred)):  # type: ignore[arg-type]
+        assert router(req, ["a", "b"], Cluster()) == "b"  # type: ignore[arg-type]
