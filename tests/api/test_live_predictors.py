@@ -127,7 +127,7 @@ def test_steps_are_recorded_exported_and_a_scheduled_refit_swaps_in(stack: LiveS
     # the metrics
     assert "slicesched:predictor_version 2.0" in metrics
     assert 'slicesched:predictor_observations_recorded_total{kind="call"} 5.0' in metrics
-    assert 'slicesched:predictor_coverage{target="latency_s",quantile="0.99"}' in metrics
+    assert 'slicesched:predictor_coverage{quantile="0.99",target="latency_s"}' in metrics
     assert "slicesched:predictor_refits_total 1.0" in metrics
     # `predictors train` reads the live export as it reads replay records
     assert predictors_main(["train", str(path), "--out", str(tmp_path / "p"), "--epochs", "2"]) == 0
