@@ -145,3 +145,36 @@ def test_a_refit_without_tools_still_predicts_tools_monotonically() -> None:
     assert cal["num_tools"] == 0 and "tool_duration_s" not in cal
     tq: Any = pred.tool_quantiles([ToolFeatures("python", 10)])
     assert np.all(np.diff(tq, axis=-1) >= 0) and np.all(tq > 0)
+
+
+def test_observations_are_appended_and_restored_at_start(tmp_path: Any) -> None:
+    """What one process recorded, the next keeps for its refits (the window) and its history."""
+    import asyncio
+
+    from service.api.predictors import LivePredictors, PredictorSettings
+
+    path = tmp_path / "obs" / "observations.jsonl"
+    calls, tools = _records(6, seed=5)
+
+    async def first() -> None:
+        live = LivePredictors(PredictorSettings(window=10), path)
+        await live.start()
+        for i, c in enumerate(calls):
+            live.observe_call(c.features, c.output_tokens, c.latency_s, tenant_id="t", workflow_id="w",
+                              step_id=f"s{i}", at=1.0)
+        live.observe_tool(tools[0].features, tools[0].duration_s, tenant_id="t", workflow_id="w", step_id="x", at=2.0)
+        assert live.public()["observations"]["unwritten"] == 7
+        await live.flush()
+        assert live.public()["observations"]["unwritten"] == 0
+
+    async def second() -> LivePredictors:
+        live = LivePredictors(PredictorSettings(source="naive", window=4), path)
+        await live.start()
+        return live
+
+    asyncio.run(first())
+    live = asyncio.run(second())
+    assert list(live.calls) == calls[-4:] and list(live.tools) == tools[:1]  # the newest, up to the window
+    assert (live.restored, live.version, live.kind) == (7, 1, "naive")
+    coder = [c.output_tokens for c in calls if c.features.role == "coder"]
+    assert live.history("t", "coder") == pytest.approx(sum(math.log(n) for n in coder) / len(coder))
