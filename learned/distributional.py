@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import json
 import math
 from collections import deque
@@ -48,7 +49,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from service.core.tail import QUANTILES, CallFeatures, ToolFeatures
+from service.core.tail import QUANTILES, CallFeatures, TailPredictor, ToolFeatures
 from service.domain.error import InvalidInputError
 from service.sim.workflow import CallRecord, ToolRecord
 
@@ -190,6 +191,17 @@ class DistributionalPredictor:
             q = self.tool_model(x).numpy().astype(np.float64)[:, 0]
         return np.asarray(np.exp(q + self.tool_shift))
 
+    def digest(self) -> str:
+        """SHA-256 of the weights and shifts (hex): equal for equal models (determinism checks)."""
+        h = hashlib.sha256()
+        for model in (self.call_model, self.tool_model):
+            for name, tensor in sorted(model.state_dict().items()):
+                h.update(name.encode())
+                h.update(tensor.detach().contiguous().numpy().tobytes())
+        h.update(json.dumps([list(self.y_shift), self.tool_shift, list(self.vocab.roles),
+                             list(self.vocab.tools)]).encode())
+        return h.hexdigest()
+
     # ---- persistence -------------------------------------------------------------------------
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -222,9 +234,11 @@ _PROBE = CallFeatures("x", "m", 1.0, 1, 0, 0, 1, 0.0, 0, 0, 0.0)
 
 
 def fit(calls: Sequence[CallRecord], tools: Sequence[ToolRecord], *, seed: int = 0, epochs: int = 30,
-        hidden: int = 64) -> DistributionalPredictor:
-    """Train both models on the records (``InvalidInputError`` without any call or tool)."""
-    if not calls or not tools:
+        hidden: int = 64, allow_no_tools: bool = False) -> DistributionalPredictor:
+    """Train both models on the records (``InvalidInputError`` without any call, or without any
+    tool unless ``allow_no_tools``: then the tool model is untrained, centred on one second, and
+    its vocabulary empty; a later :meth:`OnlinePredictor.refit` fine-tunes it on tools seen)."""
+    if not calls or (not tools and not allow_no_tools):
         raise InvalidInputError(f"training needs call and tool records (got {len(calls)} and {len(tools)})")
     torch.manual_seed(seed)
     torch.set_num_threads(1)
@@ -234,11 +248,13 @@ def fit(calls: Sequence[CallRecord], tools: Sequence[ToolRecord], *, seed: int =
     shift = y.mean(dim=0)
     call = CallQuantileModel(x.shape[1], hidden)
     _train(call, x, y - shift, epochs=epochs, seed=seed)
-    tx = torch.tensor([tool_vector(t.features, vocab) for t in tools], dtype=torch.float32)
-    ty = torch.tensor([[math.log(max(1e-3, t.duration_s))] for t in tools], dtype=torch.float32)
-    tshift = float(ty.mean())
-    tool = QuantileMLP(tx.shape[1], 1, _TOOL_HIDDEN)
-    _train(tool, tx, ty - tshift, epochs=epochs, seed=seed)
+    tool = QuantileMLP(len(tool_vector(ToolFeatures("x", 0), vocab)), 1, _TOOL_HIDDEN)
+    tshift = 0.0
+    if tools:
+        tx = torch.tensor([tool_vector(t.features, vocab) for t in tools], dtype=torch.float32)
+        ty = torch.tensor([[math.log(max(1e-3, t.duration_s))] for t in tools], dtype=torch.float32)
+        tshift = float(ty.mean())
+        _train(tool, tx, ty - tshift, epochs=epochs, seed=seed)
     return DistributionalPredictor(call, tool, vocab, (float(shift[0]), float(shift[1])), tshift)
 
 
@@ -291,7 +307,7 @@ class OnlinePredictor:
         return True
 
 
-def calibration(predictor: DistributionalPredictor | OnlinePredictor, calls: Sequence[CallRecord],
+def calibration(predictor: TailPredictor, calls: Sequence[CallRecord],
                 tools: Sequence[ToolRecord]) -> dict[str, Any]:
     """Coverage of each quantile on held-out records: the share of truths at or below it
     (a calibrated p90 covers 0.9), per target."""

@@ -515,3 +515,64 @@ class WorkflowOut(Out):
     met_slo: bool | None = Field(description="done within slo_s (null while it runs, or when it did not finish)")
     error: str | None
     steps: list[WorkflowStepOut] = Field(description="in dependency order")
+
+
+# ---- predictors ------------------------------------------------------------------------------------
+class CalibrationOut(Out):
+    """Coverage of each quantile on held-out observations: the share of truths at or below it (a
+    calibrated p90 covers 0.9). A target is null without held-out observations of its kind."""
+
+    quantiles: list[float]
+    num_calls: int
+    num_tools: int
+    output_tokens: list[float] | None = None
+    latency_s: list[float] | None = None
+    tool_duration_s: list[float] | None = None
+
+
+class ObservationsOut(Out):
+    calls: int = Field(description="call observations kept for refits (the window)")
+    tools: int
+    new_calls: int = Field(description="call observations since the last refit")
+    recorded_calls: int = Field(description="finished workflow model calls recorded by this process")
+    recorded_tools: int
+    restored: int = Field(description="observations read back from the file at start")
+    unwritten: int = Field(description="observations not yet appended to the file (written about every second)")
+    file: str = Field(description="the JSONL file (GET /v1/predictors/observations exports it)")
+
+
+class RefitOut(Out):
+    at: float = Field(description="epoch seconds of its start")
+    duration_s: float
+    seed: int
+    from_: Literal["naive", "learned"] = Field(alias="from", description="naive: fitted from scratch; learned: "
+                                               "fine-tuned")
+    version: int = Field(description="the version it made")
+    trained_calls: int
+    trained_tools: int
+    held_out_calls: int = Field(description="the newest fifth, for its calibration")
+    held_out_tools: int
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class PredictorOut(Out):
+    enabled: bool = Field(description="a predictor is configured (--predictor); false: the slack policy uses "
+                          "token_s per budgeted token")
+    source: str | None = Field(description="naive, or the folder it was loaded from")
+    kind: Literal["none", "naive", "learned"] = Field(description="what answers now")
+    version: int = Field(description="0: none; 1: the one loaded at start; +1 per refit swapped in")
+    digest: str | None = Field(description="SHA-256 of a learned model's weights (equal models, equal digests)")
+    refit_interval_s: float
+    min_new: int
+    window: int
+    seed: int
+    observations: ObservationsOut
+    refits: int
+    refit_failures: int
+    key_failures: int = Field(description="slack keys the predictor failed to give (the token estimate decided)")
+    last_error: str | None = Field(description="the last refit's failure; null once one succeeds")
+    last_refit: RefitOut | None
+    calibration: CalibrationOut | None = Field(description="the model answering now, on the last refit's "
+                                               "held-out observations")
+    calibration_before: CalibrationOut | None = Field(description="the model it replaced, on the same")

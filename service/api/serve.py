@@ -21,6 +21,10 @@ def serve_main(argv: list[str]) -> int:
     p.add_argument("--heartbeat-s", type=float, help="executor heartbeat period (default 2)")
     p.add_argument("--max-batch", type=int, help="leases per replica at once (default 8)")
     p.add_argument("--schedule-interval-s", type=float, help="slice policy: least time between steps (default 2)")
+    p.add_argument("--predictor", help="distributional predictor for the slack policy, adapted online: a folder "
+                   "written by `slicesched predictors train`, or 'naive' (default: $SLICESCHED_PREDICTOR or none)")
+    p.add_argument("--predictor-refit-s", type=float,
+                   help="with a predictor: consider a refit this often (default $SLICESCHED_PREDICTOR_REFIT_S or 300)")
     add_cost_model_argument(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
@@ -31,7 +35,8 @@ def serve_main(argv: list[str]) -> int:
     settings = ServiceSettings.from_env(placement=args.placement, queue=args.queue, lease_ttl_s=args.lease_ttl_s,
                                         heartbeat_s=args.heartbeat_s, max_batch=args.max_batch,
                                         schedule_interval_s=args.schedule_interval_s,
-                                        cost_model=args.cost_model)
+                                        cost_model=args.cost_model, predictor=args.predictor,
+                                        predictor_refit_s=args.predictor_refit_s)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("neo4j.notifications").setLevel(logging.ERROR)  # "property key does not exist yet" on a new graph
     print(f"slicesched serve on http://{args.host}:{args.port} (placement {settings.placement}, queue {settings.queue}); "

@@ -38,6 +38,7 @@ from service.api.keys import ExecutorPools
 from service.api.metrics import PREFIX, LiveMetrics
 from service.api.notify import Signal
 from service.api.onboarding import AccessRequests
+from service.api.predictors import LivePredictors, PredictorSettings
 from service.api.quota import QuotaBook
 from service.api.records import TERMINAL, LiveModel, LiveRequest
 from service.api.registration import model_from_dir
@@ -49,7 +50,7 @@ from service.api.supervisor import Supervisor
 from service.api.workflows import WorkflowBook
 from service.api.writer import GmgWriter
 from service.core.policies import make_placement_policy
-from service.core.queue import make_queue_policy
+from service.core.queue import QueuedRequest, QueuePolicy, make_queue_policy
 from service.core.scheduler import Scheduler
 from service.domain.audit import SYSTEM
 from service.domain.error import InvalidInputError
@@ -70,7 +71,11 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.settings = settings
         self.cost_model = load_cost_model(settings.cost_model).model  # the what-if mirror's; never a fallback
         self.started = time.monotonic()
-        self.state = LiveState(make_queue_policy(settings.queue), clock=time.monotonic, wall=time.time,
+        # the distributional predictor and the observations of finished workflow steps
+        self.predictors = LivePredictors(PredictorSettings(settings.predictor, settings.predictor_refit_s,
+                                                           settings.predictor_min_new, settings.predictor_window,
+                                                           settings.predictor_seed), settings.observations_path)
+        self.state = LiveState(self.queue_policy(settings.queue, {}), clock=time.monotonic, wall=time.time,
                                lease_ttl_s=settings.lease_ttl_s, max_attempts=settings.max_attempts,
                                max_batch=settings.max_batch)
         self.metrics = LiveMetrics(self.state)
@@ -92,6 +97,7 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.supervisor = Supervisor()
         self.metrics.watch(self._health_metrics)
         self.metrics.watch(self._quota_metrics)
+        self.metrics.watch(lambda: self.predictors.metrics(PREFIX))
         self.work = Signal()  # notified when leases may be granted
         self.changed = asyncio.Event()  # set on arrivals and completions (the scheduler's trigger)
         self.decisions: list[str] = []
@@ -109,6 +115,7 @@ class LiveService(DurableWrites, SchedulingLoop):
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
+        await self.predictors.start()  # a predictor that cannot be loaded stops the start, with its reason
         self.driver = await asyncio.to_thread(self._open_driver, True)
         self.repo = GraphRepository(self.driver, QueryCatalog.load(), database=self.settings.neo4j.database)
         self.db_up = True
@@ -133,10 +140,19 @@ class LiveService(DurableWrites, SchedulingLoop):
         sup.spawn("retention", self._retention_tick, interval_s=600.0, stuck_after_s=1800.0)
         sup.spawn("neo4j-watch", self._neo4j_tick, interval_s=1.0, stuck_after_s=60.0)
         sup.spawn("usage", self._usage_tick, interval_s=self.settings.usage_interval_s, stuck_after_s=120.0)
+        sup.spawn("observations", self.predictors.flush, interval_s=1.0, stuck_after_s=120.0)
+        if self.predictors.enabled:
+            refit_s = self.settings.predictor_refit_s
+            sup.spawn("predictor-refit", self.predictors.refit_tick, interval_s=refit_s,
+                      stuck_after_s=max(3 * refit_s, 600.0))
 
     async def stop(self) -> None:
         await self.workflows.stop()
         await self.supervisor.stop()
+        try:
+            await self.predictors.flush()  # the last observations
+        except Exception:
+            log.exception("observations not written at stop")
         if self.writer is not None:
             await self.writer.close()
         if self.repo is not None:
@@ -144,6 +160,25 @@ class LiveService(DurableWrites, SchedulingLoop):
         await self.threads_done(30.0)  # a scheduler step or a call cancelled on its way still holds a session
         if self.driver is not None:
             await asyncio.to_thread(self.driver.close)
+
+    # ---- queue policies ----------------------------------------------------------------------------
+    def queue_policy(self, name: str, params: dict[str, Any]) -> QueuePolicy:
+        """The policy ``name`` with ``params``; ``slack`` with a predictor configured gets the
+        predicted latest start times (workflow steps and independent requests alike)."""
+        if "latest_start" in params:
+            raise InvalidInputError("slack's latest_start is the service's own (from --predictor), not a parameter")
+        if name == "slack" and self.predictors.enabled:
+            params = {**params, "latest_start": self.predictors.guarded(self._latest_start)}
+        return make_queue_policy(name, **params)
+
+    def _latest_start(self, q: QueuedRequest) -> float | None:
+        """The slack key of a request being queued (None: no prediction; the token estimate decides)."""
+        pred = self.predictors.predictor
+        model = self.state.models.get(q.model)
+        if pred is None or model is None:
+            return None
+        at = self.workflows.latest_start(q.request_id, pred)
+        return at if at is not None else self.predictors.request_latest_start(q, model)
 
     def _public_settings(self) -> dict[str, Any]:
         """The configuration a start runs with, as the audit log records it (no key; fixed for the
@@ -153,7 +188,7 @@ class LiveService(DurableWrites, SchedulingLoop):
                 "heartbeat_s": s.heartbeat_s, "max_attempts": s.max_attempts, "max_batch": s.max_batch,
                 "schedule_interval_s": s.schedule_interval_s, "slice_retention_s": s.slice_retention_s,
                 "executor_kinds": list(s.executor_kinds), "bootstrap_executor_pool": s.executor_key is not None,
-                "neo4j_uri": self.neo4j_uri}
+                "neo4j_uri": self.neo4j_uri, "predictor": s.predictor, "predictor_refit_s": s.predictor_refit_s}
 
     async def _recover(self) -> None:
         """Rebuild the live state from the GMG and reconcile what a previous process left: its

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,14 @@ class ServiceSettings:
     audit: bool = True  # record the audit log (SLICESCHED_AUDIT=0: off; reading and verifying still work)
     usage_interval_s: float = 5.0  # quota usage is written onto Tenant and Project nodes this often
     max_pending_access_requests: int = 1000  # onboarding requests awaiting a decision; beyond, a 429
+    # the distributional predictor (service/api/predictors.py): None (none: the slack policy uses
+    # token_s per budgeted token), "naive", or a folder written by `slicesched predictors train`
+    predictor: str | None = None
+    predictor_refit_s: float = 300.0  # a refit is considered this often (with a predictor)
+    predictor_min_new: int = 50  # new call observations a scheduled refit waits for
+    predictor_window: int = 4000  # observations of each kind kept and trained on
+    predictor_seed: int = 0
+    observations_file: Path | None = None  # finished workflow steps (JSONL); None: <state>/predictor/observations.jsonl
 
     def __post_init__(self) -> None:
         kind_from(self.cost_model)  # a known kind, else InvalidInputError
@@ -62,6 +71,27 @@ class ServiceSettings:
                                     "max_pending_writes >= 1000")
         if self.max_queued < 1:
             raise InvalidInputError("max_queued must be >= 1")
+        self._check_predictor()
+
+    def _check_predictor(self) -> None:
+        p = self.predictor
+        if p is not None and p != "naive" and not (Path(p) / "meta.json").is_file():
+            why = "no such folder" if not Path(p).exists() else "no meta.json in it"
+            raise InvalidInputError(f"predictor {p!r}: {why}; give a folder written by `slicesched predictors train "
+                                    "RECORDS --out DIR`, or 'naive' (SLICESCHED_PREDICTOR, --predictor)", culprit=p)
+        if not (0.0 < self.predictor_refit_s <= 86_400.0):
+            raise InvalidInputError(f"predictor_refit_s must be in (0, 86400], got {self.predictor_refit_s} "
+                                    "(SLICESCHED_PREDICTOR_REFIT_S, --predictor-refit-s)")
+        if not (1 <= self.predictor_min_new <= 1_000_000):
+            raise InvalidInputError(f"predictor_min_new must be in [1, 1000000], got {self.predictor_min_new}")
+        if not (10 <= self.predictor_window <= 1_000_000):
+            raise InvalidInputError(f"predictor_window must be in [10, 1000000], got {self.predictor_window}")
+        if not (0 <= self.predictor_seed < 2**31):
+            raise InvalidInputError(f"predictor_seed must be in [0, 2^31), got {self.predictor_seed}")
+
+    @property
+    def observations_path(self) -> Path:
+        return self.observations_file or state_dir() / "predictor" / "observations.jsonl"
 
     @staticmethod
     def from_env(**overrides: object) -> ServiceSettings:
@@ -87,9 +117,24 @@ class ServiceSettings:
             "max_queued": int(env.get("SLICESCHED_MAX_QUEUED", "200000")),
             "cost_model": kind_from(None),
             "audit": _flag("SLICESCHED_AUDIT", True),
+            "predictor": env.get("SLICESCHED_PREDICTOR") or None,
+            "predictor_refit_s": _number("SLICESCHED_PREDICTOR_REFIT_S", "300", float),
+            "predictor_min_new": _number("SLICESCHED_PREDICTOR_MIN_NEW", "50", int),
+            "predictor_window": _number("SLICESCHED_PREDICTOR_WINDOW", "4000", int),
+            "predictor_seed": _number("SLICESCHED_PREDICTOR_SEED", "0", int),
+            "observations_file": Path(env["SLICESCHED_OBSERVATIONS_FILE"]) if env.get("SLICESCHED_OBSERVATIONS_FILE")
+            else None,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return ServiceSettings(**values)  # type: ignore[arg-type]
+
+
+def _number(name: str, default: str, kind: Callable[[str], float]) -> float:
+    raw = os.environ.get(name, "").strip() or default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise InvalidInputError(f"{name} must be a number, got {raw!r}") from None
 
 
 def _flag(name: str, default: bool) -> bool:

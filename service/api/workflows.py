@@ -12,6 +12,13 @@ A failed step fails the workflow (its other running steps are cancelled); ``canc
 the running steps (their requests are cancelled like any other, tool processes are killed) and
 every step not yet started.
 
+Every finished step is an observation for the distributional predictor
+(:mod:`service.api.predictors`): a model call's features as known when its request was
+submitted (runtime state included) with its output tokens and latency, a tool call's with its
+duration. With a predictor, the slack policy's key of a step's request is the workflow's
+deadline minus the predicted p99 of its critical path from that step on
+(:meth:`WorkflowBook.latest_start`).
+
 Each workflow is driven by one task; a task that raises marks its workflow failed with the
 error and logs it (nothing dies silently). Workflows live in the service's memory: a restart
 keeps the model calls' requests (in Neo4j) but not the workflow's own progress.
@@ -28,7 +35,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from service.api.predictors import IDLE, runtime_state
 from service.api.records import TERMINAL, LiveRequest
+from service.core.slack import step_costs_p99, workflow_latest_start
+from service.core.tail import CallFeatures, TailPredictor, ToolFeatures
 from service.domain.audit import SYSTEM, Actor
 from service.domain.error import ConflictError, InvalidInputError, NotFoundError
 from service.domain.workflow import ModelCall, ToolCall, Workflow
@@ -83,6 +93,8 @@ class WorkflowRun:
     error: str | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     tools: dict[str, asyncio.subprocess.Process] = field(default_factory=dict, repr=False)
+    # predicted p99 cost per step, for (finished steps, predictor version): the slack keys' cache
+    p99_cost: tuple[tuple[frozenset[str], int], dict[str, float]] | None = field(default=None, repr=False)
 
     @property
     def workflow_id(self) -> str:
@@ -109,6 +121,7 @@ class WorkflowBook:
         self.svc = svc
         self.runs: dict[tuple[str, str], WorkflowRun] = {}
         self._ends: dict[str, asyncio.Future[None]] = {}  # request id -> woken when it ends
+        self._step_of: dict[str, tuple[WorkflowRun, ModelCall]] = {}  # a step's request id -> its step
         self.tool_slots = asyncio.Semaphore(max(1, tool_slots))
         self.poll_s = poll_s
 
@@ -252,17 +265,52 @@ class WorkflowBook:
         prompt = model.tokenizer.encode(self.prompt_of(run, s)) or [32]
         req = intake.build_request(svc, run.tenant_id, s.model, prompt, s.max_output_tokens or DEFAULT_MAX_OUTPUT,
                                    project_id=run.project_id)
-        (req,) = await svc.accept_requests([req])
-        st.request_id = req.request_id
-        await self._until_ended(req)  # a cancelled workflow cancels the request (_stop_steps)
+        wf = run.workflow
+        features = svc.predictors.call_features(model, s.role, len(prompt), wf.depth()[s.step_id], len(s.uses),
+                                                len(wf.steps), runtime_state(svc.state, model))
+        self._step_of[req.request_id] = (run, s)  # before it is queued: the slack key asks for it
+        try:
+            (req,) = await svc.accept_requests([req])
+            st.request_id = req.request_id
+            await self._until_ended(req)  # a cancelled workflow cancels the request (_stop_steps)
+        finally:
+            self._step_of.pop(req.request_id, None)
         st.finished_at = svc.state.wall()
         st.output_tokens = len(req.output_tokens)
         st.text = model.tokenizer.decode(req.output_tokens)
         st.detail = {"prompt_tokens": len(prompt), "ttft_s": req.ttft_s, "queued_s": req.queued_s}
         if req.status == "done":
             st.status = "done"
+            latency = req.e2e_s if req.e2e_s is not None else st.finished_at - req.arrival
+            svc.predictors.observe_call(features, st.output_tokens, latency, tenant_id=run.tenant_id,
+                                        workflow_id=run.workflow_id, step_id=s.step_id, at=st.finished_at)
         else:
             st.status, st.error = "failed", f"request {req.request_id} {req.status}: {req.error or ''}".strip()
+
+    def latest_start(self, request_id: str, predictor: TailPredictor) -> float | None:
+        """The slack key of a workflow step's request: the workflow's deadline (submission plus
+        ``slo_s``, epoch seconds) minus the predicted p99 path from the step to the end (None: the
+        request is no workflow's)."""
+        ctx = self._step_of.get(request_id)
+        if ctx is None:
+            return None
+        run, step = ctx
+        done = frozenset(sid for sid, st in run.steps.items() if st.status == "done")
+        version = self.svc.predictors.version
+        if run.p99_cost is None or run.p99_cost[0] != (done, version):
+            models = self.svc.state.models
+            predictors = self.svc.predictors
+
+            def features(s: ModelCall, prompt: int) -> CallFeatures:
+                model = models[f"{run.tenant_id}/{s.model}"]
+                return predictors.call_features(model, s.role, prompt, depth[s.step_id], len(s.uses),
+                                                len(run.workflow.steps), IDLE)
+
+            depth = run.workflow.depth()
+            outputs = {sid: run.steps[sid].output_tokens for sid in done}
+            run.p99_cost = ((done, version), step_costs_p99(run.workflow, outputs, predictor, features))
+        return workflow_latest_start(run.workflow, step.step_id, run.p99_cost[1], done,
+                                     run.created_at + run.workflow.slo_s)
 
     def request_ended(self, req: LiveRequest) -> None:
         """The service's end-of-request hook (on the event loop): wakes the step waiting for it."""
@@ -283,6 +331,7 @@ class WorkflowBook:
         st = run.steps[s.step_id]
         async with self.tool_slots:
             st.detail["waited_s"] = round(self.svc.state.wall() - (st.started_at or 0.0), 4)
+            began = self.svc.state.wall()
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "executor.tool", "--tool", s.tool, "--seconds", str(s.duration_s or 0.0),
                 "--output-tokens", str(s.output_tokens), stdout=asyncio.subprocess.PIPE,
@@ -305,6 +354,9 @@ class WorkflowBook:
         st.text, st.output_tokens = str(answer["output"]), len(str(answer["output"]))
         st.detail |= {"tool": s.tool, "cpu_s": answer["cpu_s"], "wall_s": answer["wall_s"], "digest": answer["digest"]}
         st.status = "done"
+        inputs = run.workflow.prompt_tokens(s.step_id, {u: run.steps[u].output_tokens for u in s.uses})
+        self.svc.predictors.observe_tool(ToolFeatures(s.tool, inputs), st.finished_at - began, tenant_id=run.tenant_id,
+                                         workflow_id=run.workflow_id, step_id=s.step_id, at=st.finished_at)
 
     async def _cancel_request(self, req: LiveRequest) -> None:
         from service.api import intake

@@ -16,6 +16,7 @@ from service.api.routers import (
     onboarding,
     openai,
     ops,
+    predictors,
     requests,
     scheduling,
     tenants,
@@ -24,4 +25,5 @@ from service.api.routers import (
 
 ROUTERS: tuple[APIRouter, ...] = (ops.router, tenants.router, models.router, executors.router, requests.router,
                                   leases.router, scheduling.router, keys.router, access.router, onboarding.router,
-                                  openai.router, audit.router, experiments.router, workflows.router)
+                                  openai.router, audit.router, experiments.router, workflows.router,
+                                  predictors.router)

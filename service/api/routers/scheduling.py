@@ -11,7 +11,6 @@ from service.api.audit import actor_of
 from service.api.deps import AdminPrincipal, ReadPrincipal, Svc
 from service.api.responses import CandidateWhatIfOut, InspectOut, PolicyWhatIfOut, QueuePolicyOut
 from service.api.schemas import InspectIn, QueuePolicyIn, WhatIfIn
-from service.core.queue import make_queue_policy
 
 router = APIRouter()
 
@@ -27,8 +26,9 @@ async def what_if(body: WhatIfIn, svc: Svc, _: AdminPrincipal) -> dict[str, Any]
 async def set_queue_policy(body: QueuePolicyIn, svc: Svc, p: AdminPrincipal) -> dict[str, Any]:
     """Admin: order every model's queue by another policy from now on, without a restart (a
     policy testbench runs one after another on the same executors); 409 while any request is
-    queued or leased, 400 for an unknown policy or parameter."""
-    policy = make_queue_policy(body.queue, **body.params)
+    queued or leased, 400 for an unknown policy or parameter. ``slack`` on a service with a
+    predictor (``--predictor``) orders by predicted latest start times."""
+    policy = svc.queue_policy(body.queue, dict(body.params))
     previous = svc.state.policy.name
     svc.state.set_queue_policy(policy)
     await svc.audit.append(actor_of(p), "queue_policy.set", "service", before={"queue": previous},
