@@ -217,9 +217,11 @@ class DistributionalPredictor:
             raise InvalidInputError(f"{directory}: no predictor here (make one with `slicesched predictors train`)",
                                     culprit=str(directory))
         meta = json.loads((directory / "meta.json").read_text())
-        if meta.get("call_model") != "monotone-state/1":
-            raise InvalidInputError(f"{directory}: a predictor of an older format; train it again with "
-                                    "`slicesched predictors train`", culprit=str(directory))
+        fmt = meta.get("call_model")
+        if fmt != "monotone-state/1":
+            what = "a predictor of an older format" if fmt is None else f"a predictor of format {fmt!r}, unknown here"
+            raise InvalidInputError(f"{directory}: {what}; train it again with `slicesched predictors train`",
+                                    culprit=str(directory))
         vocab = Vocab(tuple(meta["roles"]), tuple(meta["tools"]))
         call = CallQuantileModel(len(call_vector(_PROBE, vocab)), meta.get("hidden", 64))
         tool = QuantileMLP(len(tool_vector(ToolFeatures("x", 0), vocab)), 1, _TOOL_HIDDEN)

@@ -207,7 +207,7 @@ def test_bad_predictor_configuration_is_refused_with_a_clear_message(
     monkeypatch.delenv("SLICESCHED_PREDICTOR_REFIT_S")
     # a folder with meta.json but no weights: the start fails with the reason
     (tmp_path / "broken").mkdir()
-    (tmp_path / "broken" / "meta.json").write_text("{}")
+    (tmp_path / "broken" / "meta.json").write_text('{"call_model": "monotone-state/1"}')
     from service.api.app import create_app
 
     with pytest.raises(InvalidInputError, match="broken: cannot be loaded"), \
