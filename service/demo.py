@@ -154,6 +154,7 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
                   f"{r['gmg_write_lag_s']['p50'] or 0:.3f} / {r['gmg_write_lag_s']['p99'] or 0:.3f}"]
                  for p, r in runs.items()], title="summary")
     print(f"replica / container tokens/s: {record['tokens_per_s_ratio']:.2f}x (live executors run whole replicas)")
+    print_busy_verdict(calibration, runs)
     if after["busy"] and not calibration["machine"]["busy"]:
         print(f"  warning: other work kept {100 * (after['busy_share'] or 0):.0f}% of the cores busy right after the "
               "comparison: the capacity probe saw a quieter machine, so both placements were offered too much; "
@@ -173,6 +174,25 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
     args.func(args)
     print(f"\nplots and JSON: {out}/live_latency.png, {out}/live.json, {out}/replay/*.png "
           f"(the slice timeline: {out}/replay/timeline-fifo-slice-10s.png, thin bars are operator-level guest slices)")
+
+
+def print_busy_verdict(calibration: dict[str, Any], runs: dict[str, Any]) -> None:
+    """Whether the saturated tenant is within its SLA (at least :data:`SLA_SHARE` of its requests
+    met it, the probe's criterion) under each placement."""
+    from service.api.capacity import SLA_SHARE
+
+    busy = [t for t, o in calibration["offered"].items() if o["role"] == "saturated"]
+    for tenant in busy:
+        parts = []
+        for placement, run in runs.items():
+            row = next((t for t in run["tenants"] if t["tenant_id"] == tenant), None)
+            if row is None or not row["requests"]:
+                continue
+            met = 1.0 - row["sla_violations"] / row["requests"]
+            parts.append(f"{placement} {100 * met:.0f}% of its requests met the SLA "
+                         f"({'within' if met >= SLA_SHARE else 'not within'} its SLA)")
+        print(f"the saturated tenant {tenant} (within its SLA: at least {100 * SLA_SHARE:.0f}% of its requests "
+              f"meet it): " + "; ".join(parts))
 
 
 def print_calibration(calibration: dict[str, Any]) -> None:

@@ -106,6 +106,10 @@ def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None 
             stack.wait_devices(4)
             say(f"{placement}: API at {stack.url}, 2 executors x 2 devices, {len(tenants)} tenants")
             warm = warm_up(stack.url, keys, say)
+
+            def ours(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                """The workload's requests: not the warm-up's, nor other tenants' in a shared graph."""
+                return [r for r in rows if r["tenant_id"] in tenants and r["request_id"] not in warm]
             ids: dict[str, list[str]] = {t: [] for t in tenants}
             rng = np.random.default_rng(seed)
             start = time.monotonic() + 0.5
@@ -136,13 +140,12 @@ def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None 
                     f"  completed {done}")
             deadline = time.monotonic() + drain_timeout_s
             while time.monotonic() < deadline:
-                finished = admin.get("/v1/requests", params={"limit": 10_000, "status": "done"}).json()
-                if len(finished) >= total + len(warm):
+                finished = ours(admin.get("/v1/requests", params={"limit": 10_000, "status": "done"}).json())
+                if len(finished) >= total:
                     break
                 say(f"{placement}: draining, {len(finished)}/{total} done")
                 time.sleep(2.0)
-            finished = [r for r in admin.get("/v1/requests", params={"limit": 10_000}).json()
-                        if r["request_id"] not in warm]
+            finished = ours(admin.get("/v1/requests", params={"limit": 10_000}).json())
             stats = admin.get("/v1/stats").json()
     return summarise(placement, finished, stats)
 
