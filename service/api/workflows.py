@@ -271,11 +271,12 @@ class WorkflowBook:
         if resumed:
             log.info("resumed %d workflows from Neo4j", resumed)
 
-    async def _commit(self, run: WorkflowRun) -> None:
-        """Write its snapshot now, trying again every ``RETRY_S`` while Neo4j is down (what
-        follows waits: successors start only after their inputs' ends are written)."""
+    async def _commit(self, run: WorkflowRun, status: str | None = None) -> None:
+        """Write its snapshot now (``status`` in place of its own), trying again every
+        ``RETRY_S`` while Neo4j is down (what follows waits: successors start only after their
+        inputs' ends are written)."""
         assert self.svc.repo is not None
-        row = run.snapshot()
+        row = run.snapshot(status)
         while True:
             try:
                 await self.svc.db(self.svc.repo.update_workflows, [row])
@@ -377,20 +378,23 @@ class WorkflowBook:
                     if run.steps[step_id].status == "failed":
                         raise StepFailed(step_id, run.steps[step_id].error or "failed")
                 await self._commit(run)  # the ends are durable before any successor starts
-            run.status = "done"
+            outcome = "done"
         except asyncio.CancelledError:
             await _cancel_all(running.values())  # tools' processes killed; requests: by _stop_steps
             raise
         except StepFailed as exc:
-            run.status, run.error = "failed", f"step {exc.step_id}: {exc.reason}"
+            outcome, run.error = "failed", f"step {exc.step_id}: {exc.reason}"
             await _cancel_all(running.values())
             await self._stop_steps(run, "cancelled")
         except Exception as exc:  # a bug here fails this workflow, never the service, and is logged
             log.exception("workflow %s of %s failed", run.workflow_id, run.tenant_id)
-            run.status, run.error = "failed", _describe(exc)
+            outcome, run.error = "failed", _describe(exc)
             await self._stop_steps(run, "cancelled")
         run.finished_at = self.svc.state.wall()
-        await self._commit(run)
+        await self._commit(run, outcome)  # memory says it ended only once Neo4j does
+        if run.status != "running":  # a cancel won the race (it is written; this end was not)
+            return
+        run.status = outcome
         self.svc.audit.record(SYSTEM, f"workflow.{run.status}", "workflow", run.workflow_id,
                               tenant_id=run.tenant_id,
                               after={"e2e_s": run.finished_at - run.created_at, "error": run.error})
