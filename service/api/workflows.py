@@ -254,7 +254,7 @@ class WorkflowBook:
                 continue
             if run.status != "running":
                 self.runs[(run.tenant_id, run.workflow_id)] = run
-                if any(st.status in ("pending", "running") for st in run.steps.values()):
+                if run.finished_at is None or any(st.status in ("pending", "running") for st in run.steps.values()):
                     await self._stop_steps(run, "cancelled")
                     run.finished_at = run.finished_at or self.svc.state.wall()
                     await self._commit(run)
