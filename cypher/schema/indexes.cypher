@@ -10,4 +10,6 @@ CREATE RANGE INDEX slice_state_end IF NOT EXISTS FOR (n:Slice) ON (n.state, n.en
 CREATE RANGE INDEX slice_tenant IF NOT EXISTS FOR (n:Slice) ON (n.tenant_id);
 CREATE RANGE INDEX host_cluster IF NOT EXISTS FOR (n:Host) ON (n.cluster);
 CREATE RANGE INDEX request_tenant_arrival IF NOT EXISTS FOR (n:Request) ON (n.tenant_id, n.arrival);
-CREATE RANGE INDEX request_status IF NOT EXISTS FOR (n:Request) ON (n.status)
+CREATE RANGE INDEX request_status IF NOT EXISTS FOR (n:Request) ON (n.status);
+CREATE RANGE INDEX workflow_tenant IF NOT EXISTS FOR (n:Workflow) ON (n.tenant_id);
+CREATE RANGE INDEX workflow_status IF NOT EXISTS FOR (n:Workflow) ON (n.status)

@@ -186,5 +186,6 @@ class Write:
     """A row for the GMG writer: ``kind`` names the batched query it joins."""
 
     kind: str  # "request" (a request's update) | "slice_new" (a granted lease) | "slice_end" (its end)
+    #            | "workflow" (a workflow's progress: ``{"uid", "snapshot"}``)
     row: dict[str, Any]
 

@@ -6,7 +6,8 @@ expiry, the scheduler (the same ``Scheduler.step`` as replay, run on arrivals an
 most every ``schedule_interval_s``, in a worker thread on a snapshot), the GMG writer, retention
 and the Neo4j watcher. At start it rebuilds its state from Neo4j: tenants (with key hashes),
 models, and every request that was accepted and not finished, queued again (leases of the
-previous process are void).
+previous process are void); then the workflows, the running ones resumed
+(:meth:`~service.api.workflows.WorkflowBook.restore`).
 
 Its parts, one module each: the Neo4j gate (:mod:`service.api.neo4j_gate`), durable intake and
 completions (:mod:`service.api.durable`), home replicas (:mod:`service.api.homes`) and the
@@ -145,6 +146,8 @@ class LiveService(DurableWrites, SchedulingLoop):
             refit_s = self.settings.predictor_refit_s
             sup.spawn("predictor-refit", self.predictors.refit_tick, interval_s=refit_s,
                       stuck_after_s=max(3 * refit_s, 600.0))
+        # workflows last: a resumed model call asks for its request again (recovered above)
+        await self.workflows.restore(await asyncio.to_thread(self.repo.live_workflows, time.time() - RECOVER_FINISHED_S))
 
     async def stop(self) -> None:
         await self.workflows.stop()

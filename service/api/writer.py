@@ -9,7 +9,9 @@ writer keeps the recent lags for the metrics and the benchmarks.
 What goes through here is the GMG's *mirror* of soft state (a lease granted, a request queued
 again, a lease that expired). Everything a client or an executor is told is final (an accepted
 request, a completion, a cancel) is written synchronously before the answer, so a row lost
-here loses nothing anyone was promised. During a Neo4j outage rows wait, coalesced per object
+here loses nothing anyone was promised. Workflows' progress travels here too (kind
+``workflow``: a versioned snapshot of the workflow and its steps, keyed by its uid); their
+acceptance, each step's end, cancel and end are written directly (:mod:`service.api.workflows`). During a Neo4j outage rows wait, coalesced per object
 (so the backlog is bounded by the number of live objects, not by the number of changes), and
 at most ``max_pending`` of them; past that the oldest are dropped and counted.
 """
@@ -107,12 +109,15 @@ class GmgWriter:
         requests: dict[str, dict[str, object]] = {}
         new: dict[str, dict[str, object]] = {}
         ends: dict[str, dict[str, object]] = {}
+        workflows: list[dict[str, object]] = []
         for w, _ in batch:  # a slice created and ended in this batch is created ended
             uid = str(w.row["uid"])
             if w.kind == "request":
                 requests[uid] = w.row
             elif w.kind == "slice_new":
                 new[uid] = dict(w.row)
+            elif w.kind == "workflow":
+                workflows.append(w.row["snapshot"])
         for w, _ in batch:
             uid = str(w.row["uid"])
             if w.kind == "slice_end":
@@ -122,7 +127,7 @@ class GmgWriter:
                     ends[uid] = w.row
         try:  # bounded: a hung connection is a failed batch (its rows stay), not a writer that stopped
             await asyncio.wait_for(threads.run(self._commit, list(requests.values()), list(new.values()),
-                                               list(ends.values())), self.max_commit_s)
+                                               list(ends.values()), workflows), self.max_commit_s)
         except Exception:
             self.failed_batches += 1
             raise
@@ -134,20 +139,23 @@ class GmgWriter:
             self.lags_s.append(lag)
             if self.on_lag is not None:
                 self.on_lag(lag)
-        self.rows_written += len(requests) + len(new) + len(ends)
+        self.rows_written += len(requests) + len(new) + len(ends) + len(workflows)
         self.batches += 1
 
     def _commit(self, requests: list[dict[str, object]], new: list[dict[str, object]],
-                ends: list[dict[str, object]]) -> None:
+                ends: list[dict[str, object]], workflows: list[dict[str, object]]) -> None:
         if requests:
             self.repo.update_requests(requests)
         if new:
             self.repo.create_slices(new)
         if ends:
             self.repo.end_slices(ends)
+        if workflows:
+            self.repo.update_workflows(workflows)
 
     def warm_up(self) -> None:
         """Plan the writer's queries once (empty batches), so the first real batch is not slow."""
         self.repo.update_requests([])
         self.repo.create_slices([])
         self.repo.end_slices([])
+        self.repo.update_workflows([])

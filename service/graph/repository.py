@@ -7,7 +7,7 @@ plumbing and schema (:mod:`service.graph.store`), tenants and models
 (:mod:`service.graph.model_store`), the cluster (:mod:`service.graph.cluster_store`), the
 candidate-slot search (:mod:`service.graph.slot_store`), slices cut from a model's graph
 (:mod:`service.graph.cut_store`), the live service's records
-(:mod:`service.graph.live_store`), the audit log (:mod:`service.graph.audit_store`), governance
+(:mod:`service.graph.live_store`), live workflows (:mod:`service.graph.workflow_store`), the audit log (:mod:`service.graph.audit_store`), governance
 (keys, projects, access requests, usage: :mod:`service.graph.governance_store`), experiment
 records (:mod:`service.graph.experiment_store`) and inspection (:mod:`service.graph.inspection`).
 """
@@ -24,10 +24,11 @@ from service.graph.live_store import LiveStore
 from service.graph.model_store import ModelStore
 from service.graph.slot_store import SlotStore
 from service.graph.store import GraphStore
+from service.graph.workflow_store import WorkflowStore
 
 
-class GraphRepository(ModelStore, ClusterStore, SlotStore, CutStore, LiveStore, AuditStore, GovernanceStore,
-                      ExperimentStore, Inspection):
+class GraphRepository(ModelStore, ClusterStore, SlotStore, CutStore, LiveStore, WorkflowStore, AuditStore,
+                      GovernanceStore, ExperimentStore, Inspection):
     REQUIRED: tuple[str, ...] = (*GraphStore.QUERIES, *ModelStore.QUERIES, *ClusterStore.QUERIES, *SlotStore.QUERIES,
-                *CutStore.QUERIES, *LiveStore.QUERIES, *AuditStore.QUERIES, *GovernanceStore.QUERIES,
+                *CutStore.QUERIES, *LiveStore.QUERIES, *WorkflowStore.QUERIES, *AuditStore.QUERIES, *GovernanceStore.QUERIES,
                 *ExperimentStore.QUERIES, *Inspection.QUERIES)

@@ -45,7 +45,7 @@ async def submit_workflow(body: WorkflowDoc, svc: Svc, p: SubmitPrincipal) -> di
             doc["inputs"].setdefault(name, len(text.encode()))
     workflow = Workflow.from_dict(doc)
     project_id = intake.project_of(svc, p, tenant_id, asked_project)
-    run = svc.workflows.submit(actor_of(p), workflow, project_id, input_text)
+    run = await svc.workflows.submit(actor_of(p), workflow, project_id, input_text)
     return run.public()
 
 
