@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from service.api.responses import PredictorOut
 from service.api.settings import ServiceSettings
 from service.api.stack import LiveStack
 from service.core.tail import P99, QUANTILES, CallFeatures, NaivePredictor
@@ -137,6 +138,7 @@ def test_steps_are_recorded_exported_and_a_scheduled_refit_swaps_in(stack: LiveS
         r = admin.post("/v1/predictors/refit")
         assert r.status_code == 200, r.text
         again = r.json()
+        assert PredictorOut.model_validate(again).model_dump(mode="json", exclude_unset=True, by_alias=True) == again
         assert again["version"] == 3 and again["last_refit"]["from"] == "learned"
         assert again["digest"] not in (None, state["digest"])
         assert again["calibration_before"] == cal  # the model it replaced, on the same held-out call

@@ -37,7 +37,8 @@ async def refit_predictor(svc: Svc, p: AdminPrincipal) -> dict[str, Any]:
 @router.get("/v1/predictors/observations", response_class=Response,
             responses={200: {"description": "JSON lines, the records format of `slicesched predictors record` "
                                             "(`slicesched predictors train FILE` reads it)",
-                             "content": {"application/x-ndjson": {}}}})
+                             "content": {"application/x-ndjson": {"schema": {
+                                 "type": "string", "description": "one JSON record per line"}}}}})
 async def export_observations(svc: Svc, _: AdminPrincipal,
                               limit: Annotated[int | None, Query(ge=1, le=1_000_000,
                                                                  description="the newest N only")] = None) -> Response:
