@@ -26,7 +26,8 @@ from typing import Protocol
 import numpy as np
 
 from service.core.queue import QueuedRequest
-from service.core.tail import P50, P99, CallFeatures, TailPredictor, ToolFeatures
+from service.core.slack import step_costs_p99
+from service.core.tail import CallFeatures, TailPredictor, ToolFeatures
 from service.domain.request import RequestSpec
 from service.domain.workflow import ModelCall, ToolCall, Workflow
 from service.models.family import MODEL_CONFIGS
@@ -209,19 +210,12 @@ class WorkflowDriver:
             return run.p99_cost
         assert self.predictor is not None, "a predictor is needed"
         w = run.workflow
-        outputs = dict(run.outputs)
-        cost: dict[str, float] = {}
-        for s in w.order():  # one predictor call per step in order: a step's prompt needs its uses' outputs
-            prompt = w.prompt_tokens(s.step_id, outputs)
-            if isinstance(s, ToolCall):
-                q = self.predictor.tool_quantiles([ToolFeatures(s.tool, prompt)])[0]
-                cost[s.step_id] = float(q[P99])
-                outputs.setdefault(s.step_id, s.output_tokens)
-                continue
-            req = RequestSpec(f"{w.workflow_id}/{s.step_id}", w.tenant_id, s.model, 0.0, max(1, prompt), 1)
-            qs = self.predictor.call_quantiles([self.call_features(req, IDLE)])[0]
-            cost[s.step_id] = float(qs[1, P99])
-            outputs.setdefault(s.step_id, max(1, int(qs[0, P50])))
+
+        def idle_call(s: ModelCall, prompt: int) -> CallFeatures:
+            return self.call_features(RequestSpec(f"{w.workflow_id}/{s.step_id}", w.tenant_id, s.model, 0.0, prompt, 1),
+                                      IDLE)
+
+        cost = step_costs_p99(w, run.outputs, self.predictor, idle_call)
         run.p99_cost = cost
         return cost
 
