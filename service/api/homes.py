@@ -117,7 +117,7 @@ class HomePlanner(Neo4jGate):
             try:
                 out = self._container_homes(fitting, usable)
             except InvalidInputError as exc:
-                log.warning("whole-device homes impossible (%s): each model on the roomiest device that holds it", exc)
+                log.warning("whole-unit homes impossible (%s): each model on the roomiest device that holds it", exc)
                 out = self._greedy_homes(fitting, usable, unplaced)
         for uid, why in unplaced.items():
             if self.unplaced.get(uid) != why:

@@ -13,9 +13,8 @@ with memory headroom where the tenant's weights can be made resident (a copy ove
 the network, charged by the simulator), judges the best candidates with the what-if
 simulator, and commits the one that does most good over the horizon (fewest requests predicted
 late, then most output tokens) without adding an SLA violation for any tenant or any memory
-violation. Guest replicas share their devices
-with the owners' work iteration by iteration (a device runs one slice at a time), and are
-drained when idle. It never places work the simulator predicts would overflow memory.
+violation. Guest replicas share their devices with the owners' work iteration by iteration (a
+device runs one slice at a time), and are drained when idle. It never places work the simulator predicts would overflow memory.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from service.core.scheduler import (
     ClusterView,
@@ -145,9 +145,9 @@ class ReplicaPlacementPolicy:
                                        if not pressed.intersection(group)),
                                self.horizon_s, decision)
         if best is not None:
-            decision.add.append(best[1])
-            decision.notes.append(f"add {best[1].model_uid} on {','.join(best[1].device_ids)}: "
-                                  f"{best[0]:+.0f} tokens in {self.horizon_s:.0f}s, {sla_note(decision, best[1])}")
+            decision.add.append(best.change)
+            decision.notes.append(f"add {best.change.model_uid} on {','.join(best.change.device_ids)}: "
+                                  f"{best.gain:+.0f} tokens in {self.horizon_s:.0f}s, {best.sla_note()}")
         return decision
 
 
@@ -204,37 +204,46 @@ def pressing_models(replicas: Sequence[ReplicaInfo], min_backlog: int, max_guest
     return pressing, family_of
 
 
+class WhatIfChoice(NamedTuple):
+    """The change :func:`best_by_what_if` chose: its token gain and the requests predicted late
+    without and with it."""
+
+    gain: float
+    change: ReplicaChange
+    late_before: int
+    late_after: int
+
+    def sla_note(self) -> str:
+        """What the change's what-if predicts for the SLAs, for a decision's note."""
+        if self.late_before > self.late_after:
+            return (f"{self.late_before - self.late_after} fewer requests late ({self.late_before} -> "
+                    f"{self.late_after}), no tenant worse, no memory at risk")
+        return "no SLA or memory at risk"
+
+
 def best_by_what_if(state: ClusterView, changes: Iterable[ReplicaChange], horizon_s: float,
-                    decision: Decision) -> tuple[float, ReplicaChange] | None:
+                    decision: Decision) -> WhatIfChoice | None:
     """The safe change (:func:`is_safe`) that does most good over ``horizon_s`` by the what-if
-    simulator, with its token gain; ``None`` when none does any. Good is SLAs first, then tokens:
-    fewer requests predicted late, or as many and more output tokens. A change that turns late
-    requests of a saturated tenant into timely ones may produce fewer tokens *within the
-    horizon* (the idle tenant it shares with serves a burst more slowly: deferred, not lost,
-    while within its own SLA), yet it is the one that raises throughput at the SLA. Counts the
-    what-ifs it runs and keeps their figures in the decision."""
-    best: tuple[tuple[int, float], float, ReplicaChange] | None = None
+    simulator; ``None`` when none does any. Good is SLAs first, then tokens: fewer requests
+    predicted late, or as many and more output tokens. A change that turns late requests of a
+    saturated tenant into timely ones may produce fewer tokens *within the horizon* (the idle
+    tenant it shares with serves a burst more slowly: deferred, not lost, while within its own
+    SLA), yet it is the one that raises throughput at the SLA. Counts the what-ifs it runs and
+    keeps their figures in the decision."""
+    best: WhatIfChoice | None = None
     for change in changes:
         baseline, outcome = state.what_if(change, horizon_s)
         decision.num_whatifs += 1
         decision.whatifs.append(WhatIfRun(change, baseline, outcome))
         if outcome is None or not is_safe(outcome, baseline):
             continue
-        gain = outcome.output_tokens - baseline.output_tokens
-        spared = sum(baseline.violations_by_tenant.values()) - sum(outcome.violations_by_tenant.values())
-        score = (spared, gain)
-        if (spared > 0 or gain > 0) and (best is None or score > best[0]):
-            best = (score, gain, change)
-    return None if best is None else (best[1], best[2])
-
-
-def sla_note(decision: Decision, change: ReplicaChange) -> str:
-    """What the committed change's what-if predicts for the SLAs, for its note."""
-    run = next(w for w in decision.whatifs if w.change is change)
-    assert run.changed is not None
-    late = sum(run.baseline.violations_by_tenant.values()), sum(run.changed.violations_by_tenant.values())
-    return (f"{late[0] - late[1]} fewer requests late ({late[0]} -> {late[1]}), no tenant worse, no memory at risk"
-            if late[0] > late[1] else "no SLA or memory at risk")
+        choice = WhatIfChoice(outcome.output_tokens - baseline.output_tokens, change,
+                              sum(baseline.violations_by_tenant.values()), sum(outcome.violations_by_tenant.values()))
+        spared = choice.late_before - choice.late_after
+        if (spared > 0 or choice.gain > 0) and (
+                best is None or (spared, choice.gain) > (best.late_before - best.late_after, best.gain)):
+            best = choice
+    return best
 
 
 def is_safe(outcome: WhatIfOutcome, baseline: WhatIfOutcome) -> bool:

@@ -14,10 +14,11 @@ already runs on are not candidates. A plan needs every slice placed.
 Each plan is judged by the what-if simulator (:meth:`ClusterView.what_if`, which runs the sliced
 replica with owner priority at slice boundaries, see :mod:`service.sim.pipeline`); the policy
 commits the plan that does most good over the horizon, SLAs first (fewest requests predicted
-late), then output tokens, with no tenant's predicted SLA violations up and no memory violation. Weights of the offloaded layers are copied once from a
-home device (charged to the links) and freed when the sliced replica is drained: when it has
-been idle ``idle_drain_s``, or when an owner of one of its devices has a backlog and the device
-lacks the memory for the owner's KV reserve.
+late), then output tokens, with no tenant's predicted SLA violations up and no memory
+violation. Weights of the offloaded layers are copied once from a home device (charged to the
+links) and freed when the sliced replica is drained: when it has been idle ``idle_drain_s``, or
+when an owner of one of its devices has a backlog and the device lacks the memory for the
+owner's KV reserve.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from service.core.placement import best_by_what_if, drain_guests, pressing_models, sla_note
+from service.core.placement import best_by_what_if, drain_guests, pressing_models
 from service.core.scheduler import ClusterView, Decision, ReplicaChange, ReplicaInfo, SliceSize
 from service.core.slot import InputDep, Slot, SlotQuery, find_slots_in_memory
 
@@ -134,12 +135,12 @@ class SlicePlacementPolicy:
                     for plan in self.find_plans(state, model, self.max_candidates, self.slice_budget_s)),
             self.horizon_s, decision)
         if best is not None:
-            tokens, change = best
+            change = best.change
             decision.add.append(change)
             decision.notes.append(
                 f"slice {change.model_uid}: {len(change.stages)} slices of "
                 f"{change.stages[0][2] - change.stages[0][1] + 1} layers on {','.join(change.device_ids)}: "
-                f"{tokens:+.0f} tokens in {self.horizon_s:.0f}s, {sla_note(decision, change)}")
+                f"{best.gain:+.0f} tokens in {self.horizon_s:.0f}s, {best.sla_note()}")
         return decision
 
     def _drains(self, state: ClusterView, replicas: Sequence[ReplicaInfo], decision: Decision) -> None:
