@@ -254,15 +254,32 @@ def embed_inputs(embed: nn.Module, pos_embed: nn.Module | None, inv_freq: Tensor
     return x, (angles.cos().to(x.dtype), angles.sin().to(x.dtype))
 
 
+def _on_meta() -> bool:
+    """Whether tensors are being created under ``torch.device("meta")``. Every model is first
+    built there and its weights filled afterwards, so what would compute values on meta is
+    skipped: several ops (``normal_``, ``div``) have no native meta kernel, and the first use of
+    their Python references imports sympy and torch._dynamo, seconds of an executor's first build."""
+    return torch.empty(0).device.type == "meta"
+
+
+def _embedding(num: int, dim: int) -> nn.Embedding:
+    """An embedding table, left uninitialised on meta (see :func:`_on_meta`)."""
+    if _on_meta():
+        return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
+    return nn.Embedding(num, dim)
+
+
 class DecoderLM(nn.Module):
     def __init__(self, c: ModelConfig) -> None:
         super().__init__()
         self.config = c
-        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+        self.embed = _embedding(c.vocab_size, c.d_model)
         if c.style == "gpt2":
-            self.pos_embed = nn.Embedding(c.max_seq_len, c.d_model)
+            self.pos_embed = _embedding(c.max_seq_len, c.d_model)
         else:
-            self.register_buffer("inv_freq", rope_inv_freq(c), persistent=False)
+            # On meta only the shape counts (empty_model computes the values on the real device).
+            inv_freq = torch.empty(c.head_dim // 2) if _on_meta() else rope_inv_freq(c)
+            self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
         self.final_norm = _norm(c)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
@@ -286,13 +303,27 @@ class DecoderLM(nn.Module):
         return logits, torch.stack(new_kv)
 
 
+def _materialise(model: nn.Module, device: torch.device) -> None:
+    """Give every meta parameter and buffer of ``model`` uninitialised storage on ``device``, as
+    ``Module.to_empty`` does, but through ``torch.empty``: ``to_empty``'s ``empty_like`` of a
+    meta tensor runs torch's Python reference, whose first use imports sympy (seconds)."""
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                module._parameters[name] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device),
+                                                        requires_grad=p.requires_grad)
+        for name, b in module._buffers.items():
+            if b is not None:
+                module._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device=device)
+
+
 def empty_model(config: ModelConfig, device: str | torch.device) -> DecoderLM:
     """The model's modules with uninitialised weights on ``device`` (a tied head stays tied);
     the rotary frequencies are computed. Whoever calls this fills every parameter."""
     with torch.device("meta"):
         model = DecoderLM(config)
-    model = model.to_empty(device=device)
-    if config.tie_embeddings:  # to_empty unties shared parameters
+    _materialise(model, torch.device(device))
+    if config.tie_embeddings:  # materialising unties shared parameters
         model.lm_head.weight = model.embed.weight
     if config.style == "llama":
         model.inv_freq = rope_inv_freq(config, device)

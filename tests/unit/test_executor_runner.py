@@ -114,3 +114,20 @@ def test_prompt_tokens_outside_the_vocabulary_are_refused() -> None:
     batcher = ContinuousBatcher(build_model(model_config("tiny"), seed=0), max_batch=1, max_context=16)
     with pytest.raises(ValueError, match=r"must lie in \[0, 256\)"):
         batcher.submit(GenerationRequest("x", [1, 256], 2))
+
+
+def test_a_fresh_process_builds_its_first_model_without_torchs_python_references() -> None:
+    """Building on meta and filling the weights must not run ops that lack a native meta kernel:
+    their Python references import sympy and torch._dynamo on first use, seconds of every fresh
+    executor's first build (where bytecode is not cached, e.g. PYTHONDONTWRITEBYTECODE)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from executor.runner import Stage, load_staged\n"
+            "from service.models.family import model_config\n"
+            "for family in ('tiny', 'small-llama'):\n"
+            "    load_staged(family, 0, [Stage('cpu:0', 0, model_config(family).n_layers)])\n"
+            "print('sympy' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["False"], out.stdout + out.stderr
