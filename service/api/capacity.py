@@ -126,11 +126,13 @@ def _probe_level(url: str, key: str, load: TenantLoad, concurrency: int, level_s
     def client(i: int) -> None:
         prompt = [32 + (i * 7 + k) % 90 for k in range(prompt_len)]
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60.0) as c:
-            while time.monotonic() < stop_at:
+            while True:  # at least one request each (level_s=0: the warm-up's single request)
                 row = _one_request(c, prompt, out_len, timeout_s=120.0)
                 if row is not None:
                     with lock:
                         rows.append(row)
+                if time.monotonic() >= stop_at:
+                    break
 
     started = time.monotonic()
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(concurrency)]

@@ -3,6 +3,11 @@ the live_e2e benchmark; what is checked here is the arithmetic and the workload 
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
+from typing import ClassVar
+
 import numpy as np
 import pytest
 
@@ -12,6 +17,7 @@ from service.api.capacity import (
     SLA_SHARE,
     ProbeLevel,
     TenantCapacity,
+    _probe_level,
     calibrated_loads,
     machine_busy,
 )
@@ -62,3 +68,44 @@ def test_the_machine_reading_has_its_fields() -> None:
     assert m["busy_share"] is None or 0.0 <= m["busy_share"] <= 1.0
     assert isinstance(m["busy"], bool)
     assert 0.5 < SLA_SHARE <= 1.0
+
+
+class _InstantService(http.server.BaseHTTPRequestHandler):
+    """Answers the probe's two calls: every request is done at once with two tokens."""
+
+    posted: ClassVar[list[dict[str, object]]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).posted.append(body)
+        self._json({"request_id": f"r{len(type(self).posted)}"})
+
+    def do_GET(self) -> None:
+        self._json({"status": "done", "ttft_s": 0.01, "e2e_s": 0.02, "output_tokens": [1, 2]})
+
+    def _json(self, obj: object) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_zero_length_probe_level_still_sends_one_request() -> None:
+    """The probe's warm-up is a level of no duration: it must still send (and wait for) one
+    request, or the first measured level pays the model's load and warm-up."""
+    _InstantService.posted = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _InstantService)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        load = TenantLoad("acme", "tiny", 1.0, "interactive", prompt_median_tokens=5, output_median_tokens=2)
+        level = _probe_level(f"http://127.0.0.1:{server.server_port}", "k", load, 1, 0.0)
+    finally:
+        server.shutdown()
+    assert level.requests == 1 and len(_InstantService.posted) == 1
+    assert len(_InstantService.posted[0]["prompt_tokens"]) == 5  # type: ignore[arg-type]
+    assert level.sla_met_share == 1.0
