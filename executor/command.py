@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host-id", default=None, help="default: the hostname")
     p.add_argument("--max-batch", type=int, default=8, help="leases held at once (and KV slots per replica)")
     p.add_argument("--poll-wait-s", type=float, default=2.0, help="long-poll wait while idle")
+    p.add_argument("--guest-weight", type=float, default=0.5,
+                   help="a guest replica's claim on this executor's time against an owner's 1 (> 0): guests fill "
+                        "the owners' idle time and take at most this weight's share while they are busy")
     p.add_argument("--stage-host", default="127.0.0.1",
                    help="address of this node's stage server (layers placed here by leases held on other nodes)")
     p.add_argument("--stage-port", type=int, default=0, help="its port (0: any free port; -1: no stage server)")
@@ -75,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no key: pass --key or set SLICESCHED_EXECUTOR_KEY (an executor pool's key; "
               "'slicesched keys create-pool POOL' makes one)", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.max_batch < 1 or args.poll_wait_s < 0 or args.threads < 1 or not 0 <= args.progress_interval_s <= 10:
-        print("error: --max-batch and --threads must be >= 1, --poll-wait-s >= 0 and --progress-interval-s "
-              "in [0, 10]", file=sys.stderr)
+    if (args.max_batch < 1 or args.poll_wait_s < 0 or args.threads < 1 or not 0 <= args.progress_interval_s <= 10
+            or not args.guest_weight > 0):
+        print("error: --max-batch and --threads must be >= 1, --poll-wait-s >= 0, --progress-interval-s "
+              "in [0, 10] and --guest-weight > 0", file=sys.stderr)
         return EXIT_BAD_INPUT
     torch.set_num_threads(args.threads)
     try:
@@ -91,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     host = socket.gethostname()
     settings = Settings(server=args.server, key=key, executor_id=args.executor_id or f"{host}-{os.getpid()}",
                         host_id=args.host_id or host, devices=tuple(devices), max_batch=args.max_batch,
+                        guest_weight=args.guest_weight,
                         poll_wait_s=args.poll_wait_s, progress_interval_s=args.progress_interval_s)
     stage_server = None
     if args.stage_port >= 0:

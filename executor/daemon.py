@@ -87,7 +87,7 @@ class ExecutorDaemon:
         # A replica's batcher has max_batch KV slots; the executor holds enough leases to fill one
         # batcher per device twice over (the service caps leases per replica at its KV slots).
         self.worker = Worker(max_batch=settings.max_batch, max_held=2 * settings.max_batch * len(settings.devices),
-                             clock=clock)
+                             clock=clock, guest_weight=settings.guest_weight)
         self._transport = transport
         self.lease_ttl_s = 30.0
         self.heartbeat_s = 5.0

@@ -2,10 +2,21 @@
 
 :class:`Worker` runs each lease's request in the continuous batcher of its replica: one
 :class:`~executor.batcher.ContinuousBatcher` per replica; a model is built (or, from a model
-directory, loaded) once per ``(family, seed, path, stages)`` and stays resident. A round steps
-every non-idle batcher once; the new tokens of streaming leases are collected after it
-(:meth:`Worker.progress`). It is driven from one thread (the daemon's main thread,
-:mod:`executor.daemon`).
+directory, loaded) once per ``(family, seed, path, stages)`` and stays resident. The new tokens
+of streaming leases are collected after each round (:meth:`Worker.progress`). It is driven
+from one thread (the daemon's main thread, :mod:`executor.daemon`).
+
+Sharing the executor
+    An executor runs one iteration at a time, so its replicas share its time, and they share it
+    by measured time, not by iterations: stepping every replica once per round would give a
+    model whose iterations cost ten times more ten times the share. Each batcher has a virtual
+    time, its busy seconds divided by its weight; a round makes as many picks as there are
+    non-idle batchers, each the non-idle one with the least virtual time (weighted fair
+    queueing, as an OS scheduler shares a core). A batcher that wakes from idle starts at the
+    least virtual time of the busy ones, so idling banks no credit. Owners weigh 1 and a guest
+    replica (``Lease.guest``: placed on other tenants' devices) ``guest_weight``: it fills the
+    owners' idle time and takes at most ``guest_weight / (owners busy + guest_weight)`` of the
+    time while they are busy. Equal weights and equal costs are plain round robin.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from service.domain.wire import Completion, Failure, LeaseGrant, ProgressUpdate
 log = logging.getLogger("slicesched.executor")
 
 ITERATION_HISTORY = 1024  # iteration records kept per batcher (the daemon reports per request)
+GUEST_WEIGHT = 0.5  # a guest replica's claim on the executor's time against an owner's 1
 
 ModelKey = tuple[str, int, str | None, tuple[Stage, ...]]
 ModelLoader = Callable[[str, int, Sequence[Stage], str | None], StagedModel]  # family, seed, stages, path
@@ -47,6 +59,7 @@ class Lease:
     sampling: Sampling = GREEDY
     stop_ids: frozenset[int] = frozenset()
     stream: bool = False  # report its tokens as they come
+    guest: bool = False  # its replica is a guest here: weighed by the worker's guest_weight
 
     @staticmethod
     def from_json(raw: Mapping[str, Any], received_s: float) -> Lease:
@@ -55,7 +68,7 @@ class Lease:
         g = LeaseGrant.from_json(raw)
         return Lease(g.lease_id, g.request_id, g.replica_id, g.family, g.seed,
                      tuple(Stage(s.device_id, s.start, s.end, s.url) for s in g.stages), g.prompt_tokens,
-                     g.max_tokens, received_s, g.model_path, g.sampling, frozenset(g.stop_ids), g.stream)
+                     g.max_tokens, received_s, g.model_path, g.sampling, frozenset(g.stop_ids), g.stream, g.guest)
 
     @property
     def model_key(self) -> ModelKey:
@@ -97,13 +110,19 @@ class Worker:
     """
 
     def __init__(self, *, max_batch: int = 8, max_held: int | None = None, clock: Clock = time.perf_counter,
-                 loader: ModelLoader = load_staged) -> None:
+                 loader: ModelLoader = load_staged, guest_weight: float = GUEST_WEIGHT) -> None:
+        if not guest_weight > 0:
+            raise ValueError(f"guest_weight must be > 0, got {guest_weight}")
         self.max_batch = max_batch  # KV slots of one replica's batcher
         self.max_held = max_held or max_batch  # leases held at once, all replicas
         self.clock = clock
+        self.guest_weight = guest_weight
         self._loader = loader
         self._models: dict[ModelKey, StagedModel] = {}
         self._batchers: dict[tuple[str, ModelKey], ContinuousBatcher] = {}
+        self._weight: dict[tuple[str, ModelKey], float] = {}  # 1 for an owner's batcher, guest_weight for a guest's
+        self._vtime: dict[tuple[str, ModelKey], float] = {}  # busy seconds / weight (module docstring)
+        self._busy_keys: set[tuple[str, ModelKey]] = set()  # non-idle after the last round
         self._held: dict[str, tuple[Lease, ContinuousBatcher]] = {}
         self._streaming: dict[str, tuple[GenerationRequest, int]] = {}  # lease id -> (request, tokens reported)
         self.busy_s = 0.0  # wall seconds spent in iterations, all replicas (the service's utilisation)
@@ -153,26 +172,47 @@ class Worker:
         return updates
 
     def step_round(self) -> RoundResult:
-        """One iteration of every non-idle batcher, round robin. A batcher whose step raises
-        (e.g. out of memory) is dropped and its leases fail: its state is no longer trusted."""
+        """As many iterations as there are non-idle batchers, each of the non-idle batcher with
+        the least virtual time (the module docstring: fair by time, owners before guests). A
+        batcher whose step raises (e.g. out of memory) is dropped and its leases fail: its state
+        is no longer trusted."""
         result = RoundResult()
-        for key, batcher in list(self._batchers.items()):
-            if batcher.idle:
-                continue
-            try:
-                record = batcher.step()
-            except Exception as exc:
-                log.exception("replica %s failed an iteration; failing its leases", key[0])
-                del self._batchers[key]
-                result.failed.extend(self._drop_leases_of(batcher, f"executor error: {exc}"))
-                continue
-            if record is not None:
-                self.busy_s += record.duration_s
-            for request in batcher.take_finished():
-                lease, _ = self._held.pop(request.request_id)
-                self._streaming.pop(request.request_id, None)
-                result.completed.append((lease, completion_of(lease, request)))
+        busy = [k for k, b in self._batchers.items() if not b.idle]
+        waking = [k for k in busy if k not in self._busy_keys]
+        if waking:  # they start level with the least busy virtual time (all level when none was busy)
+            floor = min((self._vtime[k] for k in busy if k in self._busy_keys),
+                        default=max(self._vtime[k] for k in waking))
+            for k in waking:
+                self._vtime[k] = max(self._vtime[k], floor)
+        for _ in range(len(busy)):
+            ready = [k for k, b in self._batchers.items() if not b.idle]
+            if not ready:
+                break
+            key = min(ready, key=lambda k: (self._vtime[k], k[0]))
+            self._step(key, result)
+        self._busy_keys = {k for k, b in self._batchers.items() if not b.idle}
         return result
+
+    def _step(self, key: tuple[str, ModelKey], result: RoundResult) -> None:
+        batcher = self._batchers[key]
+        try:
+            record = batcher.step()
+        except Exception as exc:
+            log.exception("replica %s failed an iteration; failing its leases", key[0])
+            self._forget(key)
+            result.failed.extend(self._drop_leases_of(batcher, f"executor error: {exc}"))
+            return
+        if record is not None:
+            self.busy_s += record.duration_s
+            self._vtime[key] += record.duration_s / self._weight[key]
+        for request in batcher.take_finished():
+            lease, _ = self._held.pop(request.request_id)
+            self._streaming.pop(request.request_id, None)
+            result.completed.append((lease, completion_of(lease, request)))
+
+    def _forget(self, key: tuple[str, ModelKey]) -> None:
+        del self._batchers[key], self._weight[key], self._vtime[key]
+        self._busy_keys.discard(key)
 
     def _drop_leases_of(self, batcher: ContinuousBatcher, reason: str) -> list[Failure]:
         lease_ids = [lid for lid, (_, b) in self._held.items() if b is batcher]
@@ -192,4 +232,6 @@ class Worker:
                          ", ".join(f"{s.device_id}[{s.start}:{s.end})" for s in lease.stages))
             self._batchers[key] = ContinuousBatcher(model, max_batch=self.max_batch, clock=self.clock,
                                                     history=ITERATION_HISTORY)
+            self._vtime[key] = 0.0
+        self._weight[key] = self.guest_weight if lease.guest else 1.0  # the replica's latest role
         return self._batchers[key]

@@ -222,6 +222,8 @@ class LeaseOut(Out):
     stop_ids: list[int] = Field(default_factory=list, description="producing one ends the request (absent: none)")
     stream: bool = Field(False, description="report the tokens as they come (POST /v1/leases/progress); "
                                             "only when true")
+    guest: bool = Field(False, description="its replica is a guest on these devices: the executor gives its "
+                                           "iterations a smaller share of its time than the owners'; only when true")
 
 
 class PollOut(Out):

@@ -62,9 +62,10 @@ class LeaseGrant:
     sampling: Sampling = GREEDY  # how the next token is chosen (service.domain.sampling)
     stop_ids: tuple[int, ...] = ()  # producing one of these ends the request early
     stream: bool = False  # report tokens as they come (POST /v1/leases/progress)
+    guest: bool = False  # its replica is a guest on these devices: their owners' work comes first
 
     def to_json(self) -> dict[str, Any]:
-        """The lease as sent; sampling (when not greedy), stop ids and streaming only when they
+        """The lease as sent; sampling (when not greedy), stop ids, streaming and guest only when they
         apply (the long poll's hot path stays as lean as a greedy lease needs)."""
         out = {"lease_id": self.lease_id, "request_id": self.request_id, "tenant_id": self.tenant_id,
                "model_id": self.model_id, "family": self.family, "seed": self.seed, "replica_id": self.replica_id,
@@ -77,6 +78,8 @@ class LeaseGrant:
             out["stop_ids"] = list(self.stop_ids)
         if self.stream:
             out["stream"] = True
+        if self.guest:
+            out["guest"] = True
         return out
 
     @staticmethod
@@ -103,6 +106,7 @@ class LeaseGrant:
                               int(raw.get("sampling_seed") or 0)) if raw.get("temperature") else GREEDY,
             stop_ids=tuple(int(t) for t in raw.get("stop_ids") or ()),
             stream=bool(raw.get("stream", False)),
+            guest=bool(raw.get("guest", False)),
         )
 
 

@@ -47,7 +47,7 @@ def test_submit_lease_complete(client: TestClient, uid: str) -> None:
     mine = [x for x in leases if x["request_id"] == rid]
     assert len(mine) == 1
     lease = mine[0]
-    assert lease["prompt_tokens"] == list(b"hello") and lease["family"] == "tiny"
+    assert lease["prompt_tokens"] == list(b"hello") and lease["family"] == "tiny" and "guest" not in lease
     assert lease["stages"] == [{"device_id": "cpu:0", "global_device_id": f"e{uid}/cpu:0", "layers": [0, 2]}]
     r = client.post("/v1/leases/complete", json={"executor_id": f"e{uid}", "results": [completion(lease, [104, 105, 33, 33])]},
                     headers=auth(EXECUTOR))

@@ -143,6 +143,77 @@ def test_a_failing_iteration_fails_the_leases_of_its_replica_only() -> None:
     assert set(run_rounds(worker)) == {"ok"}
 
 
+# ---- sharing the executor's time ------------------------------------------------------------------
+class _Costly(StagedModel):
+    """A real model whose every forward pass takes ``cost`` seconds of a scripted clock."""
+
+    def __init__(self, family: str, seed: int, stages: Sequence[Stage], now: list[float], cost: float) -> None:
+        super().__init__(build_model(model_config(family), seed=seed), stages)
+        self.now, self.cost = now, cost
+
+    def forward(self, input_ids: Tensor, positions: Tensor, kv_cache: Sequence[Tensor] | None = None,
+                attn_bias: Tensor | None = None, last_logits_only: bool = False) -> tuple[Tensor, list[Tensor]]:
+        self.now[0] += self.cost
+        return super().forward(input_ids, positions, kv_cache, attn_bias, last_logits_only)
+
+
+def _costly_worker(costs: dict[str, float], **kw: Any) -> tuple[Worker, list[float]]:
+    """A worker whose models cost ``costs[family]`` seconds per forward on a scripted clock."""
+    now = [0.0]
+
+    def loader(family: str, seed: int, stages: Sequence[Stage], path: str | None) -> StagedModel:
+        return _Costly(family, seed, stages, now, costs[family])
+
+    return Worker(max_batch=8, clock=lambda: now[0], loader=loader, **kw), now
+
+
+def test_replicas_share_the_executor_by_time_and_a_guest_by_its_weight() -> None:
+    """An owner whose iterations cost 1 s next to a guest whose cost 10 s: round robin by
+    iterations would give the guest 10/11 of the time; by time the guest gets its weight's
+    share, 0.5 / 1.5, while both are busy, and all of it once the owner is done."""
+    worker, now = _costly_worker({"tiny": 1.0, "tiny-llama": 10.0})
+    owner = lease_json("own", replica="globex/m@cpu:0", max_tokens=60)
+    guest = {**lease_json("gst", replica="acme/m@cpu:0", family="tiny-llama", max_tokens=12, stream=True),
+             "guest": True}
+    assert worker.accept(Lease.from_json(owner, 0.0)) and worker.accept(Lease.from_json(guest, 0.0))
+    done: dict[str, Completion] = {}
+    while "own" not in done:
+        done.update((c.lease_id, c) for _, c in worker.step_round().completed)
+    # The owner's 60 s of work at 2/3 of the time: 90 s (round robin: 60 + 60 x 10 s).
+    assert done["own"].e2e_s == pytest.approx(90.0, abs=10.0)
+    (meanwhile,) = worker.progress()  # the guest's tokens so far: a third of 90 s is 3 of its iterations
+    assert len(meanwhile.tokens) in (3, 4)
+    done |= run_rounds(worker)
+    assert done["gst"].e2e_s == pytest.approx(now[0])  # then it ran alone to the end
+    assert done["gst"].busy_s == 12 * 10.0
+
+
+def test_equal_weights_and_costs_are_round_robin() -> None:
+    worker, _ = _costly_worker({"tiny": 1.0})
+    for name, replica in (("a", "acme/m@cpu:0"), ("b", "beta/m@cpu:0")):
+        assert worker.accept(Lease.from_json(lease_json(name, replica=replica, max_tokens=5), 0.0))
+    done = run_rounds(worker)
+    assert (done["a"].e2e_s, done["b"].e2e_s) == (9.0, 10.0)  # alternating: a's 5th at 9 s, b's at 10 s
+
+
+def test_idle_time_banks_no_credit() -> None:
+    """A guest that ran alone for 100 s does not then wait 100 s for an owner arriving, nor does
+    the owner get those 100 s to itself: from its arrival they share by weight."""
+    worker, now = _costly_worker({"tiny": 1.0}, guest_weight=1.0)
+    worker.accept(Lease.from_json({**lease_json("gst", replica="acme/m@cpu:0", max_tokens=150), "guest": True}, 0.0))
+    while now[0] < 100.0:
+        worker.step_round()
+    worker.accept(Lease.from_json(lease_json("own", replica="globex/m@cpu:0", max_tokens=10), now[0]))
+    done = run_rounds(worker)
+    assert done["own"].e2e_s <= 21.0  # half the time: 10 s of work in ~20 s
+    assert "gst" in done
+
+
+def test_the_guest_weight_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="guest_weight"):
+        Worker(guest_weight=0.0)
+
+
 # ---- the protocol loop, through a scripted in-process transport ---------------------------------
 class ScriptedService:
     """Answers the executor protocol from a script and records every call."""

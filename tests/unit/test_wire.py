@@ -24,13 +24,14 @@ def test_a_lease_grant_reads_back_as_written() -> None:
     assert LeaseGrant.from_json(raw) == grant
 
 
-def test_a_lease_grant_carries_sampling_stop_ids_and_streaming() -> None:
+def test_a_lease_grant_carries_sampling_stop_ids_streaming_and_guest() -> None:
     grant = LeaseGrant("L1", "r1", "x", "tiny", 3, (WireStage("cpu:0", 0, 2),), (1,), 4,
-                       sampling=Sampling(0.7, 0.9, 2**40), stop_ids=(0, 2), stream=True)
+                       sampling=Sampling(0.7, 0.9, 2**40), stop_ids=(0, 2), stream=True, guest=True)
     raw = grant.to_json()
-    assert (raw["temperature"], raw["top_p"], raw["sampling_seed"], raw["stop_ids"], raw["stream"]) == \
-        (0.7, 0.9, 2**40, [0, 2], True)
+    assert (raw["temperature"], raw["top_p"], raw["sampling_seed"], raw["stop_ids"], raw["stream"], raw["guest"]) == \
+        (0.7, 0.9, 2**40, [0, 2], True, True)
     assert LeaseGrant.from_json(raw) == grant
+    assert "guest" not in LeaseGrant("L2", "r1", "x", "tiny", 3, (WireStage("cpu:0", 0, 2),), (1,), 4).to_json()
     with pytest.raises(InvalidInputError, match="top_p"):
         LeaseGrant.from_json({**raw, "top_p": 2.0})
 
