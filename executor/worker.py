@@ -13,10 +13,16 @@ Sharing the executor
     time, its busy seconds divided by its weight; a round makes as many picks as there are
     non-idle batchers, each the non-idle one with the least virtual time (weighted fair
     queueing, as an OS scheduler shares a core). A batcher that wakes from idle starts at the
-    least virtual time of the busy ones, so idling banks no credit. Owners weigh 1 and a guest
-    replica (``Lease.guest``: placed on other tenants' devices) ``guest_weight``: it fills the
-    owners' idle time and takes at most ``guest_weight / (owners busy + guest_weight)`` of the
-    time while they are busy. Equal weights and equal costs are plain round robin.
+    least virtual time of the busy ones, so idling banks no credit.
+
+    A batcher's weight is its role's over the tightest TPOT target of the leases it holds
+    (``Lease.tpot_s``, in seconds; :data:`DEFAULT_TPOT_S` where none is given): an owner's role
+    weighs 1 and a guest replica's (``Lease.guest``: placed on other tenants' devices)
+    ``guest_weight``. So a guest fills the owners' idle time and, among replicas of equal
+    targets, takes ``guest_weight / (owners busy + guest_weight)`` of the time while they are
+    busy; and an interactive request (0.1 s) claims ten times the time of a batch one (1 s),
+    whose backlog would otherwise hold its tokens back. Equal weights and equal costs are plain
+    round robin.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ log = logging.getLogger("slicesched.executor")
 
 ITERATION_HISTORY = 1024  # iteration records kept per batcher (the daemon reports per request)
 GUEST_WEIGHT = 0.5  # a guest replica's claim on the executor's time against an owner's 1
+DEFAULT_TPOT_S = 1.0  # the TPOT target of a lease that gives none (seconds)
+MIN_TPOT_S = 1e-3  # targets below this weigh as this
 
 ModelKey = tuple[str, int, str | None, tuple[Stage, ...]]
 ModelLoader = Callable[[str, int, Sequence[Stage], str | None], StagedModel]  # family, seed, stages, path
@@ -60,6 +68,7 @@ class Lease:
     stop_ids: frozenset[int] = frozenset()
     stream: bool = False  # report its tokens as they come
     guest: bool = False  # its replica is a guest here: weighed by the worker's guest_weight
+    tpot_s: float = 0.0  # its request's time-per-output-token target (0: none given, as DEFAULT_TPOT_S)
 
     @staticmethod
     def from_json(raw: Mapping[str, Any], received_s: float) -> Lease:
@@ -68,7 +77,8 @@ class Lease:
         g = LeaseGrant.from_json(raw)
         return Lease(g.lease_id, g.request_id, g.replica_id, g.family, g.seed,
                      tuple(Stage(s.device_id, s.start, s.end, s.url) for s in g.stages), g.prompt_tokens,
-                     g.max_tokens, received_s, g.model_path, g.sampling, frozenset(g.stop_ids), g.stream, g.guest)
+                     g.max_tokens, received_s, g.model_path, g.sampling, frozenset(g.stop_ids), g.stream, g.guest,
+                     g.tpot_s)
 
     @property
     def model_key(self) -> ModelKey:
@@ -120,7 +130,6 @@ class Worker:
         self._loader = loader
         self._models: dict[ModelKey, StagedModel] = {}
         self._batchers: dict[tuple[str, ModelKey], ContinuousBatcher] = {}
-        self._weight: dict[tuple[str, ModelKey], float] = {}  # 1 for an owner's batcher, guest_weight for a guest's
         self._vtime: dict[tuple[str, ModelKey], float] = {}  # busy seconds / weight (module docstring)
         self._busy_keys: set[tuple[str, ModelKey]] = set()  # non-idle after the last round
         self._held: dict[str, tuple[Lease, ContinuousBatcher]] = {}
@@ -177,6 +186,7 @@ class Worker:
         batcher whose step raises (e.g. out of memory) is dropped and its leases fail: its state
         is no longer trusted."""
         result = RoundResult()
+        weight = self._weights()
         busy = [k for k, b in self._batchers.items() if not b.idle]
         waking = [k for k in busy if k not in self._busy_keys]
         if waking:  # they start level with the least busy virtual time (all level when none was busy)
@@ -189,11 +199,20 @@ class Worker:
             if not ready:
                 break
             key = min(ready, key=lambda k: (self._vtime[k], k[0]))
-            self._step(key, result)
+            self._step(key, weight.get(key, 1.0), result)
         self._busy_keys = {k for k, b in self._batchers.items() if not b.idle}
         return result
 
-    def _step(self, key: tuple[str, ModelKey], result: RoundResult) -> None:
+    def _weights(self) -> dict[tuple[str, ModelKey], float]:
+        """Each batcher's weight (the module docstring): its role's over its leases' tightest TPOT target."""
+        weight: dict[tuple[str, ModelKey], float] = {}
+        for lease, _ in self._held.values():
+            key = (lease.replica_id, lease.model_key)
+            w = (self.guest_weight if lease.guest else 1.0) / max(MIN_TPOT_S, lease.tpot_s or DEFAULT_TPOT_S)
+            weight[key] = max(weight.get(key, 0.0), w)
+        return weight
+
+    def _step(self, key: tuple[str, ModelKey], weight: float, result: RoundResult) -> None:
         batcher = self._batchers[key]
         try:
             record = batcher.step()
@@ -204,14 +223,14 @@ class Worker:
             return
         if record is not None:
             self.busy_s += record.duration_s
-            self._vtime[key] += record.duration_s / self._weight[key]
+            self._vtime[key] += record.duration_s / weight
         for request in batcher.take_finished():
             lease, _ = self._held.pop(request.request_id)
             self._streaming.pop(request.request_id, None)
             result.completed.append((lease, completion_of(lease, request)))
 
     def _forget(self, key: tuple[str, ModelKey]) -> None:
-        del self._batchers[key], self._weight[key], self._vtime[key]
+        del self._batchers[key], self._vtime[key]
         self._busy_keys.discard(key)
 
     def _drop_leases_of(self, batcher: ContinuousBatcher, reason: str) -> list[Failure]:
@@ -233,5 +252,4 @@ class Worker:
             self._batchers[key] = ContinuousBatcher(model, max_batch=self.max_batch, clock=self.clock,
                                                     history=ITERATION_HISTORY)
             self._vtime[key] = 0.0
-        self._weight[key] = self.guest_weight if lease.guest else 1.0  # the replica's latest role
         return self._batchers[key]

@@ -224,6 +224,8 @@ class LeaseOut(Out):
                                             "only when true")
     guest: bool = Field(False, description="its replica is a guest on these devices: the executor gives its "
                                            "iterations a smaller share of its time than the owners'; only when true")
+    tpot_s: float = Field(0.0, description="the request's time-per-output-token target, seconds: its replica's "
+                                           "claim on the executor's time grows with 1 / tpot_s (absent: none given)")
 
 
 class PollOut(Out):

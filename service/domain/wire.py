@@ -63,10 +63,11 @@ class LeaseGrant:
     stop_ids: tuple[int, ...] = ()  # producing one of these ends the request early
     stream: bool = False  # report tokens as they come (POST /v1/leases/progress)
     guest: bool = False  # its replica is a guest on these devices: their owners' work comes first
+    tpot_s: float = 0.0  # the request's time-per-output-token target (0: none given)
 
     def to_json(self) -> dict[str, Any]:
-        """The lease as sent; sampling (when not greedy), stop ids, streaming and guest only when they
-        apply (the long poll's hot path stays as lean as a greedy lease needs)."""
+        """The lease as sent; sampling (when not greedy), stop ids, streaming, guest and the TPOT
+        target only when they apply (the long poll's hot path stays as lean as a greedy lease needs)."""
         out = {"lease_id": self.lease_id, "request_id": self.request_id, "tenant_id": self.tenant_id,
                "model_id": self.model_id, "family": self.family, "seed": self.seed, "replica_id": self.replica_id,
                "stages": [s.to_json() for s in self.stages], "prompt_tokens": list(self.prompt_tokens),
@@ -80,6 +81,8 @@ class LeaseGrant:
             out["stream"] = True
         if self.guest:
             out["guest"] = True
+        if self.tpot_s > 0:
+            out["tpot_s"] = self.tpot_s
         return out
 
     @staticmethod
@@ -107,6 +110,7 @@ class LeaseGrant:
             stop_ids=tuple(int(t) for t in raw.get("stop_ids") or ()),
             stream=bool(raw.get("stream", False)),
             guest=bool(raw.get("guest", False)),
+            tpot_s=max(0.0, float(raw.get("tpot_s") or 0.0)),
         )
 
 

@@ -188,6 +188,18 @@ def test_replicas_share_the_executor_by_time_and_a_guest_by_its_weight() -> None
     assert done["gst"].busy_s == 12 * 10.0
 
 
+def test_a_tighter_tpot_target_claims_more_of_the_time() -> None:
+    """An interactive guest (a token every 0.1 s) next to a batch owner (1 s), equal costs:
+    weights 0.5 / 0.1 = 5 against 1 / 1 = 1, so the guest runs 5 of every 6 iterations."""
+    worker, _ = _costly_worker({"tiny": 1.0})
+    owner = {**lease_json("own", replica="initech/m@cpu:0", max_tokens=60), "tpot_s": 1.0}
+    guest = {**lease_json("gst", replica="acme/m@cpu:0", max_tokens=50), "guest": True, "tpot_s": 0.1}
+    assert worker.accept(Lease.from_json(owner, 0.0)) and worker.accept(Lease.from_json(guest, 0.0))
+    done = run_rounds(worker)
+    assert done["gst"].e2e_s == pytest.approx(60.0, abs=2.0)  # its 50 s of work at 5/6 of the time
+    assert done["own"].e2e_s == pytest.approx(110.0)  # and the owner's 10 s meanwhile, then the rest alone
+
+
 def test_equal_weights_and_costs_are_round_robin() -> None:
     worker, _ = _costly_worker({"tiny": 1.0})
     for name, replica in (("a", "acme/m@cpu:0"), ("b", "beta/m@cpu:0")):

@@ -26,10 +26,12 @@ def test_a_lease_grant_reads_back_as_written() -> None:
 
 def test_a_lease_grant_carries_sampling_stop_ids_streaming_and_guest() -> None:
     grant = LeaseGrant("L1", "r1", "x", "tiny", 3, (WireStage("cpu:0", 0, 2),), (1,), 4,
-                       sampling=Sampling(0.7, 0.9, 2**40), stop_ids=(0, 2), stream=True, guest=True)
+                       sampling=Sampling(0.7, 0.9, 2**40), stop_ids=(0, 2), stream=True, guest=True,
+                       tpot_s=0.1)
     raw = grant.to_json()
     assert (raw["temperature"], raw["top_p"], raw["sampling_seed"], raw["stop_ids"], raw["stream"], raw["guest"]) == \
         (0.7, 0.9, 2**40, [0, 2], True, True)
+    assert raw["tpot_s"] == 0.1
     assert LeaseGrant.from_json(raw) == grant
     assert "guest" not in LeaseGrant("L2", "r1", "x", "tiny", 3, (WireStage("cpu:0", 0, 2),), (1,), 4).to_json()
     with pytest.raises(InvalidInputError, match="top_p"):
