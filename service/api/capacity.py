@@ -4,12 +4,16 @@ The live demo compares placements on whatever machine it runs on. A fixed arriva
 too light on a fast machine and hopeless on a slow or busy one, where both placements fail every
 request and the comparison says nothing. So :func:`probe_capacity` first measures each tenant's
 model on the devices container placement gives it: a closed loop of requests of the tenant's
-median shape at a few concurrencies (a couple of seconds each, after a warm-up request), each
-request's TTFT and end-to-end time as the service records them. A tenant's *capacity* is the
+mean shape (its mean prompt and output lengths: capacity is of the work the workload brings on
+average, not of its median request) at a few concurrencies (a couple of seconds each, after a
+warm-up request), each request's TTFT and end-to-end time as the service records them. A tenant's *capacity* is the
 highest completion rate at which at least :data:`SLA_SHARE` of the probe's requests met the
 tenant's SLA. :func:`calibrated_loads` then offers each tenant a multiple of its capacity by its
 role: the busy tenant more than its own devices serve (saturated), one steady well below, one
-idle for the first part of the run and then bursty.
+idle for the first part of the run and then bursty. Each offers exactly its rate's count of
+requests over its part of the run (``TenantLoad.exact_count``): the bursts are drawn, the amount
+is the calibration's, so that a seed does not offer 15% more than the probe measured (a gamma
+process of CV 2 over a minute does).
 
 :func:`machine_busy` says when other work already loads the cores (their busy share while the
 demo waits, next to the 1-minute load average), in which case no placement comparison on it is
@@ -116,8 +120,8 @@ def _one_request(c: httpx.Client, prompt: list[int], max_tokens: int, timeout_s:
 
 def _probe_level(url: str, key: str, load: TenantLoad, concurrency: int, level_s: float) -> ProbeLevel:
     """A closed loop of ``concurrency`` clients for ``level_s`` seconds (the requests in flight then finish)."""
-    prompt_len = max(1, round(load.prompt_median_tokens))
-    out_len = max(2, round(load.output_median_tokens))
+    prompt_len = max(1, round(load.prompt_mean_tokens))
+    out_len = max(2, round(load.output_mean_tokens))
     sla = SLA_CLASSES[load.sla_class]
     rows: list[dict[str, Any]] = []
     lock = threading.Lock()
@@ -189,11 +193,11 @@ def calibrated_loads(loads: Sequence[TenantLoad], capacity: dict[str, TenantCapa
         rate = multiple * capacity[load.tenant_id].requests_per_s
         if role == "idle then bursty":
             out.append(replace(load, rate_rps=rate, arrival="gamma", burstiness_cv=3.0,
-                               start_s=BURSTY_IDLE_SHARE * duration_s))
+                               start_s=BURSTY_IDLE_SHARE * duration_s, exact_count=True))
         elif role == "steady":
-            out.append(replace(load, rate_rps=rate, arrival="gamma", burstiness_cv=0.5))
+            out.append(replace(load, rate_rps=rate, arrival="gamma", burstiness_cv=0.5, exact_count=True))
         else:
-            out.append(replace(load, rate_rps=rate))
+            out.append(replace(load, rate_rps=rate, exact_count=True))
     return out
 
 

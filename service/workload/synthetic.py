@@ -38,7 +38,10 @@ class TenantLoad:
     Arrivals: ``"poisson"`` at ``rate_rps``, or ``"gamma"`` renewal with inter-arrival
     coefficient of variation ``burstiness_cv`` (1 is Poisson, > 1 bursty, < 1 regular).
     Lengths: lognormal with the given median (tokens) and sigma (of the log), rounded and
-    clamped to ``[1, *_max_tokens]``.
+    clamped to ``[1, *_max_tokens]``. ``exact_count``: the tenant offers exactly
+    ``round(rate_rps * (duration - start_s))`` requests, the drawn gaps scaled to span its part
+    of the run (the burst pattern kept; how much it offers not left to the draw, for loads sized
+    against a measured capacity).
     """
 
     tenant_id: str
@@ -54,6 +57,15 @@ class TenantLoad:
     output_sigma: float = 1.0
     output_max_tokens: int = 1024
     start_s: float = 0.0  # no arrivals before this (an idle tenant that wakes up)
+    exact_count: bool = False
+
+    @property
+    def prompt_mean_tokens(self) -> float:
+        return lognormal_mean_tokens(self.prompt_median_tokens, self.prompt_sigma, self.prompt_max_tokens)
+
+    @property
+    def output_mean_tokens(self) -> float:
+        return lognormal_mean_tokens(self.output_median_tokens, self.output_sigma, self.output_max_tokens)
 
     def __post_init__(self) -> None:
         where = f"tenant load {self.tenant_id}"
@@ -125,6 +137,31 @@ def _renewal_arrivals_s(rng: np.random.Generator, segments: Sequence[_Segment]) 
     return np.concatenate(chunks) if chunks else np.empty(0)
 
 
+def lognormal_mean_tokens(median: float, sigma: float, cap: float) -> float:
+    """The mean of a lognormal of ``median`` and log-sigma ``sigma`` clamped at ``cap`` (the
+    lengths a :class:`TenantLoad` draws, rounding aside): ``E[min(X, cap)]``."""
+    if sigma == 0.0:
+        return min(median, cap)
+    mu, z = math.log(median), math.log(cap)
+
+    def phi(x: float) -> float:
+        return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+    return math.exp(mu + sigma**2 / 2) * phi((z - mu - sigma**2) / sigma) + cap * (1.0 - phi((z - mu) / sigma))
+
+
+def _exact_count_arrivals_s(rng: np.random.Generator, start_s: float, end_s: float, rate_rps: float,
+                            shape: float) -> _FloatArray:
+    """``round(rate * span)`` arrivals over ``[start_s, end_s)``: mean-1 gamma gaps of ``shape``,
+    their sum scaled to the span (one gap more closes it, so the last arrival is not at its end)."""
+    n = round(rate_rps * max(0.0, end_s - start_s))
+    if n == 0:
+        return np.empty(0)
+    ends = np.cumsum(_unit_gaps(rng, "gamma", shape, n + 1))
+    arrivals: _FloatArray = start_s + ends[:n] / ends[n] * (end_s - start_s)
+    return arrivals
+
+
 def _lognormal_tokens(rng: np.random.Generator, median: float, sigma: float, cap: int, n: int) -> _IntArray:
     return np.clip(np.rint(median * np.exp(sigma * rng.standard_normal(n))), 1, cap).astype(np.int64)
 
@@ -169,7 +206,9 @@ def synthetic_workload(rng: np.random.Generator, *, tenants: Sequence[TenantLoad
     per_tenant = []
     for t in tenants:
         shape = 1.0 if t.arrival == "poisson" else 1.0 / t.burstiness_cv**2  # gamma with shape 1 is Poisson
-        arrivals = _renewal_arrivals_s(rng, [_Segment(min(t.start_s, duration_s), duration_s, t.rate_rps, "gamma", shape)])
+        start = min(t.start_s, duration_s)
+        arrivals = (_exact_count_arrivals_s(rng, start, duration_s, t.rate_rps, shape) if t.exact_count else
+                    _renewal_arrivals_s(rng, [_Segment(start, duration_s, t.rate_rps, "gamma", shape)]))
         n = len(arrivals)
         prompts = _lognormal_tokens(rng, t.prompt_median_tokens, t.prompt_sigma, t.prompt_max_tokens, n)
         outputs = _lognormal_tokens(rng, t.output_median_tokens, t.output_sigma, t.output_max_tokens, n)

@@ -102,10 +102,35 @@ def test_a_zero_length_probe_level_still_sends_one_request() -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _InstantService)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        load = TenantLoad("acme", "tiny", 1.0, "interactive", prompt_median_tokens=5, output_median_tokens=2)
+        load = TenantLoad("acme", "tiny", 1.0, "interactive", prompt_median_tokens=5, prompt_sigma=0.0,
+                          output_median_tokens=2, output_sigma=0.0)
         level = _probe_level(f"http://127.0.0.1:{server.server_port}", "k", load, 1, 0.0)
     finally:
         server.shutdown()
     assert level.requests == 1 and len(_InstantService.posted) == 1
     assert len(_InstantService.posted[0]["prompt_tokens"]) == 5  # type: ignore[arg-type]
     assert level.sla_met_share == 1.0
+
+
+def test_calibrated_loads_offer_exactly_their_rates_count_whatever_the_seed() -> None:
+    capacity = {"acme": _capacity("acme", 2.0), "globex": _capacity("globex", 10.0), "initech": _capacity("initech", 4.0)}
+    loads = calibrated_loads(DEMO_TENANTS, capacity, 60.0)
+    expected = {t.tenant_id: round(t.rate_rps * (60.0 - t.start_s)) for t in loads}
+    for seed in range(4):
+        w = demo_workload(seed, 60.0, loads)
+        counts = {t: sum(r.tenant_id == t for r in w.requests) for t in expected}
+        assert counts == expected
+        arrivals = [r.arrival_s for r in w.requests if r.tenant_id == "initech"]
+        assert min(arrivals) >= BURSTY_IDLE_SHARE * 60.0 and max(arrivals) < 60.0
+    # ... and they are still bursty: the gaps' CV is near the role's, not regular.
+    gaps = np.diff(sorted(r.arrival_s for r in demo_workload(0, 600.0, loads).requests if r.tenant_id == "acme"))
+    assert 1.5 < gaps.std() / gaps.mean() < 2.5
+
+
+def test_the_mean_length_of_a_clamped_lognormal() -> None:
+    from service.workload.synthetic import lognormal_mean_tokens
+
+    rng = np.random.default_rng(0)
+    for median, sigma, cap in ((32.0, 0.5, 128), (64.0, 1.0, 100), (10.0, 0.0, 5)):
+        draws = np.clip(median * np.exp(sigma * rng.standard_normal(400_000)), None, cap)
+        assert lognormal_mean_tokens(median, sigma, cap) == pytest.approx(draws.mean(), rel=0.01)
