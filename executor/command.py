@@ -54,9 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host-id", default=None, help="default: the hostname")
     p.add_argument("--max-batch", type=int, default=8, help="leases held at once (and KV slots per replica)")
     p.add_argument("--poll-wait-s", type=float, default=2.0, help="long-poll wait while idle")
-    p.add_argument("--guest-weight", type=float, default=1.0,
-                   help="a guest replica's claim on this executor's time against an owner's 1 (> 0; below 1 a "
-                        "guest takes at most its weight's share while the owners are busy)")
+    p.add_argument("--guest-weight", type=float, default=0.5,
+                   help="a guest replica's claim on this executor's time against an owner's 1 (> 0): guests fill "
+                        "the owners' idle time and take at most this weight's share while they are busy")
     p.add_argument("--stage-host", default="127.0.0.1",
                    help="address of this node's stage server (layers placed here by leases held on other nodes)")
     p.add_argument("--stage-port", type=int, default=0, help="its port (0: any free port; -1: no stage server)")

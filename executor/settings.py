@@ -39,7 +39,7 @@ class Settings:
     host_id: str
     devices: tuple[dict[str, Any], ...]  # [{device_id, kind, mem_bytes}] as registered
     max_batch: int = 8
-    guest_weight: float = 1.0  # a guest replica's claim of the executor's time against an owner's 1 (executor.worker)
+    guest_weight: float = 0.5  # a guest replica's share of the executor's time against an owner's 1 (executor.worker)
     poll_wait_s: float = 2.0  # long-poll wait while idle
     busy_poll_s: float = 0.05  # while running, poll (without waiting) at most this often
     timeout_s: float = 10.0  # per call, on top of a long poll's wait

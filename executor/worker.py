@@ -18,14 +18,13 @@ Sharing the executor
     A batcher's weight is its role's over the tightest TPOT target of the leases it holds
     (``Lease.tpot_s``, in seconds; :data:`DEFAULT_TPOT_S` where none is given): an owner's role
     weighs 1 and a guest replica's (``Lease.guest``: placed on other tenants' devices)
-    ``guest_weight``. An interactive request (0.1 s) claims ten times the time of a batch one
-    (1 s), whose backlog would otherwise hold its tokens back. By default a guest weighs as an
-    owner (1): whether a guest may be on a unit at all is the scheduler's call (the what-if, and
-    the drain when an owner's backlog presses), and a guest's requests have the same targets to
-    meet. Below 1 it favours the owners: among replicas of equal targets a guest then takes
-    ``guest_weight / (owners busy + guest_weight)`` of the time while they are busy (measured
-    on the live demo's seed 1: at 0.5 the saturated tenant's requests on its guest missed their
-    TPOT target 30 times, at 1 five). Equal weights and equal costs are plain round robin.
+    ``guest_weight``. So a guest fills the owners' idle time and, among replicas of equal
+    targets, takes ``guest_weight / (owners busy + guest_weight)`` of the time while they are
+    busy; and an interactive request (0.1 s) claims ten times the time of a batch one (1 s),
+    whose backlog would otherwise hold its tokens back. Equal weights and equal costs are plain
+    round robin. (A guest weighing as an owner, 1, was measured on the live demo and was no
+    better: the light tenants' guests on the saturated tenant's own executor then took more of
+    it; benchmarks/results/live_e2e-guest-weight-1.json.)
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from service.domain.wire import Completion, Failure, LeaseGrant, ProgressUpdate
 log = logging.getLogger("slicesched.executor")
 
 ITERATION_HISTORY = 1024  # iteration records kept per batcher (the daemon reports per request)
-GUEST_WEIGHT = 1.0  # a guest replica's claim on the executor's time against an owner's 1
+GUEST_WEIGHT = 0.5  # a guest replica's claim on the executor's time against an owner's 1
 DEFAULT_TPOT_S = 1.0  # the TPOT target of a lease that gives none (seconds)
 MIN_TPOT_S = 1e-3  # targets below this weigh as this
 

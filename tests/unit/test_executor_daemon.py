@@ -171,7 +171,7 @@ def test_replicas_share_the_executor_by_time_and_a_guest_by_its_weight() -> None
     """An owner whose iterations cost 1 s next to a guest whose cost 10 s: round robin by
     iterations would give the guest 10/11 of the time; by time the guest gets its weight's
     share, 0.5 / 1.5, while both are busy, and all of it once the owner is done."""
-    worker, now = _costly_worker({"tiny": 1.0, "tiny-llama": 10.0}, guest_weight=0.5)
+    worker, now = _costly_worker({"tiny": 1.0, "tiny-llama": 10.0})
     owner = lease_json("own", replica="globex/m@cpu:0", max_tokens=60)
     guest = {**lease_json("gst", replica="acme/m@cpu:0", family="tiny-llama", max_tokens=12, stream=True),
              "guest": True}
@@ -191,7 +191,7 @@ def test_replicas_share_the_executor_by_time_and_a_guest_by_its_weight() -> None
 def test_a_tighter_tpot_target_claims_more_of_the_time() -> None:
     """An interactive guest (a token every 0.1 s) next to a batch owner (1 s), equal costs:
     weights 0.5 / 0.1 = 5 against 1 / 1 = 1, so the guest runs 5 of every 6 iterations."""
-    worker, _ = _costly_worker({"tiny": 1.0}, guest_weight=0.5)
+    worker, _ = _costly_worker({"tiny": 1.0})
     owner = {**lease_json("own", replica="initech/m@cpu:0", max_tokens=60), "tpot_s": 1.0}
     guest = {**lease_json("gst", replica="acme/m@cpu:0", max_tokens=50), "guest": True, "tpot_s": 0.1}
     assert worker.accept(Lease.from_json(owner, 0.0)) and worker.accept(Lease.from_json(guest, 0.0))
