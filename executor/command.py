@@ -15,7 +15,7 @@ import torch
 
 from executor.daemon import ExecutorDaemon
 from executor.device import parse_device_ids, torch_device
-from executor.settings import Settings
+from executor.settings import GUEST_WEIGHT, Settings
 from service.domain.error import EXIT_BAD_INPUT, RegisterRefused
 
 
@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host-id", default=None, help="default: the hostname")
     p.add_argument("--max-batch", type=int, default=8, help="leases held at once (and KV slots per replica)")
     p.add_argument("--poll-wait-s", type=float, default=2.0, help="long-poll wait while idle")
-    p.add_argument("--guest-weight", type=float, default=0.5,
+    p.add_argument("--guest-weight", type=float, default=GUEST_WEIGHT,
                    help="a guest replica's claim on this executor's time against an owner's 1 (> 0): guests fill "
                         "the owners' idle time and take at most this weight's share while they are busy")
     p.add_argument("--stage-host", default="127.0.0.1",

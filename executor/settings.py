@@ -31,6 +31,9 @@ class Backoff:
         self._delay, self._next = 0.0, 0.0
 
 
+GUEST_WEIGHT = 0.5  # a guest replica's claim on the executor's time against an owner's 1 (executor.worker)
+
+
 @dataclass(frozen=True)
 class Settings:
     server: str  # base URL of the service
@@ -39,7 +42,7 @@ class Settings:
     host_id: str
     devices: tuple[dict[str, Any], ...]  # [{device_id, kind, mem_bytes}] as registered
     max_batch: int = 8
-    guest_weight: float = 0.5  # a guest replica's share of the executor's time against an owner's 1 (executor.worker)
+    guest_weight: float = GUEST_WEIGHT
     poll_wait_s: float = 2.0  # long-poll wait while idle
     busy_poll_s: float = 0.05  # while running, poll (without waiting) at most this often
     timeout_s: float = 10.0  # per call, on top of a long poll's wait

@@ -37,13 +37,13 @@ from typing import Any
 
 from executor.batcher import Clock, ContinuousBatcher, GenerationRequest
 from executor.runner import Stage, StagedModel, load_staged
+from executor.settings import GUEST_WEIGHT
 from service.domain.sampling import GREEDY, Sampling
 from service.domain.wire import Completion, Failure, LeaseGrant, ProgressUpdate
 
 log = logging.getLogger("slicesched.executor")
 
 ITERATION_HISTORY = 1024  # iteration records kept per batcher (the daemon reports per request)
-GUEST_WEIGHT = 0.5  # a guest replica's claim on the executor's time against an owner's 1
 DEFAULT_TPOT_S = 1.0  # the TPOT target of a lease that gives none (seconds)
 MIN_TPOT_S = 1e-3  # targets below this weigh as this
 
@@ -184,7 +184,7 @@ class Worker:
 
     def step_round(self) -> RoundResult:
         """As many iterations as there are non-idle batchers, each of the non-idle batcher with
-        the least virtual time (the module docstring: fair by time, owners before guests). A
+        the least virtual time (the module docstring: fair by time, weighted by role and TPOT). A
         batcher whose step raises (e.g. out of memory) is dropped and its leases fail: its state
         is no longer trusted."""
         result = RoundResult()
