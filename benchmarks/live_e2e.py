@@ -1,8 +1,10 @@
 """live_e2e: the demo workload on the live stack: tokens/s of replica vs container (live executors run whole replicas), SLA violations, GMG lag.
 
-Real processes on loopback: ``slicesched serve`` on a private Neo4j and two executor daemons
+Real processes on loopback: ``slicesched serve`` and two executor daemons
 (``--devices cpu:0,cpu:1`` each, one torch thread each) running the models with PyTorch on
-this CPU. The same synthetic three-tenant workload (seeded) is served once per placement;
+this CPU, on one private Neo4j server that the capacity probe and every run share (each starts
+from none of the tenants' objects), as the demo's runs share its managed Neo4j: a server
+started cold for each run spends a core on its JIT while the placements are measured. The same synthetic three-tenant workload (seeded) is served once per placement;
 results come from what the service recorded (per-request timings measured by the executors plus
 the time waiting for a lease), for several workload seeds after one capacity probe. The
 results give medians over the seeds; ``busy_tenant`` is the saturated tenant's share of
@@ -12,13 +14,18 @@ share reached ``sla_share``. Writes ``benchmarks/results/live_e2e.json`` and plo
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _record
+
+if TYPE_CHECKING:
+    from service.graph.connection import Neo4jSettings
 
 
 def main() -> int:
@@ -31,17 +38,35 @@ def main() -> int:
     args = p.parse_args()
     if args.quick:
         args.duration_s = 20.0
-    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    import tempfile
 
+    from service.graph.connection import Neo4jSettings
+    from service.graph.local_server import LocalNeo4j
+
+    with tempfile.TemporaryDirectory(prefix="slicesched-live-e2e-") as state:
+        server = LocalNeo4j(Path(state) / "neo4j")
+        info = server.start(log=False)
+        try:
+            user, password = server.auth()
+            neo4j = Neo4jSettings(uri=info.uri, user=user, password=password, state_dir=server.state_dir)
+            return measure(args, neo4j)
+        finally:
+            server.stop()
+
+
+def measure(args: argparse.Namespace, neo4j: Neo4jSettings) -> int:
+    """The probe, then both placements per seed, on ``neo4j``; writes the record."""
     import statistics
 
     from service.api.capacity import SLA_SHARE, calibrate
     from service.api.live_run import DEMO_TENANTS, compare_placements, demo_workload
 
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     calibration = None
     loads = list(DEMO_TENANTS)
     if not args.fixed:
-        loads, calibration = calibrate(DEMO_TENANTS, args.duration_s, progress=lambda m: print(" ", m, flush=True))
+        loads, calibration = calibrate(DEMO_TENANTS, args.duration_s, neo4j=neo4j,
+                                       progress=lambda m: print(" ", m, flush=True))
     busy = [t for t, o in (calibration or {}).get("offered", {}).items() if o["role"] == "saturated"]
     per_seed = {}
     for seed in seeds:
@@ -49,7 +74,7 @@ def main() -> int:
         if args.load != 1.0:
             workload = workload.scaled(args.load)
         plots = args.out / "live_e2e" / f"seed{seed}"
-        record = compare_placements(workload, plots, seed=seed, progress=lambda m: print(" ", m, flush=True),
+        record = compare_placements(workload, plots, neo4j=neo4j, seed=seed, progress=lambda m: print(" ", m, flush=True),
                                     calibration=calibration)
         (plots / "live.json").unlink()  # the record below holds it
         runs = record["runs"]
