@@ -2,11 +2,20 @@
 
 It registers its devices with the service, long-polls leases, runs each lease's request in
 the :class:`~executor.worker.Worker` (the torch side) and posts a completion when the request
-finishes (the protocol is in ``docs/API.md``, its shapes in :mod:`service.domain.wire`). The
-main thread polls, runs the worker's rounds and posts results; a heartbeat thread renews the
-held leases every ``heartbeat_s`` and passes the service's cancellations (and its drain flag)
-to the main thread; a progress thread (:mod:`executor.progress`) posts the new tokens of
-streaming leases after each round and passes on the cancellations it is answered.
+finishes (the protocol is in ``docs/API.md``, its shapes in :mod:`service.domain.wire`).
+
+Threads
+    The main thread owns the torch work and never waits on the network: it takes the leases
+    the exchange thread received, runs the worker's rounds and hands finished results back. The
+    exchange thread makes the lease calls: it polls for as many leases as there are free slots
+    (a long poll while the worker is idle, at most every ``busy_poll_s`` while it runs) and posts
+    completions and failures as soon as they are handed over. (These calls once ran between
+    rounds on the main thread: measured on the live demo, a quarter of a busy executor's time
+    went to waiting for poll answers, a service on a loaded machine answering in about 12 ms.)
+    A heartbeat thread renews the held leases every ``heartbeat_s`` and passes the service's
+    cancellations (and its drain flag) to the main thread; a progress thread
+    (:mod:`executor.progress`) posts the new tokens of streaming leases after each round and
+    passes on the cancellations it is answered.
 
 A replica's batcher has ``max_batch`` KV slots (the service never leases a replica more); the
 daemon holds at most ``2 * max_batch`` leases per device (it polls for the free slots only), so
@@ -38,28 +47,90 @@ from service.domain.wire import Completion, Failure, Heartbeat, Poll
 
 log = logging.getLogger("slicesched.executor")
 
-IDLE_PAUSE_S = 0.2  # how long the main loop sleeps when it has nothing to do and polls nothing
+IDLE_PAUSE_S = 0.2  # how long an idle thread sleeps when nothing wakes it
 
 
 class _Mailbox:
-    """What the heartbeat thread and the main thread hand each other: lease lists under a
-    lock, flags as plain booleans (each write a single assignment)."""
+    """What the threads hand each other, under one lock: the leases the exchange thread received
+    and the results the main thread finished (both ways between the torch and the network), the
+    held leases and the service's cancellations (heartbeat), and flags as plain values (each
+    write a single assignment)."""
 
-    def __init__(self) -> None:
+    def __init__(self, free_slots: int) -> None:
         self._lock = threading.Lock()
-        self._running: list[str] = []
+        self._held: list[str] = []
         self._cancel: list[str] = []
+        self._received: list[tuple[Any, float]] = []  # (raw lease, receipt time), not yet taken
+        self._completions: list[tuple[Lease, Completion]] = []  # finished, not yet accepted by the service
+        self._failures: list[Failure] = []
+        self._free_slots = free_slots  # the worker's, as the main thread last published them
         self.service_drain = False
         self.needs_register = False
+        self.busy = False  # the worker holds leases (published by the main thread)
+        self.polling = False  # a poll is in flight (the exchange thread)
         self.busy_s = 0.0  # the worker's total iteration time, published by the main thread
 
-    def publish_running(self, lease_ids: list[str]) -> None:
+    # the main thread's side
+    def publish(self, held: list[str], free_slots: int, busy_s: float) -> None:
         with self._lock:
-            self._running = list(lease_ids)
+            self._held = list(held)
+            self._free_slots = free_slots
+            self.busy = bool(held)
+            self.busy_s = busy_s
 
-    def running(self) -> list[str]:
+    def take_received(self) -> list[tuple[Any, float]]:
+        """The received leases, whose slots count as taken until the next :meth:`publish`."""
         with self._lock:
-            return list(self._running)
+            taken, self._received = self._received, []
+            self._free_slots = max(0, self._free_slots - len(taken))
+            return taken
+
+    def add_results(self, completions: list[tuple[Lease, Completion]], failures: list[Failure]) -> None:
+        with self._lock:
+            self._completions.extend(completions)
+            self._failures.extend(failures)
+
+    # the exchange thread's side
+    def to_poll(self) -> int:
+        """Free slots not already promised to received leases."""
+        with self._lock:
+            return max(0, self._free_slots - len(self._received))
+
+    def receive(self, leases: list[Any], received_s: float) -> None:
+        with self._lock:
+            self._received.extend((raw, received_s) for raw in leases)
+
+    def completions(self) -> list[tuple[Lease, Completion]]:
+        with self._lock:
+            return list(self._completions)
+
+    def posted(self, lease_ids: set[str]) -> None:
+        """Forget completions the service answered (accepted, rejected or refused)."""
+        with self._lock:
+            self._completions = [(lease, c) for lease, c in self._completions if lease.lease_id not in lease_ids]
+
+    def first_failure(self) -> Failure | None:
+        with self._lock:
+            return self._failures[0] if self._failures else None
+
+    def failure_posted(self) -> None:
+        with self._lock:
+            self._failures.pop(0)
+
+    # anyone's
+    def running(self) -> list[str]:
+        """What the heartbeat renews: held leases, and finished ones whose completion the service
+        has not yet accepted (a Neo4j outage can delay that)."""
+        with self._lock:
+            return self._held + [lease.lease_id for lease, _ in self._completions]
+
+    def unsent(self) -> int:
+        with self._lock:
+            return len(self._completions) + len(self._failures)
+
+    def has_received(self) -> bool:
+        with self._lock:
+            return bool(self._received)
 
     def post_cancel(self, lease_ids: list[str]) -> None:
         with self._lock:
@@ -91,18 +162,17 @@ class ExecutorDaemon:
         self._transport = transport
         self.lease_ttl_s = 30.0
         self.heartbeat_s = 5.0
-        self._mailbox = _Mailbox()
+        self._mailbox = _Mailbox(self.worker.free_slots)
         self._stop = threading.Event()  # drain: no more polling
         self._abort = threading.Event()  # leave now
-        self._wake = threading.Event()  # interrupts pauses
+        self._wake = threading.Event()  # interrupts the main thread's pauses
+        self._net_wake = threading.Event()  # interrupts the exchange thread's pauses (results to post, a stop)
         self._finished = threading.Event()  # ends the heartbeat thread
         self._poll_backoff = Backoff(clock, base_s=settings.retry_base_s)
         self._post_backoff = Backoff(clock, base_s=settings.retry_base_s)
         self._register_backoff = Backoff(clock, base_s=settings.retry_base_s)
         self._last_poll_s = -float("inf")
         self._last_contact_s = clock()
-        self._completions: list[tuple[Lease, Completion]] = []
-        self._failures: list[Failure] = []
         self._progress = ProgressSender(
             settings.executor_id, self._client, lambda client, body: self._call(client, "POST", PROGRESS_PATH, body),
             on_cancel=self._cancelled, on_unknown=self._unknown, interval_s=settings.progress_interval_s,
@@ -116,10 +186,14 @@ class ExecutorDaemon:
             heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
             heartbeat.start()
             self._progress.start()
+            exchange = threading.Thread(target=self._exchange_loop, name="exchange", daemon=True)
+            exchange.start()
             try:
-                self._loop(client)
+                self._loop()
             finally:
                 self._finished.set()
+                self._net_wake.set()
+                exchange.join(self.settings.poll_wait_s + self.settings.timeout_s)  # a long poll may be in flight
                 self._progress.close()
                 heartbeat.join()
                 self._deregister(client)
@@ -134,6 +208,7 @@ class ExecutorDaemon:
             log.info("stopping: finishing the held leases first (signal again to abandon them)")
             self._stop.set()
         self._wake.set()
+        self._net_wake.set()
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT call :meth:`request_stop` (call from the main thread)."""
@@ -206,31 +281,48 @@ class ExecutorDaemon:
         else:
             log.info("deregistered executor %s", self.settings.executor_id)
 
-    # ---- the main loop --------------------------------------------------------------------------
-    def _loop(self, client: httpx.Client) -> None:
+    # ---- the main thread: the torch work ---------------------------------------------------------
+    def _loop(self) -> None:
+        mailbox = self._mailbox
         while not self._abort.is_set():
-            for lease_id in self._mailbox.take_cancel():
+            for lease_id in mailbox.take_cancel():
                 if self.worker.cancel(lease_id):
                     log.info("lease %s cancelled by the service", lease_id)
-            if self._mailbox.needs_register and self._register_backoff.ready() and not self._register_once(client):
-                self._register_backoff.failed()
+            failures: list[Failure] = []
+            for raw, received_s in mailbox.take_received():
+                self._take(raw, received_s, failures)
             if self._stop.is_set() and not self.worker.busy and self._drained_or_unreachable():
                 return
-            polled = self._poll(client)
             result = self.worker.step_round()
             updates = self.worker.progress()
             if updates:
                 self._progress.offer(updates)
-            self._mailbox.publish_running(self.worker.lease_ids)
-            self._mailbox.busy_s = self.worker.busy_s
-            self._completions.extend(result.completed)
-            self._failures.extend(result.failed)
-            self._post_results(client)
-            # Heartbeats renew what this executor holds: running leases and finished ones whose
-            # completion the service has not yet accepted (a Neo4j outage can delay that).
-            self._mailbox.publish_running(self.worker.lease_ids + [lease.lease_id for lease, _ in self._completions])
-            if not self.worker.busy and not polled:
+            failures += result.failed
+            if result.completed or failures:
+                mailbox.add_results(result.completed, failures)
+            # Results before the busy flag: an exchange thread that sees the worker idle has them.
+            mailbox.publish(self.worker.lease_ids, self.worker.free_slots, self.worker.busy_s)
+            if result.completed or failures or not self.worker.busy:
+                self._net_wake.set()
+            if not self.worker.busy:
                 self._pause(IDLE_PAUSE_S)
+
+    def _take(self, raw: Any, received_s: float, failures: list[Failure]) -> None:
+        """Submit one polled lease to the worker; a lease that cannot run here is failed."""
+        try:
+            lease = Lease.from_json(raw, received_s)
+        except (KeyError, TypeError, ValueError, InvalidInputError) as exc:
+            lease_id = raw.get("lease_id") if isinstance(raw, dict) else None
+            log.error("malformed lease %s: %r", lease_id, exc)
+            if lease_id is not None:
+                failures.append(Failure(str(lease_id), f"malformed lease: {exc!r}"))
+            return
+        try:
+            if not self.worker.accept(lease):
+                log.warning("lease %s received twice: ignored", lease.lease_id)
+        except Exception as exc:  # unknown family, bad stages, too long, out of memory building it
+            log.error("lease %s (request %s) cannot run here: %s", lease.lease_id, lease.request_id, exc)
+            failures.append(Failure(lease.lease_id, str(exc)))
 
     def _cancelled(self, lease_ids: list[str]) -> None:
         """Leases the service cancelled (from the progress thread): the main loop drops them next."""
@@ -239,13 +331,16 @@ class ExecutorDaemon:
 
     def _unknown(self) -> None:
         self._mailbox.needs_register = True
+        self._net_wake.set()
 
     def _drained_or_unreachable(self) -> bool:
-        """While stopping with nothing running: True when every result is posted, or when the
-        service has not answered for a lease ttl (the leases have expired: results are moot)."""
-        unsent = len(self._completions) + len(self._failures)
+        """While stopping with nothing running: True when every result is posted and no poll can
+        still bring a lease, or when the service has not answered for a lease ttl (the leases
+        have expired: results are moot)."""
+        mailbox = self._mailbox
+        unsent = mailbox.unsent()
         if not unsent:
-            return True
+            return not (mailbox.polling or mailbox.has_received())
         if self.clock() - self._last_contact_s > self.lease_ttl_s:
             log.error("giving up %d unposted result(s): no answer from the service for %.0f s",
                       unsent, self.clock() - self._last_contact_s)
@@ -253,51 +348,60 @@ class ExecutorDaemon:
         return False
 
     def _pause(self, seconds: float) -> None:
-        """Sleep up to ``seconds``; a stop request ends it early."""
+        """Sleep up to ``seconds``; a stop request or a received lease ends it early."""
         self._wake.wait(seconds)
         self._wake.clear()
 
+    # ---- the exchange thread: lease calls -----------------------------------------------------
+    def _exchange_loop(self) -> None:
+        """Post results as soon as they are handed over, poll for the free slots; until the main
+        thread has finished. A failure here is logged and retried, never fatal to the thread."""
+        with self._client() as client:
+            while not self._finished.is_set() and not self._abort.is_set():
+                try:
+                    if self._mailbox.needs_register and self._register_backoff.ready() \
+                            and not self._register_once(client):
+                        self._register_backoff.failed()
+                    self._post_results(client)
+                    polled = self._poll(client)
+                except Exception:  # a bug: keep the executor alive, the lease ttl guards the work
+                    log.exception("the exchange thread failed a round; going on")
+                    polled = False
+                    self._pause_exchange(self.settings.retry_base_s)
+                if not polled:
+                    self._pause_exchange(self.settings.busy_poll_s if self._mailbox.busy else IDLE_PAUSE_S)
+
+    def _pause_exchange(self, seconds: float) -> None:
+        self._net_wake.wait(seconds)
+        self._net_wake.clear()
+
     def _poll(self, client: httpx.Client) -> bool:
-        """Poll for as many leases as there are free slots (waiting only while idle) and
-        submit them. True when a poll was answered."""
-        s, free = self.settings, self.worker.free_slots
-        if self._stop.is_set() or self._mailbox.service_drain or self._mailbox.needs_register or free == 0:
+        """Poll for as many leases as there are free slots (waiting only while the worker is idle
+        and has nothing to post) and hand them to the main thread. True when a poll was answered."""
+        s, mailbox = self.settings, self._mailbox
+        free = mailbox.to_poll()
+        if self._stop.is_set() or mailbox.service_drain or mailbox.needs_register or free == 0:
             return False
-        busy = self.worker.busy
+        busy = mailbox.busy or mailbox.has_received()
         if not self._poll_backoff.ready() or (busy and self.clock() - self._last_poll_s < s.busy_poll_s):
             return False
-        wait_s = 0.0 if busy else s.poll_wait_s
+        wait_s = 0.0 if busy or mailbox.unsent() else s.poll_wait_s
         body = Poll(s.executor_id, free, wait_s).to_json()
         self._last_poll_s = self.clock()
+        mailbox.polling = True
         try:
             answer = self._call(client, "POST", "/v1/leases/poll", body, timeout_s=wait_s + s.timeout_s)
         except (TransientError, ApiError) as exc:
             self._on_call_error("poll", exc, self._poll_backoff)
             return False
+        finally:
+            mailbox.polling = False
         self._poll_backoff.succeeded()
-        received_s = self.clock()
-        for raw in answer.get("leases", []):
-            self._take(raw, received_s)
-        self._mailbox.publish_running(self.worker.lease_ids)
-        self._mailbox.busy_s = self.worker.busy_s
+        leases = answer.get("leases", [])
+        if leases:
+            mailbox.receive(list(leases), self.clock())
+            self._wake.set()
         return True
-
-    def _take(self, raw: Any, received_s: float) -> None:
-        """Submit one polled lease to the worker; a lease that cannot run here is failed."""
-        try:
-            lease = Lease.from_json(raw, received_s)
-        except (KeyError, TypeError, ValueError, InvalidInputError) as exc:
-            lease_id = raw.get("lease_id") if isinstance(raw, dict) else None
-            log.error("malformed lease %s: %r", lease_id, exc)
-            if lease_id is not None:
-                self._failures.append(Failure(str(lease_id), f"malformed lease: {exc!r}"))
-            return
-        try:
-            if not self.worker.accept(lease):
-                log.warning("lease %s received twice: ignored", lease.lease_id)
-        except Exception as exc:  # unknown family, bad stages, too long, out of memory building it
-            log.error("lease %s (request %s) cannot run here: %s", lease.lease_id, lease.request_id, exc)
-            self._failures.append(Failure(lease.lease_id, str(exc)))
 
     def _on_call_error(self, what: str, exc: Exception, backoff: Backoff) -> None:
         """Log a failed call and back off; a 404 means this executor is unknown: register again."""
@@ -311,35 +415,36 @@ class ExecutorDaemon:
     def _post_results(self, client: httpx.Client) -> None:
         """Post the finished leases' completions (all in one call) and the failed leases.
         Transient failures keep them for a later attempt; a 4xx drops them (logged)."""
-        if not (self._completions or self._failures) or not self._post_backoff.ready():
+        if not self._mailbox.unsent() or not self._post_backoff.ready():
             return
         try:
-            if self._completions:
-                self._post_completions(client)
-            while self._failures:
-                failure = self._failures[0]
+            completions = self._mailbox.completions()
+            if completions:
+                self._post_completions(client, completions)
+            while (failure := self._mailbox.first_failure()) is not None:
                 try:
                     self._call(client, "POST", f"/v1/leases/{failure.lease_id}/fail", failure.to_json())
                 except ApiError as exc:
                     log.warning("fail of lease %s refused: %s", failure.lease_id, exc)
-                self._failures.pop(0)
+                self._mailbox.failure_posted()
         except TransientError as exc:
             self._on_call_error("post results", exc, self._post_backoff)
             return
         self._post_backoff.succeeded()
 
-    def _post_completions(self, client: httpx.Client) -> None:
-        body = {"executor_id": self.settings.executor_id, "results": [c.to_json() for _, c in self._completions]}
+    def _post_completions(self, client: httpx.Client, completions: list[tuple[Lease, Completion]]) -> None:
+        body = {"executor_id": self.settings.executor_id, "results": [c.to_json() for _, c in completions]}
+        sent = {lease.lease_id for lease, _ in completions}
         try:
             answer = self._call(client, "POST", "/v1/leases/complete", body)
         except ApiError as exc:
-            log.error("completions refused (%s): dropping %d", exc, len(self._completions))
+            log.error("completions refused (%s): dropping %d", exc, len(completions))
             if exc.status == 404:
                 self._mailbox.needs_register = True
-            self._completions.clear()
+            self._mailbox.posted(sent)
             return
         rejected = {r.get("lease_id"): r.get("reason") for r in answer.get("rejected", []) if isinstance(r, dict)}
-        for lease, c in self._completions:
+        for lease, c in completions:
             if lease.lease_id in rejected:
                 log.warning("lease %s (request %s) done but rejected: %s", lease.lease_id, lease.request_id,
                             rejected[lease.lease_id])
@@ -347,7 +452,7 @@ class ExecutorDaemon:
                 log.info("lease %s (request %s on %s) done: %d tokens, ttft %.3f s, e2e %.3f s, %d iterations",
                          lease.lease_id, lease.request_id, lease.replica_id, len(c.output_tokens), c.ttft_s, c.e2e_s,
                          c.iterations)
-        self._completions.clear()
+        self._mailbox.posted(sent)
 
     # ---- the heartbeat thread -------------------------------------------------------------------
     def _heartbeat_loop(self) -> None:

@@ -342,6 +342,39 @@ def test_streaming_leases_report_their_tokens_and_stop_when_a_progress_answer_ca
     assert 5 <= len(service.streamed["L2"]) < 250  # stopped promptly, long before its 500 tokens
 
 
+class SlowCompletions(ScriptedService):
+    """Holds the first completion call until the streaming lease ``streamer`` has reported all
+    its ``tokens``: the torch loop must go on while a lease call waits on the service (its
+    answer waits on a Neo4j write)."""
+
+    def __init__(self, leases: list[dict[str, Any]], streamer: str, tokens: int) -> None:
+        super().__init__(leases)
+        self.streamer, self.tokens = streamer, tokens
+        self.streamed_all = threading.Event()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/v1/leases/complete" and not self.completed:
+            self.streamed_all.wait(30.0)  # outside the lock: the progress calls go on meanwhile
+        response = super().__call__(request)
+        if path == "/v1/leases/progress" and len(self.streamed.get(self.streamer, ())) >= self.tokens:
+            self.streamed_all.set()
+        return response
+
+
+def test_the_torch_loop_runs_on_while_a_completion_waits_on_the_service() -> None:
+    torch.set_num_threads(1)
+    service = SlowCompletions([lease_json("L1", max_tokens=2), lease_json("L2", prompt=[7, 8], max_tokens=60,
+                                                                           stream=True)], "L2", 59)
+    service.stop_when = {"L1", "L2"}
+    assert daemon_for(service, max_batch=4).run() == 0
+    # L2 streamed its tokens while L1's completion call was held: the call did not stop the rounds.
+    assert service.streamed_all.is_set()
+    assert set(service.completed) == {"L1", "L2"}
+    reference = build_model(model_config("tiny"), seed=3)
+    assert service.completed["L2"]["output_tokens"] == generate_alone(reference, [7, 8], 60)
+
+
 def test_transient_failures_are_retried_and_each_completion_is_posted_once() -> None:
     service = ScriptedService([lease_json("L1", max_tokens=2)], transient=["/v1/executors", "/v1/leases/complete"])
     service.stop_when = {"L1"}
