@@ -5,10 +5,12 @@ too light on a fast machine and hopeless on a slow or busy one, where both place
 request and the comparison says nothing. So :func:`probe_capacity` first measures each tenant's
 model on the devices container placement gives it: a closed loop of requests of the tenant's
 mean shape (its mean prompt and output lengths: capacity is of the work the workload brings on
-average, not of its median request) at a few concurrencies (a couple of seconds each, after a
-warm-up request), each request's TTFT and end-to-end time as the service records them. A tenant's *capacity* is the
-highest completion rate at which at least :data:`SLA_SHARE` of the probe's requests met the
-tenant's SLA. :func:`calibrated_loads` then offers each tenant a multiple of its capacity by its
+average, not of its median request) at a few concurrencies up to a replica's KV slots (a couple
+of seconds each, after a warm-up request), each request's TTFT and end-to-end time as the
+service records them. A level's rate is its concurrency over the mean end-to-end time (Little's
+law: what the service sustains with that many requests in it). A tenant's *capacity* is the
+highest such rate at which at least :data:`SLA_SHARE` of the probe's requests met the tenant's
+SLA. :func:`calibrated_loads` then offers each tenant a multiple of its capacity by its
 role: the busy tenant more than its own devices serve (saturated), one steady well below, one
 idle for the first part of the run and then bursty. Each offers exactly its rate's count of
 requests over its part of the run (``TenantLoad.exact_count``): the bursts are drawn, the amount
@@ -39,7 +41,7 @@ from service.sim.sla import SLA_CLASSES
 from service.workload.synthetic import TenantLoad
 
 SLA_SHARE = 0.9  # a probe level counts when this share of its requests met the SLA
-LEVELS = (1, 2, 4)  # closed-loop concurrencies probed
+LEVELS = (1, 2, 4, 8)  # closed-loop concurrencies probed (8: a replica's KV slots, the service's max_batch)
 BUSY_LOAD = 0.35  # busy share of the cores (other work) above which the comparison is not fair
 
 
@@ -138,18 +140,21 @@ def _probe_level(url: str, key: str, load: TenantLoad, concurrency: int, level_s
                 if time.monotonic() >= stop_at:
                     break
 
-    started = time.monotonic()
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(concurrency)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    wall = max(1e-9, time.monotonic() - started)
     ttft = [r["ttft_s"] or 0.0 for r in rows]
     tpot = [((r["e2e_s"] or 0.0) - (r["ttft_s"] or 0.0)) / max(1, len(r["output_tokens"]) - 1) for r in rows]
     met = [sla.slack_s(a, b, r["e2e_s"] or 0.0, prompt_len) >= 0.0 for a, b, r in zip(ttft, tpot, rows, strict=True)]
-    tokens = sum(len(r["output_tokens"]) for r in rows)
-    return ProbeLevel(concurrency, len(rows), len(rows) / wall, tokens / wall,
+    # The service's rate at this concurrency by Little's law, from the times it measured: the
+    # clients' own polling and the last requests' drain after the level ends are not its work
+    # (counting them, a 2 s level read 20-40% low and varied run to run).
+    e2e = float(np.mean([r["e2e_s"] or 0.0 for r in rows])) if rows else 0.0
+    rate = concurrency / e2e if e2e > 0 else 0.0
+    tokens = rate * float(np.mean([len(r["output_tokens"]) for r in rows])) if rows else 0.0
+    return ProbeLevel(concurrency, len(rows), rate, tokens,
                       float(np.median(ttft)) if ttft else float("nan"), float(np.median(tpot)) if tpot else float("nan"),
                       sum(met) / len(met) if met else 0.0)
 

@@ -110,6 +110,9 @@ def test_a_zero_length_probe_level_still_sends_one_request() -> None:
     assert level.requests == 1 and len(_InstantService.posted) == 1
     assert len(_InstantService.posted[0]["prompt_tokens"]) == 5  # type: ignore[arg-type]
     assert level.sla_met_share == 1.0
+    # The rate is the service's by Little's law (one in flight over its 20 ms end to end), not the
+    # client's loop, which spends most of its time here polling and parsing.
+    assert level.requests_per_s == pytest.approx(50.0) and level.tokens_per_s == pytest.approx(100.0)
 
 
 def test_calibrated_loads_offer_exactly_their_rates_count_whatever_the_seed() -> None:
