@@ -126,8 +126,10 @@ class ReplicaPlacementPolicy:
     idle_drain_s: float = 30.0  # a guest replica idle this long is drained
     max_guests_per_tenant: int = 4  # guest replicas per served model
     yield_share: float = 0.5  # an owner's backlog presses once a waiting request has this share of its TTFT allowance left
+    press_memory_s: float | None = None  # a unit whose owner pressed this recently takes no guest (None: horizon_s)
     find_devices: DeviceFinder = field(default_factory=lambda: candidate_groups)
     name: str = "replica"
+    _pressed_at: dict[str, float] = field(default_factory=dict, repr=False)  # unit -> when an owner last pressed
 
     def step(self, now_s: float, state: ClusterView) -> Decision:
         decision = Decision()
@@ -136,9 +138,15 @@ class ReplicaPlacementPolicy:
         # presses (a batch tenant's requests may wait their long TTFT allowance for it to finish).
         drain_guests(replicas, self.idle_drain_s, decision,
                      lambda guest, o, d: owner_pressed(o, self.min_backlog, self.yield_share))
-        # ... and no guest goes where an owner presses now: it would be drained at the next step.
-        pressed = {d for r in replicas if not r.guest and not r.draining
-                   and owner_pressed(r, self.min_backlog, self.yield_share) for d in r.device_ids}
+        # ... and no guest goes where an owner presses now, or pressed within the what-if's horizon:
+        # the what-if judges a guest that stays for the horizon, and an owner whose backlog comes
+        # and goes would drain it at its next surge (measured live: a batch tenant's guest on the
+        # saturated tenant's executor was added and drained five times in a minute).
+        for r in replicas:
+            if not r.guest and not r.draining and owner_pressed(r, self.min_backlog, self.yield_share):
+                self._pressed_at.update(dict.fromkeys(r.device_ids, now_s))
+        memory = self.horizon_s if self.press_memory_s is None else self.press_memory_s
+        pressed = {d for d, at in self._pressed_at.items() if 0.0 <= now_s - at < memory}  # a clock that restarted forgets
         pressing, family_of = pressing_models(replicas, self.min_backlog, self.max_guests_per_tenant)
         best = best_by_what_if(state, (ReplicaChange(model, family_of[model], group) for model in pressing
                                        for group in self.find_devices(state, model, self.max_candidates)

@@ -112,3 +112,22 @@ def test_a_guest_stays_through_a_fresh_batch_backlog_and_never_goes_where_an_own
     # initech presses on eb: no guest of acme may go there; ea is acme's own and taken by find_devices' caller.
     assert all(c.device_ids != ("eb",) for c in decision.add)
     assert all(run.change.device_ids != ("eb",) for run in decision.whatifs)
+
+
+def test_a_unit_whose_owner_pressed_within_the_horizon_takes_no_guest() -> None:
+    base = outcome(1000, {"initech/m": 0})
+    more = outcome(1500, {"initech/m": 0})  # a batch tenant's guest: more tokens, nobody late either way
+    policy = ReplicaPlacementPolicy(find_devices=lambda state, model, k: [("ea",)], horizon_s=20.0)
+    acme_pressing = replica("acme/m@ea", "ea", 6, share=0.1)
+    acme_calm = replica("acme/m@ea", "ea", 0, share=math.inf)
+    initech = replica("initech/m@eb", "eb", 9, share=0.9)
+    assert policy.step(100.0, UnitsView([acme_pressing, initech], {"ea": (base, more)})).add == []
+    # Five seconds later acme's backlog is gone: its unit still takes no guest (it pressed within 20 s) ...
+    assert policy.step(105.0, UnitsView([acme_calm, initech], {"ea": (base, more)})).add == []
+    # ... until the horizon has passed without a press.
+    later = policy.step(121.0, UnitsView([acme_calm, initech], {"ea": (base, more)}))
+    assert [c.device_ids for c in later.add] == [("ea",)]
+    # A clock that restarted (a new run on the same policy) forgets the old presses.
+    policy.step(100.0, UnitsView([acme_pressing, initech], {"ea": (base, more)}))
+    assert [c.device_ids for c in policy.step(1.0, UnitsView([acme_calm, initech], {"ea": (base, more)})).add] == [("ea",)]
+
