@@ -14,6 +14,7 @@ when the server moves to another port).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -29,6 +30,18 @@ import httpx
 
 from service.graph.connection import Neo4jSettings
 from service.graph.local_server import LocalNeo4j
+
+
+def _last_line(log: Path) -> str:
+    """A failed child's error for the message: its log's last exception line (``...Error: why``),
+    else its last line (the log itself goes with the stack's temporary folder), else where the
+    log is."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
+    return (errors or lines)[-1][-400:] if lines else f"see {log}"
 
 
 def free_port() -> int:
@@ -148,7 +161,8 @@ class LiveStack:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.server.poll() is not None:
-                raise RuntimeError(f"slicesched serve exited with {self.server.returncode}: see {self.log_dir / 'serve.log'}")
+                raise RuntimeError(f"slicesched serve exited with {self.server.returncode}: "
+                                   f"{_last_line(self.log_dir / 'serve.log')}")
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
                     return
