@@ -167,7 +167,8 @@ class ExecutorDaemon:
         self._abort = threading.Event()  # leave now
         self._wake = threading.Event()  # interrupts the main thread's pauses
         self._net_wake = threading.Event()  # interrupts the exchange thread's pauses (results to post, a stop)
-        self._finished = threading.Event()  # ends the heartbeat thread
+        self._finished = threading.Event()  # ends the heartbeat and exchange threads
+        self._refused: RegisterRefused | None = None  # a registration again refused (exchange thread): fatal
         self._poll_backoff = Backoff(clock, base_s=settings.retry_base_s)
         self._post_backoff = Backoff(clock, base_s=settings.retry_base_s)
         self._register_backoff = Backoff(clock, base_s=settings.retry_base_s)
@@ -190,6 +191,8 @@ class ExecutorDaemon:
             exchange.start()
             try:
                 self._loop()
+                if self._refused is not None:
+                    raise self._refused
             finally:
                 self._finished.set()
                 self._net_wake.set()
@@ -364,6 +367,11 @@ class ExecutorDaemon:
                         self._register_backoff.failed()
                     self._post_results(client)
                     polled = self._poll(client)
+                except RegisterRefused as exc:  # the service no longer takes this executor: leave
+                    self._refused = exc
+                    self._abort.set()
+                    self._wake.set()
+                    return
                 except Exception:  # a bug: keep the executor alive, the lease ttl guards the work
                     log.exception("the exchange thread failed a round; going on")
                     polled = False

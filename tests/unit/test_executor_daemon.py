@@ -391,6 +391,22 @@ def test_a_refused_registration_is_fatal() -> None:
     assert len(service.calls) == 1
 
 
+def test_a_registration_refused_again_later_is_fatal() -> None:
+    class Revoked(ScriptedService):
+        """Registers the executor, then forgets it (a heartbeat's 404) and refuses it again."""
+
+        def _answer(self, method: str, path: str, body: Any) -> httpx.Response:
+            if path.endswith("/heartbeat") and self.register_status == 200:
+                self.register_status = 401
+                return httpx.Response(404, json={"error": {"kind": "not_found", "message": "unknown executor"}})
+            return super()._answer(method, path, body)
+
+    service = Revoked([])
+    with pytest.raises(RegisterRefused, match="401"):
+        daemon_for(service).run()
+    assert [p for _, p, _ in service.calls].count("/v1/executors") == 2
+
+
 def test_a_lease_that_cannot_run_here_is_failed_back_to_the_service() -> None:
     service = ScriptedService([lease_json("L1", family="no-such-model"), lease_json("L2", max_tokens=1)])
     service.stop_when = {"L2"}
