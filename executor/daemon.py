@@ -287,6 +287,7 @@ class ExecutorDaemon:
     # ---- the main thread: the torch work ---------------------------------------------------------
     def _loop(self) -> None:
         mailbox = self._mailbox
+        was_busy = False
         while not self._abort.is_set():
             for lease_id in mailbox.take_cancel():
                 if self.worker.cancel(lease_id):
@@ -305,8 +306,9 @@ class ExecutorDaemon:
                 mailbox.add_results(result.completed, failures)
             # Results before the busy flag: an exchange thread that sees the worker idle has them.
             mailbox.publish(self.worker.lease_ids, self.worker.free_slots, self.worker.busy_s)
-            if result.completed or failures or not self.worker.busy:
-                self._net_wake.set()
+            if result.completed or failures or (was_busy and not self.worker.busy):
+                self._net_wake.set()  # results to post, or an idle worker to long-poll for
+            was_busy = self.worker.busy
             if not self.worker.busy:
                 self._pause(IDLE_PAUSE_S)
 

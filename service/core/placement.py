@@ -126,10 +126,9 @@ class ReplicaPlacementPolicy:
     idle_drain_s: float = 30.0  # a guest replica idle this long is drained
     max_guests_per_tenant: int = 4  # guest replicas per served model
     yield_share: float = 0.5  # an owner's backlog presses once a waiting request has this share of its TTFT allowance left
-    press_memory_s: float | None = None  # a unit whose owner pressed this recently takes no guest (None: horizon_s)
     find_devices: DeviceFinder = field(default_factory=lambda: candidate_groups)
     name: str = "replica"
-    _pressed_at: dict[str, float] = field(default_factory=dict, repr=False)  # unit -> when an owner last pressed
+    _pressed_at: dict[str, float] = field(default_factory=dict, repr=False)  # unit -> when an owner last pressed (now_s)
 
     def step(self, now_s: float, state: ClusterView) -> Decision:
         decision = Decision()
@@ -145,8 +144,8 @@ class ReplicaPlacementPolicy:
         for r in replicas:
             if not r.guest and not r.draining and owner_pressed(r, self.min_backlog, self.yield_share):
                 self._pressed_at.update(dict.fromkeys(r.device_ids, now_s))
-        memory = self.horizon_s if self.press_memory_s is None else self.press_memory_s
-        pressed = {d for d, at in self._pressed_at.items() if 0.0 <= now_s - at < memory}  # a clock that restarted forgets
+        pressed = {d for d, at in self._pressed_at.items()
+                   if 0.0 <= now_s - at < self.horizon_s}  # a clock that restarted forgets
         pressing, family_of = pressing_models(replicas, self.min_backlog, self.max_guests_per_tenant)
         best = best_by_what_if(state, (ReplicaChange(model, family_of[model], group) for model in pressing
                                        for group in self.find_devices(state, model, self.max_candidates)
