@@ -25,11 +25,21 @@ Sharing the executor
     round robin. (A guest weighing as an owner, 1, was measured on the live demo and was no
     better: the light tenants' guests on the saturated tenant's own executor then took more of
     it; benchmarks/results/live_e2e-guest-weight-1.json.)
+
+    Fair by time alone, a batcher with cheap iterations and a loose target would spin far ahead
+    of it (a standard tenant's small model made a token every 4 ms against its 200 ms while an
+    interactive guest beside it missed its 100 ms). So a batcher is *due* once
+    :data:`TPOT_PACE` of its tightest target has passed since its last iteration began, or at
+    once while a request of its waits (for its prefill or a KV slot: pacing a full batch would
+    hold its queue back); when any batcher is due, the picks are among the due ones. A batcher
+    ahead of its pace still runs whenever none is due, so no time is left idle, and a tenant's
+    cheap iterations then batch more requests at once instead of taking time from the others.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +56,7 @@ log = logging.getLogger("slicesched.executor")
 ITERATION_HISTORY = 1024  # iteration records kept per batcher (the daemon reports per request)
 DEFAULT_TPOT_S = 1.0  # the TPOT target of a lease that gives none (seconds)
 MIN_TPOT_S = 1e-3  # targets below this weigh as this
+TPOT_PACE = 0.5  # a batcher is due this share of its tightest TPOT target after its last iteration began
 
 ModelKey = tuple[str, int, str | None, tuple[Stage, ...]]
 ModelLoader = Callable[[str, int, Sequence[Stage], str | None], StagedModel]  # family, seed, stages, path
@@ -134,6 +145,7 @@ class Worker:
         self._batchers: dict[tuple[str, ModelKey], ContinuousBatcher] = {}
         self._vtime: dict[tuple[str, ModelKey], float] = {}  # busy seconds / weight (module docstring)
         self._busy_keys: set[tuple[str, ModelKey]] = set()  # non-idle after the last round
+        self._started: dict[tuple[str, ModelKey], float] = {}  # when its last iteration began (clock)
         self._held: dict[str, tuple[Lease, ContinuousBatcher]] = {}
         self._streaming: dict[str, tuple[GenerationRequest, int]] = {}  # lease id -> (request, tokens reported)
         self.busy_s = 0.0  # wall seconds spent in iterations, all replicas (the service's utilisation)
@@ -183,12 +195,12 @@ class Worker:
         return updates
 
     def step_round(self) -> RoundResult:
-        """As many iterations as there are non-idle batchers, each of the non-idle batcher with
-        the least virtual time (the module docstring: fair by time, weighted by role and TPOT). A
-        batcher whose step raises (e.g. out of memory) is dropped and its leases fail: its state
-        is no longer trusted."""
+        """As many iterations as there are non-idle batchers, each of the due (else non-idle)
+        batcher with the least virtual time (the module docstring: fair by time, weighted by role
+        and TPOT, paced by TPOT). A batcher whose step raises (e.g. out of memory) is dropped and
+        its leases fail: its state is no longer trusted."""
         result = RoundResult()
-        weight = self._weights()
+        weight, tpot = self._targets()
         busy = [k for k, b in self._batchers.items() if not b.idle]
         waking = [k for k in busy if k not in self._busy_keys]
         if waking:  # they start level with the least busy virtual time (all level when none was busy)
@@ -200,19 +212,26 @@ class Worker:
             ready = [k for k, b in self._batchers.items() if not b.idle]
             if not ready:
                 break
+            if len(ready) > 1:
+                now = self.clock()
+                ready = [k for k in ready if self._batchers[k].waiting or now - self._started.get(k, -math.inf)
+                         >= TPOT_PACE * tpot.get(k, DEFAULT_TPOT_S)] or ready
             key = min(ready, key=lambda k: (self._vtime[k], k[0]))
             self._step(key, weight.get(key, 1.0), result)
         self._busy_keys = {k for k, b in self._batchers.items() if not b.idle}
         return result
 
-    def _weights(self) -> dict[tuple[str, ModelKey], float]:
-        """Each batcher's weight (the module docstring): its role's over its leases' tightest TPOT target."""
+    def _targets(self) -> tuple[dict[tuple[str, ModelKey], float], dict[tuple[str, ModelKey], float]]:
+        """Each batcher's weight (the module docstring: its role's over its leases' tightest TPOT
+        target) and that target."""
         weight: dict[tuple[str, ModelKey], float] = {}
+        tpot: dict[tuple[str, ModelKey], float] = {}
         for lease, _ in self._held.values():
             key = (lease.replica_id, lease.model_key)
-            w = (self.guest_weight if lease.guest else 1.0) / max(MIN_TPOT_S, lease.tpot_s or DEFAULT_TPOT_S)
-            weight[key] = max(weight.get(key, 0.0), w)
-        return weight
+            target = max(MIN_TPOT_S, lease.tpot_s or DEFAULT_TPOT_S)
+            weight[key] = max(weight.get(key, 0.0), (self.guest_weight if lease.guest else 1.0) / target)
+            tpot[key] = min(tpot.get(key, math.inf), target)
+        return weight, tpot
 
     def _step(self, key: tuple[str, ModelKey], weight: float, result: RoundResult) -> None:
         batcher = self._batchers[key]
@@ -226,6 +245,7 @@ class Worker:
         if record is not None:
             self.busy_s += record.duration_s
             self._vtime[key] += record.duration_s / weight
+            self._started[key] = record.start_s
         for request in batcher.take_finished():
             lease, _ = self._held.pop(request.request_id)
             self._streaming.pop(request.request_id, None)
@@ -233,6 +253,7 @@ class Worker:
 
     def _forget(self, key: tuple[str, ModelKey]) -> None:
         del self._batchers[key], self._vtime[key]
+        self._started.pop(key, None)
         self._busy_keys.discard(key)
 
     def _drop_leases_of(self, batcher: ContinuousBatcher, reason: str) -> list[Failure]:

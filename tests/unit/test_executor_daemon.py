@@ -164,7 +164,7 @@ def _costly_worker(costs: dict[str, float], **kw: Any) -> tuple[Worker, list[flo
     def loader(family: str, seed: int, stages: Sequence[Stage], path: str | None) -> StagedModel:
         return _Costly(family, seed, stages, now, costs[family])
 
-    return Worker(max_batch=8, clock=lambda: now[0], loader=loader, **kw), now
+    return Worker(**{"max_batch": 8, **kw}, clock=lambda: now[0], loader=loader), now
 
 
 def test_replicas_share_the_executor_by_time_and_a_guest_by_its_weight() -> None:
@@ -198,6 +198,47 @@ def test_a_tighter_tpot_target_claims_more_of_the_time() -> None:
     done = run_rounds(worker)
     assert done["gst"].e2e_s == pytest.approx(60.0, abs=2.0)  # its 50 s of work at 5/6 of the time
     assert done["own"].e2e_s == pytest.approx(110.0)  # and the owner's 10 s meanwhile, then the rest alone
+
+
+def test_a_batcher_ahead_of_its_tpot_pace_yields_to_one_that_is_due() -> None:
+    """A standard owner (a token every 0.2 s; cheap iterations, 0.01 s) next to an interactive
+    guest (0.1 s; 0.04 s iterations) of equal weights, 5 and 5. Fair by time alone, the owner
+    would make a token every 0.02 s while the guest waited half the time (0.08 s a token). Paced,
+    the owner is due half its target after its last iteration began and otherwise runs only
+    when the guest is not due: the guest's tokens come at its own pace (0.05 s), the owner's
+    still four times faster than its target, and the owner's work is not lost: it finishes
+    when it would have."""
+    worker, _ = _costly_worker({"tiny": 0.01, "tiny-llama": 0.04})
+    owner = {**lease_json("own", replica="globex/m@cpu:0", max_tokens=200, stream=True), "tpot_s": 0.2}
+    guest = {**lease_json("gst", replica="acme/m@cpu:0", family="tiny-llama", max_tokens=40), "guest": True,
+             "tpot_s": 0.1}
+    assert worker.accept(Lease.from_json(owner, 0.0)) and worker.accept(Lease.from_json(guest, 0.0))
+    done: dict[str, Completion] = {}
+    while "gst" not in done:
+        done.update((c.lease_id, c) for _, c in worker.step_round().completed)
+    gst = done["gst"]
+    assert (gst.e2e_s - gst.ttft_s) / 39 == pytest.approx(0.05, abs=0.005)  # WFQ alone: 0.08
+    (meanwhile,) = worker.progress()
+    assert gst.e2e_s / len(meanwhile.tokens) < 0.2 / 4
+    done |= run_rounds(worker)
+    assert done["own"].e2e_s == pytest.approx(200 * 0.01 + 40 * 0.04)  # the executor never idled
+
+
+def test_a_batcher_with_requests_waiting_for_a_kv_slot_is_always_due() -> None:
+    """Pacing a batcher whose batch is full would hold its waiting requests back for longer than
+    their targets allow: with one KV slot and two requests, a batch owner (pace 0.5 s) shares by
+    weight with an interactive guest (whose iterations, 0.06 s, outlast its own pace) while its
+    second request waits."""
+    worker, _ = _costly_worker({"tiny": 0.01, "tiny-llama": 0.06}, max_batch=1)
+    for name in ("own1", "own2"):
+        assert worker.accept(Lease.from_json({**lease_json(name, replica="initech/m@cpu:0", max_tokens=10),
+                                              "tpot_s": 1.0}, 0.0))
+    guest = {**lease_json("gst", replica="acme/m@cpu:0", family="tiny-llama", max_tokens=40), "guest": True,
+             "tpot_s": 0.1}
+    assert worker.accept(Lease.from_json(guest, 0.0))
+    done = run_rounds(worker)
+    assert done["own1"].e2e_s < 1.0  # paced while its second request waited: 5 s
+    assert set(done) == {"own1", "own2", "gst"}
 
 
 def test_equal_weights_and_costs_are_round_robin() -> None:
