@@ -10,7 +10,10 @@ its URI alone.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +43,22 @@ def needs_data(*names: str) -> pytest.MarkDecorator:
     """Skip unless the named data sets are present; the reason says how to fetch them."""
     missing = data_absent(*names)
     return pytest.mark.skipif(bool(missing), reason=fetch_hint(*missing) if missing else "")
+
+
+def cli_in_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """``slicesched ARGS`` run by :func:`service.cli.main` in this process, with its exit code and
+    output captured as a subprocess's would be. For bad-input paths, which exit before any work:
+    a process of its own would spend its seconds importing torch. Each command keeps a test that
+    runs the real process."""
+    from service.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's refusals
+            code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+    return subprocess.CompletedProcess(["slicesched", *args], code, out.getvalue(), err.getvalue())
 
 
 def data_path(rel: str) -> Path:

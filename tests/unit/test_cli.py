@@ -1,10 +1,16 @@
-"""The command line without Neo4j: listings, traces, bad input as messages with exit codes."""
+"""The command line without Neo4j: listings, traces, bad input as messages with exit codes.
+
+Listings and work that succeeds run the real command; bad input and trace statistics run
+:func:`service.cli.main` in this process (:func:`tests.conftest.cli_in_process`): the same exit
+codes and messages without a process that imports torch for each."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.conftest import cli_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,11 +35,11 @@ def test_trace_stats_reports_bad_lines_or_fails_on_them(tmp_path: Path) -> None:
                    "2023-11-16 18:15:46.6805900,374,44\n"
                    "2023-11-16 18:15:50.9951690,abc,11\n"
                    "2023-11-16 18:15:51.0000000,396,12\n")
-    strict = cli("trace", "stats", str(bad))
+    strict = cli_in_process("trace", "stats", str(bad))
     assert strict.returncode == 2 and f"{bad}:3" in strict.stderr and "Traceback" not in strict.stderr
-    lenient = cli("trace", "stats", str(bad), "--skip-bad")
+    lenient = cli_in_process("trace", "stats", str(bad), "--skip-bad")
     assert lenient.returncode == 0 and "line 3" in lenient.stdout
-    missing = cli("trace", "stats", str(tmp_path / "none.csv"))
+    missing = cli_in_process("trace", "stats", str(tmp_path / "none.csv"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
 
 
@@ -42,10 +48,10 @@ def test_trace_stats_skips_a_line_that_is_not_utf8(tmp_path: Path) -> None:
     bad.write_bytes(b'{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
                     b'{"timestamp": 5, "input_length": 10, "output_length": 5, "hash_ids": [1], "p": "\xff"}\n'
                     b'{"timestamp": 9, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n')
-    strict = cli("trace", "stats", str(bad))
+    strict = cli_in_process("trace", "stats", str(bad))
     assert strict.returncode == 2 and f"{bad}:2: not UTF-8" in strict.stderr and "Traceback" not in strict.stderr
     assert len(strict.stderr.strip().splitlines()) == 1
-    lenient = cli("trace", "stats", str(bad), "--skip-bad")
+    lenient = cli_in_process("trace", "stats", str(bad), "--skip-bad")
     assert lenient.returncode == 0 and "line 2: not UTF-8" in lenient.stdout, lenient.stdout + lenient.stderr
 
 
@@ -62,7 +68,7 @@ def test_model_export_writes_a_graph_document(tmp_path: Path) -> None:
     out = tmp_path / "g.json"
     res = cli("model", "export", "tiny", "--phase", "decode", "--context", "16", "-o", str(out))
     assert res.returncode == 0 and out.exists() and '"phase": "decode"' in out.read_text()
-    bad = cli("model", "export", "tiny", "--phase", "prefill", "--tokens", "0")
+    bad = cli_in_process("model", "export", "tiny", "--phase", "prefill", "--tokens", "0")
     assert bad.returncode == 2 and "tokens must be" in bad.stderr
 
 
@@ -72,7 +78,7 @@ def test_model_export_traces_a_model_directory(hf_dirs: dict[str, Path], tmp_pat
               "-o", str(out))
     assert res.returncode == 0, res.stderr
     assert f'"model_name": "hf:{hf_dirs["gpt2"]}"' in out.read_text()
-    neither = cli("model", "export", "--phase", "decode")
+    neither = cli_in_process("model", "export", "--phase", "decode")
     assert neither.returncode == 2 and "--path DIR" in neither.stderr and "--graph" not in neither.stderr
-    unsupported = cli("model", "export", "--path", str(tmp_path))
+    unsupported = cli_in_process("model", "export", "--path", str(tmp_path))
     assert unsupported.returncode == 2 and "no config.json" in unsupported.stderr and "Traceback" not in unsupported.stderr

@@ -12,7 +12,7 @@ import pytest
 
 from service.domain.error import InvalidInputError
 from service.replay.mix import build_workload, builtin_mixes, load_mix, parse_mix
-from tests.conftest import needs_data
+from tests.conftest import cli_in_process, needs_data
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,7 +78,16 @@ def test_replay_writes_a_report_and_plots(tmp_path: Path) -> None:
 ])
 def test_bad_replay_input_is_a_message_and_writes_nothing(tmp_path: Path, args: list[str], message: str) -> None:
     out = tmp_path / "never"
-    res = replay("--cluster", "local-cpu-4", "--tenants", "synthetic-3", "--duration", "5", *args, "--out", str(out))
+    res = cli_in_process("replay", "--cluster", "local-cpu-4", "--tenants", "synthetic-3", "--duration", "5", *args,
+                         "--out", str(out))
     assert res.returncode == 2, res.stdout + res.stderr
     assert message in res.stderr and "Traceback" not in res.stderr
+    assert not out.exists()
+
+
+def test_the_replay_command_refuses_bad_input_as_a_process(tmp_path: Path) -> None:
+    """The same refusal from a process of its own: exit code 2 and a message, no traceback."""
+    out = tmp_path / "never"
+    res = replay("--cluster", "16xB200", "--tenants", "synthetic-3", "--duration", "5", "--out", str(out))
+    assert res.returncode == 2 and "no cluster spec" in res.stderr and "Traceback" not in res.stderr
     assert not out.exists()

@@ -18,7 +18,7 @@ from service.replay.binding import TraceBinding, deal, parse_binding, read_sourc
 from service.replay.context import clamp_to_context, fit_context
 from service.replay.mix import TenantMix, load_mix, parse_mix, sample_workload
 from service.sim.sla import SLA_CLASSES, SlaClass
-from tests.conftest import data_path, needs_data
+from tests.conftest import cli_in_process, data_path, needs_data
 
 ROOT = Path(__file__).resolve().parents[2]
 AZURE_CODE = "azure-llm-2023/AzureLLMInferenceTrace_code.csv"
@@ -197,7 +197,8 @@ def test_replay_report_names_dealing_sources_context_and_classes(tmp_path: Path)
 ])
 def test_bad_trace_spec_is_a_message_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
     out = tmp_path / "never"
-    res = replay("--cluster", "local-cpu-4", "--tenants", "synthetic-3", "--duration", "5", *args, "--out", str(out))
+    res = cli_in_process("replay", "--cluster", "local-cpu-4", "--tenants", "synthetic-3", "--duration", "5", *args,
+                         "--out", str(out))
     assert res.returncode == 2, res.stdout + res.stderr
     assert message in res.stderr and "Traceback" not in res.stderr
     assert not out.exists()
