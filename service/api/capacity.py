@@ -9,9 +9,10 @@ average, not of its median request) at a few concurrencies (a couple of seconds 
 warm-up request), each request's TTFT and end-to-end time as the service records them. A
 level's rate is its concurrency over the mean end-to-end time (Little's law: what the service
 sustains with that many requests in it). A tenant's *capacity* is the highest such rate at
-which at least :data:`SLA_SHARE` of the probe's requests met the tenant's SLA. :func:`calibrated_loads` then offers each tenant a multiple of its capacity by its
-role: the busy tenant more than its own devices serve (saturated), one steady well below, one
-idle for the first part of the run and then bursty. Each offers exactly its rate's count of
+which at least :data:`SLA_SHARE` of the probe's requests met the tenant's SLA.
+:func:`calibrated_loads` then offers each tenant a multiple of its capacity by its role: the
+busy tenant more than its own devices serve (saturated), one steady well below, one idle for
+the first part of the run and then bursty. Each offers exactly its rate's count of
 requests over its part of the run (``TenantLoad.exact_count``): the bursts are drawn, the amount
 is the calibration's, so that a seed does not offer 15% more than the probe measured (a gamma
 process of CV 2 over a minute does).
