@@ -141,6 +141,11 @@ class ContinuousBatcher:
     def idle(self) -> bool:
         return not self.waiting and not self.running
 
+    @property
+    def pressed(self) -> bool:
+        """A request waits for its prefill, or every KV slot is taken (more may wait upstream)."""
+        return bool(self.waiting) or len(self.running) >= self.max_batch
+
     @torch.inference_mode()
     def step(self) -> IterationRecord | None:
         """One iteration: admit and prefill waiting requests, one decode step for the others.

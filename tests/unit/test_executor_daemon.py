@@ -241,6 +241,21 @@ def test_a_batcher_with_requests_waiting_for_a_kv_slot_is_always_due() -> None:
     assert set(done) == {"own1", "own2", "gst"}
 
 
+def test_a_batcher_whose_kv_slots_are_all_taken_is_always_due() -> None:
+    """The service leases a replica no more than its KV slots, so a full batcher's queue waits at
+    the service, out of the batcher's sight: pacing it would hold that queue back. With one KV
+    slot, a batch owner's one request (pace 0.5 s) shares by weight with an interactive guest."""
+    worker, _ = _costly_worker({"tiny": 0.01, "tiny-llama": 0.06}, max_batch=1)
+    assert worker.accept(Lease.from_json({**lease_json("own", replica="initech/m@cpu:0", max_tokens=10),
+                                          "tpot_s": 1.0}, 0.0))
+    guest = {**lease_json("gst", replica="acme/m@cpu:0", family="tiny-llama", max_tokens=40), "guest": True,
+             "tpot_s": 0.1}
+    assert worker.accept(Lease.from_json(guest, 0.0))
+    done = run_rounds(worker)
+    assert done["own"].e2e_s < 1.0  # paced: a token every 0.5 s, 4.5 s
+    assert set(done) == {"own", "gst"}
+
+
 def test_equal_weights_and_costs_are_round_robin() -> None:
     worker, _ = _costly_worker({"tiny": 1.0})
     for name, replica in (("a", "acme/m@cpu:0"), ("b", "beta/m@cpu:0")):
