@@ -143,8 +143,9 @@ class ContinuousBatcher:
 
     @property
     def pressed(self) -> bool:
-        """A request waits for its prefill, or every KV slot is taken (more may wait upstream)."""
-        return bool(self.waiting) or len(self.running) >= self.max_batch
+        """A request waits for its prefill, or half its KV slots or more are taken (a batch
+        that fills up is falling behind its arrivals, and more of them may wait upstream)."""
+        return bool(self.waiting) or 2 * len(self.running) >= self.max_batch
 
     @torch.inference_mode()
     def step(self) -> IterationRecord | None:
