@@ -91,6 +91,7 @@ class LiveSnapshot:
     sla_classes: dict[str, SlaClass] = field(default_factory=lambda: dict(SLA_CLASSES))  # by the names in recent
     configs: dict[str, ModelConfig] = field(default_factory=dict)  # family -> config, models from disk included
     pending: frozenset[str] = frozenset()  # ids of the recent requests not finished live (queued or running)
+    seen_since: dict[str, float] = field(default_factory=dict)  # model uid -> its first arrival live (mirror seconds)
 
 
 class DecisionTarget(Protocol):
@@ -130,7 +131,8 @@ class LiveClusterView:
             # Anchored to the truth: every request counts as arrived (the forecast's history), but
             # only those unfinished live are simulated, handed over now with their true ages: the
             # mirror's queues are the live queues, whatever its speed over the window would say.
-            mirror.note_arrivals(sorted(snap.recent, key=lambda r: r.arrival_s))
+            # A model's history reaches back to its first arrival live (before the window: all of it).
+            mirror.note_arrivals(sorted(snap.recent, key=lambda r: r.arrival_s), seen_since=snap.seen_since)
             mirror.release([r for r in snap.recent if r.request_id in snap.pending], at_s=snap.window_s)
             mirror.run_to(snap.window_s)
             self._built = SimClusterView(mirror, batching=self.batching, model_uid=lambda tenant, family: tenant)

@@ -40,6 +40,7 @@ class SchedulingLoop(HomePlanner):
     decisions: list[str]
     step_s: list[float]  # wall time of each scheduler step (what-ifs included)
     _busy_mark: dict[str, tuple[float, float]]
+    _first_arrival: dict[str, float]  # model uid -> epoch seconds of its first request seen live (load forecasts)
 
     def snapshot(self, window_s: float = 20.0) -> LiveSnapshot:
         """The live state as the scheduler sees it. Compute units: an executor daemon runs one
@@ -85,7 +86,9 @@ class SchedulingLoop(HomePlanner):
         recent = []
         pending: set[str] = set()
         sla_classes = dict(SLA_CLASSES)  # and the targets of requests with their own (x-slo-* headers)
+        first_seen = self._first_arrival  # remembered: finished requests leave the state
         for req in state.requests.values():
+            first_seen[req.model_uid] = min(first_seen.get(req.model_uid, math.inf), req.arrival)
             if (req.status in TERMINAL and req.arrival < start) or req.status == RequestStatus.CANCELLED:
                 continue
             sla = req.sla
@@ -98,7 +101,8 @@ class SchedulingLoop(HomePlanner):
                             {r.replica_id: r.max_batch for r in state.replicas.values()}, tuple(recent), window_s,
                             window_start_wall=start, iteration_s=dict(state.iteration_s), devices_of=devices_of,
                             sla_classes=sla_classes, configs={m.family: m.config for m in state.models.values()},
-                            pending=frozenset(pending))
+                            pending=frozenset(pending),
+                            seen_since={m: t - start for m, t in first_seen.items() if m in state.models})
 
     def _wait_slack_shares(self, now_wall: float) -> dict[str, float]:
         """Per model, the least TTFT allowance left among its queued requests, as a share of

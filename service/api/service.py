@@ -108,6 +108,7 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.db_error: str | None = None
         self._gmg_dirty = False  # the cluster's devices and weights in the GMG await a re-write
         self._busy_mark: dict[str, tuple[float, float]] = {}
+        self._first_arrival: dict[str, float] = {}
         self._replan_lock = asyncio.Lock()  # one re-plan at a time: they rewrite the same devices
         self._submitting: dict[tuple[str, str], asyncio.Future[None]] = {}  # idempotency keys in flight
         self._unsettled: set[str] = set()  # requests whose end's write has no clear outcome yet

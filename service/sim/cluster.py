@@ -24,7 +24,7 @@ Memory
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -213,11 +213,25 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
         for req in reqs:
             self.engine.schedule(RequestArrived(time_s=req.arrival_s, request=req))
 
-    def note_arrivals(self, requests: Iterable[RequestSpec]) -> None:
+    def note_arrivals(self, requests: Iterable[RequestSpec], seen_since: Mapping[str, float] | None = None) -> None:
         """Count requests as arrived, for load forecasts (:meth:`arrivals_since`), without
-        simulating them: a mirror of a live cluster knows what came, not what its queues did."""
+        simulating them: a mirror of a live cluster knows what came, not what its queues did.
+        ``seen_since``: tenant -> since when its arrivals have been watched, where that is earlier
+        than the first of ``requests`` (a mirror's window is recent history of a longer past)."""
+        requests = list(requests)
         self.state.arrived.extend(requests)
         self.state.arrived.sort(key=lambda r: r.arrival_s)
+        seen = self.state.seen_since
+        for req in requests:
+            seen[req.tenant_id] = min(seen.get(req.tenant_id, math.inf), req.arrival_s)
+        for tenant, since in (seen_since or {}).items():
+            seen[tenant] = min(seen.get(tenant, math.inf), since)
+
+    def seen_since(self, tenant_id: str) -> float | None:
+        """Since when the tenant's arrivals have been watched (its first arrival, or earlier as
+        :meth:`note_arrivals` was told); ``None`` before any (load forecasts: a tenant seen for
+        less than their horizon has a shorter history to go by)."""
+        return self.state.seen_since.get(tenant_id)
 
     def release(self, requests: Iterable[RequestSpec], at_s: float) -> None:
         """Hand requests that arrived earlier (each at its own ``arrival_s``, which its SLA counts
@@ -275,6 +289,7 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
         req = ev.request
         if not ev.released:
             self.state.arrived.append(req)
+            self.state.seen_since.setdefault(req.tenant_id, req.arrival_s)
         routing = self._routing
         candidates = routing.routable(req, self.engine.now_s)
         if candidates and not routing.fits_ever(req, candidates):

@@ -78,6 +78,10 @@ def _none_arrived(value: list[RequestSpec], scope: ForkScope) -> list[RequestSpe
     return []  # a fork predicts the work already in the system: it forecasts from no history
 
 
+def _none_seen(value: dict[str, float], scope: ForkScope) -> dict[str, float]:
+    return {}  # as ``arrived``: a fork has no history
+
+
 @dataclass(slots=True, eq=False)
 class SimState:
     """The simulation's mutable state (the engine's queue aside: the engine forks itself)."""
@@ -99,6 +103,7 @@ class SimState:
     draining: set[str] = field(metadata=_forked(_draining))
     last_active_s: dict[str, float] = field(metadata=_forked(_copied))
     arrived: list[RequestSpec] = field(metadata=_forked(_none_arrived))  # in arrival order, for load forecasts
+    seen_since: dict[str, float] = field(metadata=_forked(_none_seen))  # tenant -> when its arrivals were first seen
     tokens_out: int = field(metadata=_forked(_same))  # output tokens produced so far, all replicas
     # device -> guest slices ready to run there, waiting for the owner: (replica, iteration, stage)
     guest_waiting: dict[str, list[tuple[str, int, int]]] = field(metadata=_forked(_guests_kept))
@@ -108,7 +113,7 @@ class SimState:
         return SimState(rng=rng, ledger=ledger, timelines=DeviceTimelines(device_ids), links=Links(), replicas={},
                         by_model={}, by_device={d: [] for d in device_ids}, shared=False, served={}, slices={},
                         slice_timings={}, transfer_buffers={}, dynamic=False, ready_at={}, draining=set(),
-                        last_active_s={}, arrived=[], tokens_out=0, guest_waiting={d: [] for d in device_ids})
+                        last_active_s={}, arrived=[], seen_since={}, tokens_out=0, guest_waiting={d: [] for d in device_ids})
 
     def fork(self, scope: ForkScope) -> SimState:
         """A copy sharing nothing mutable with this state, restricted to ``scope``."""

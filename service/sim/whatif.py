@@ -37,6 +37,8 @@ from service.domain.request import RequestSpec
 from service.sim.cluster import Placement, ReplicaSpec, SimulatedCluster, SliceSpec, SliceTiming
 from service.sim.report import RequestOutcome
 
+MIN_HISTORY_S = 5.0  # the shortest history a load forecast repeats (a tenant's first seconds are a poor sample)
+
 
 @dataclass(frozen=True, slots=True)
 class WhatIfResult:
@@ -124,11 +126,24 @@ class WhatIf:
 
     def _forecast(self, fork: SimulatedCluster, horizon_s: float) -> list[RequestSpec]:
         """Persistence forecast: the next ``horizon_s`` brings what the last ``horizon_s`` brought,
-        for the tenants whose replicas are in the fork (only the past is used)."""
+        for the tenants whose replicas are in the fork (only the past is used). A tenant seen for
+        less than that (its history span, at least :data:`MIN_HISTORY_S`) is forecast to go on as
+        it began: its history repeats every span (shifting only by ``horizon_s`` would have a
+        tenant that began sending five seconds ago send nothing for fifteen)."""
         now = self.cluster.now_s
         tenants = {fork.replica_spec(rid).tenant_id for rid in fork.replica_ids}
-        return [replace(r, request_id=r.request_id + "~f", arrival_s=r.arrival_s + horizon_s)
-                for r in self.cluster.arrivals_since(now - horizon_s) if r.tenant_id in tenants]
+        past = [r for r in self.cluster.arrivals_since(now - horizon_s) if r.tenant_id in tenants]
+        span: dict[str | None, float] = {}
+        for t in tenants:
+            seen = None if t is None else self.cluster.seen_since(t)
+            span[t] = horizon_s if seen is None else min(horizon_s, max(MIN_HISTORY_S, now - seen))
+        out = [replace(r, request_id=r.request_id + "~f", arrival_s=r.arrival_s + span[r.tenant_id])
+               for r in past]
+        for k in range(2, math.ceil(horizon_s / min(span.values(), default=horizon_s)) + 1):
+            out += [replace(r, request_id=f"{r.request_id}~f{k}", arrival_s=at) for r in past
+                    if (at := r.arrival_s + k * span[r.tenant_id]) < now + horizon_s]
+        out.sort(key=lambda r: r.arrival_s)
+        return out
 
     def _forecast_run(self, fork: SimulatedCluster, spec: ReplicaSpec | None, horizon_s: float, *,
                       weights_from: str | None = None) -> WhatIfOutcome | None:

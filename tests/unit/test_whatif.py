@@ -157,3 +157,34 @@ def test_a_request_queued_past_its_ttft_target_is_late_before_its_e2e_deadline()
     assert not sim.late_in_flight(0.5)  # within the 1 s target at 0.5 s
     baseline, _ = WhatIf(sim).replica_change(ReplicaSpec("g", "gpt2-small", ("h/gpu0",), tenant_id="t0"), 1.0)
     assert baseline.violations_by_tenant.get("t0", 0) >= 5
+
+
+def _newcomer(seen_since: dict[str, float] | None = None) -> SimulatedCluster:
+    """A mirror at 15 s whose tenant ``a`` sent ten requests over its last five seconds."""
+    spec = ClusterSpec.from_dict({"name": "t", "hosts": [{
+        "host_id": "h", "devices": {"kind": "A100-80GB", "count": 2},
+        "intra_link": {"gbps": 800, "latency_us": 2}}]})
+    sim = SimulatedCluster(spec, [ReplicaSpec("r0", "tiny", ("h/gpu0",), tenant_id="a")], RooflineLike(),
+                           rng=np.random.default_rng(0))
+    sim.note_arrivals([RequestSpec(f"q{i}", "a", "tiny", 10.0 + 0.5 * i, 16, 8) for i in range(10)],
+                      seen_since=seen_since)
+    sim.run_to(15.0)
+    return sim
+
+
+def test_a_tenant_seen_for_less_than_the_horizon_is_forecast_to_go_on_as_it_began() -> None:
+    """Shifting its five seconds by the 20-s horizon would have it send nothing for fifteen
+    seconds, and a what-if at its start would see no load to make room for."""
+    sim = _newcomer()
+    forecast = WhatIf(sim)._forecast(sim, 20.0)
+    assert len(forecast) == 40  # its rate, two a second, over the whole horizon
+    assert all(15.0 <= r.arrival_s < 35.0 for r in forecast)
+    assert len({r.request_id for r in forecast}) == 40
+
+
+def test_a_tenant_watched_for_longer_than_its_window_shows_keeps_the_plain_persistence_forecast() -> None:
+    """A live mirror's history is the last window: a model sending ten requests in five seconds,
+    watched for minutes, is forecast to send ten in the next twenty."""
+    sim = _newcomer(seen_since={"a": -100.0})
+    forecast = WhatIf(sim)._forecast(sim, 20.0)
+    assert [r.arrival_s for r in forecast] == [30.0 + 0.5 * i for i in range(10)]
