@@ -115,10 +115,12 @@ class SchedulingLoop(HomePlanner):
         return shares
 
     def _utilisation(self, executor_id: str) -> float:
+        """The executor's busy share since the last step: an executor runs one iteration at a
+        time whatever its devices, so its busy seconds over the wall time (not over its devices)."""
         e = self.state.executors[executor_id]
         now = time.monotonic()
         t0, b0 = self._busy_mark.get(executor_id, (self.started, 0.0))
-        return min(1.0, (e.busy_s - b0) / (now - t0) / max(1, len(e.device_ids))) if now > t0 else 0.0
+        return min(1.0, (e.busy_s - b0) / (now - t0)) if now > t0 else 0.0
 
     def cypher_slots(self, view: LiveClusterView, q: SlotQuery) -> list[Slot]:
         """The Cypher candidate-slot search over the live devices in the GMG for a query of the

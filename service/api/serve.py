@@ -21,6 +21,10 @@ def serve_main(argv: list[str]) -> int:
     p.add_argument("--heartbeat-s", type=float, help="executor heartbeat period (default 2)")
     p.add_argument("--max-batch", type=int, help="leases per replica at once (default 8)")
     p.add_argument("--schedule-interval-s", type=float, help="slice policy: least time between steps (default 2)")
+    p.add_argument("--headroom-utilisation", type=float,
+                   help="replica placement: a model whose home executor is this busy gets a guest ahead of a "
+                   "backlog where the what-if predicts no harm (0: only for backlogs; default "
+                   "$SLICESCHED_HEADROOM_UTILISATION or 0.5)")
     p.add_argument("--predictor", help="distributional predictor for the slack policy, adapted online: a folder "
                    "written by `slicesched predictors train`, or 'naive' (default: $SLICESCHED_PREDICTOR or none)")
     p.add_argument("--predictor-refit-s", type=float,
@@ -35,6 +39,7 @@ def serve_main(argv: list[str]) -> int:
     settings = ServiceSettings.from_env(placement=args.placement, queue=args.queue, lease_ttl_s=args.lease_ttl_s,
                                         heartbeat_s=args.heartbeat_s, max_batch=args.max_batch,
                                         schedule_interval_s=args.schedule_interval_s,
+                                        headroom_utilisation=args.headroom_utilisation,
                                         cost_model=args.cost_model, predictor=args.predictor,
                                         predictor_refit_s=args.predictor_refit_s)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")

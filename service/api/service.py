@@ -94,7 +94,10 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.repo: GraphRepository | None = None
         self.writer: GmgWriter | None = None
         self.audit = AuditLog(enabled=settings.audit, wait_s=settings.call_timeout_s)  # its store: at start
-        self.scheduler = Scheduler(make_placement_policy(settings.placement, find_devices=self._cypher_candidates))
+        headroom = {"headroom_utilisation": settings.headroom_utilisation or None} if settings.placement == "replica" \
+            else {}
+        self.scheduler = Scheduler(make_placement_policy(settings.placement, find_devices=self._cypher_candidates,
+                                                         **headroom))
         self.supervisor = Supervisor()
         self.metrics.watch(self._health_metrics)
         self.metrics.watch(self._quota_metrics)

@@ -33,6 +33,9 @@ class ServiceSettings:
     max_attempts: int = 3  # failed leases before a request fails
     max_batch: int = 8  # leases per replica at once (its KV slots)
     schedule_interval_s: float = 2.0  # the slice policy steps at most this often
+    # replica placement: a model whose home executor is this busy gets a guest ahead of a backlog
+    # where the what-if predicts no tenant worse off (0: only for backlogs; service.core.placement)
+    headroom_utilisation: float = 0.5
     slice_retention_s: float = 3600.0  # live Slices (leases) are kept this long after they end
     db_timeout_s: float = 2.0  # a call that cannot reach Neo4j fails (503, Retry-After) within about this
     call_timeout_s: float = 10.0  # a call that reached Neo4j but has no answer by then: 503, outcome unknown
@@ -71,6 +74,8 @@ class ServiceSettings:
                                     "max_pending_writes >= 1000")
         if self.max_queued < 1:
             raise InvalidInputError("max_queued must be >= 1")
+        if not 0.0 <= self.headroom_utilisation <= 1.0:
+            raise InvalidInputError(f"headroom_utilisation must be in [0, 1] (0: off), got {self.headroom_utilisation}")
         self._check_predictor()
 
     def _check_predictor(self) -> None:
@@ -115,6 +120,7 @@ class ServiceSettings:
             "call_timeout_s": float(env.get("SLICESCHED_CALL_TIMEOUT_S", "10")),
             "max_pending_writes": int(env.get("SLICESCHED_MAX_PENDING_WRITES", "500000")),
             "max_queued": int(env.get("SLICESCHED_MAX_QUEUED", "200000")),
+            "headroom_utilisation": _number("SLICESCHED_HEADROOM_UTILISATION", "0.5", float),
             "cost_model": kind_from(None),
             "audit": _flag("SLICESCHED_AUDIT", True),
             "predictor": env.get("SLICESCHED_PREDICTOR") or None,

@@ -8,6 +8,7 @@ import pytest
 from learned.roofline import RooflineCostModel
 from service.cluster.spec import load_cluster_spec
 from service.core.placement import ContainerPlacementPolicy, ReplicaPlacementPolicy, TenantDemand, container_replicas
+from service.core.policies import make_placement_policy
 from service.core.scheduler import Decision, ReplicaChange, Scheduler
 from service.core.slicing import SlicePlacementPolicy
 from service.domain.error import InvalidInputError, InvariantError
@@ -179,3 +180,31 @@ def test_replica_what_if_predicts_what_the_simulator_then_does() -> None:
     assert predicted.output_tokens == c.tokens_out - tokens_before > 0
     assert predicted.violations_by_tenant == late
     assert predicted.memory_violations == len(c.ledger.violations) - violations_before
+
+
+@pytest.mark.parametrize("headroom", [None, 0.5])
+def test_a_busy_home_gets_a_guest_ahead_of_a_backlog_only_with_headroom_set(headroom: float | None) -> None:
+    """Tenant a keeps its device busy but never queues two requests (it does not press); the
+    other devices are idle or nearly. With ``headroom_utilisation`` the policy places a's guest
+    on one anyway, where the what-if predicts no tenant worse off; without it, no backlog, no
+    guest."""
+    from service.sim.view import SimClusterView
+
+    c = two_tenant_cluster()
+    view = SimClusterView(c)
+    policy = ReplicaPlacementPolicy(horizon_s=10.0, min_backlog=10_000, headroom_utilisation=headroom)
+    c.submit(sorted(requests("a", "llama2-7b", 40, 0.25, prompt=1500, out=300) + requests("b", "llama2-7b", 2, 4.0),
+                    key=lambda r: r.arrival_s))
+    c.run(until=5.0)
+    view.mark()
+    busy = {d.device_id: d.utilisation for d in view.devices()}
+    assert busy["node0/gpu0"] >= 0.5 > busy["node0/gpu1"]
+    decision, applied = Scheduler(policy).step_and_apply(c.now_s, view)
+    if headroom is None:
+        assert not decision.add and decision.num_whatifs == 0
+    else:
+        (change,) = decision.add
+        assert change.model_uid == "a/llama2-7b" and "node0/gpu0" not in change.device_ids
+        assert applied.added and "ahead of a backlog" in decision.notes[0]
+    with pytest.raises(InvalidInputError, match="headroom_utilisation"):
+        make_placement_policy("replica", headroom_utilisation=1.5)
