@@ -202,7 +202,8 @@ def print_calibration(calibration: dict[str, Any]) -> None:
         offered = calibration["offered"][tenant]
         best = max(cap["levels"], key=lambda lv: lv["tokens_per_s"])
         rows.append([tenant, cap["model"], cap["sla_class"],
-                     f"{cap['requests_per_s']:.2f}" + ("" if cap["sla_alone"] else " (SLA missed even alone)"),
+                     f"{cap['requests_per_s']:.2f}" + ("" if cap["sla_alone"] else " (SLA missed at every level)")
+                     + (" beside the others' loads" if cap.get("background_rps") else ""),
                      f"{best['tokens_per_s']:.0f}", offered["role"],
                      f"{offered['rate_rps']:.2f} ({offered['multiple_of_capacity']:.2g}x)"])
     print_table(["tenant", "model", "SLA", "capacity req/s within SLA", "peak tok/s", "role", "offered req/s"],

@@ -10,6 +10,14 @@ warm-up request), each request's TTFT and end-to-end time as the service records
 level's rate is its concurrency over the mean end-to-end time (Little's law: what the service
 sustains with that many requests in it). A tenant's *capacity* is the highest such rate at
 which at least :data:`SLA_SHARE` of the probe's requests met the tenant's SLA.
+The probe's homes are the comparison's (tenants weighted by the work their roles offer), and
+the busy tenant is probed last, while the others send their offered loads on their own
+devices (open Poisson arrivals of their mean shape at their average rates over the run,
+:class:`Background`): on a machine of few cores those loads share the cores, the service and
+Neo4j with the busy tenant's executor, as they do in the comparison. (Measured on 2 cores:
+acme 2.09 req/s beside the others at their active rates, 3.17 beside their average rates,
+3.08 alone, and 3.1-4.6 between earlier probes alone: the probe's own spread, levels of a
+few seconds, is as large as what the background changes.)
 :func:`calibrated_loads` then offers each tenant a multiple of its capacity by its role: the
 busy tenant more than its own devices serve (saturated), one steady well below, one idle for
 the first part of the run and then bursty. Each offers exactly its rate's count of
@@ -28,7 +36,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -69,6 +77,7 @@ class TenantCapacity:
     levels: list[ProbeLevel]
     requests_per_s: float  # the capacity: highest rate with SLA_SHARE of requests within the SLA
     sla_alone: bool  # False: no level met the SLA; the capacity is then the lowest level's rate
+    background_rps: dict[str, float] = field(default_factory=dict)  # the others' loads it was probed beside
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -164,30 +173,94 @@ def _probe_level(url: str, key: str, load: TenantLoad, concurrency: int, level_s
                       sum(met) / len(met) if met else 0.0)
 
 
+class Background:
+    """Open Poisson arrivals of each tenant's mean shape at its rate, posted (not waited for)
+    from one thread per tenant while the ``with`` block runs; a failed post is raised on exit."""
+
+    def __init__(self, url: str, keys: dict[str, str], loads: Sequence[TenantLoad], rates: dict[str, float],
+                 seed: int = 0) -> None:
+        self.url, self.keys, self.seed = url, keys, seed
+        self.loads = [load for load in loads if rates.get(load.tenant_id, 0.0) > 0.0]
+        self.rates = rates
+        self.posted: dict[str, int] = {}
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def __enter__(self) -> Background:
+        for i, load in enumerate(self.loads):
+            t = threading.Thread(target=self._send, args=(load, self.seed + i), daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+        if self.errors and exc[0] is None:
+            raise RuntimeError("the capacity probe's background load failed: " + "; ".join(self.errors))
+
+    def _send(self, load: TenantLoad, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        prompt = [32 + k % 90 for k in range(max(1, round(load.prompt_mean_tokens)))]
+        body = {"model_id": "m", "prompt_tokens": prompt, "max_tokens": max(2, round(load.output_mean_tokens))}
+        gap = 1.0 / self.rates[load.tenant_id]
+        try:
+            with httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.keys[load.tenant_id]}"},
+                              timeout=60.0) as c:
+                at = time.monotonic()
+                while True:
+                    at += float(rng.exponential(gap))
+                    if self._stop.wait(max(0.0, at - time.monotonic())):
+                        return
+                    c.post("/v1/requests", json=body).raise_for_status()
+                    self.posted[load.tenant_id] = self.posted.get(load.tenant_id, 0) + 1
+        except Exception as exc:  # reported on exit, not lost with the thread
+            self.errors.append(f"{load.tenant_id}: {exc}")
+
+
+def container_weights(loads: Sequence[TenantLoad], roles: dict[str, tuple[str, float]] = ROLES) -> dict[str, float]:
+    """Each tenant's offered work in container devices' worth by its role (its multiple of its
+    capacity, over the share of the run in which it arrives): what container homes are sized by."""
+    out = {}
+    for load in loads:
+        role, multiple = roles[load.tenant_id]
+        out[load.tenant_id] = multiple * ((1.0 - BURSTY_IDLE_SHARE) if role == "idle then bursty" else 1.0)
+    return out
+
+
 def probe_capacity(loads: Sequence[TenantLoad], *, neo4j: Neo4jSettings | None = None,
-                   levels: Sequence[int] = LEVELS, level_s: float = 2.0,
+                   levels: Sequence[int] = LEVELS, level_s: float = 2.0, roles: dict[str, tuple[str, float]] = ROLES,
                    progress: Callable[[str], None] | None = None) -> dict[str, TenantCapacity]:
     """Each tenant's capacity on its container devices (see the module docstring), one tenant at a
-    time on a live stack like the comparison's: container placement, two executors x two devices."""
+    time on a live stack like the comparison's: container placement with its homes, two
+    executors x two devices; the saturated tenants last, beside the others' offered loads."""
     say = progress or (lambda _: None)
     if neo4j is not None:
         reset_tenants(neo4j, sorted(t.tenant_id for t in loads))
     result: dict[str, TenantCapacity] = {}
     with LiveStack(placement="container", neo4j=neo4j, lease_ttl_s=10.0, heartbeat_s=1.0) as stack:
-        keys = register(stack, loads)
+        work = container_weights(loads, roles)
+        keys = register(stack, loads, work)
         stack.start_executor("exec-a", ["cpu:0", "cpu:1"])
         stack.start_executor("exec-b", ["cpu:0", "cpu:1"])
         stack.wait_devices(4)
-        for load in loads:
-            say(f"capacity probe: {load.tenant_id} ({load.model}) warming up")
-            _probe_level(stack.url, keys[load.tenant_id], load, 1, 0.0)  # one request: weights loaded, code warm
-            probed = []
-            for c in levels:
-                say(f"capacity probe: {load.tenant_id} ({load.model}) at concurrency {c}")
-                probed.append(_probe_level(stack.url, keys[load.tenant_id], load, c, level_s))
+        for load in sorted(loads, key=lambda t: roles[t.tenant_id][0] == "saturated"):  # stable: others first
+            rates = {t: work[t] * c.requests_per_s for t, c in result.items() if roles[t][0] != "saturated"} \
+                if roles[load.tenant_id][0] == "saturated" else {}  # their average rates over the run
+            beside = f" beside {', '.join(f'{t} {r:.1f}/s' for t, r in rates.items())}" if rates else ""
+            with Background(stack.url, keys, loads, rates):
+                say(f"capacity probe: {load.tenant_id} ({load.model}) warming up{beside}")
+                _probe_level(stack.url, keys[load.tenant_id], load, 1, 0.0)  # one request: weights loaded, code warm
+                probed = []
+                for c in levels:
+                    say(f"capacity probe: {load.tenant_id} ({load.model}) at concurrency {c}{beside}")
+                    probed.append(_probe_level(stack.url, keys[load.tenant_id], load, c, level_s))
             good = [p.requests_per_s for p in probed if p.sla_met_share >= SLA_SHARE]
             result[load.tenant_id] = TenantCapacity(load.tenant_id, load.model, load.sla_class, probed,
-                                                    max(good) if good else probed[0].requests_per_s, bool(good))
+                                                    max(good) if good else probed[0].requests_per_s, bool(good),
+                                                    rates)
     if neo4j is not None:
         reset_tenants(neo4j, sorted(t.tenant_id for t in loads))
     return result

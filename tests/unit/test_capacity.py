@@ -15,13 +15,15 @@ from service.api.capacity import (
     BURSTY_IDLE_SHARE,
     ROLES,
     SLA_SHARE,
+    Background,
     ProbeLevel,
     TenantCapacity,
     _probe_level,
     calibrated_loads,
+    container_weights,
     machine_busy,
 )
-from service.api.live_run import DEMO_TENANTS, demo_workload
+from service.api.live_run import DEMO_TENANTS, demo_workload, offered_work
 from service.domain.error import InvalidInputError
 from service.workload.synthetic import TenantLoad, synthetic_workload
 
@@ -137,3 +139,35 @@ def test_the_mean_length_of_a_clamped_lognormal() -> None:
     for median, sigma, cap in ((32.0, 0.5, 128), (64.0, 1.0, 100), (10.0, 0.0, 5)):
         draws = np.clip(median * np.exp(sigma * rng.standard_normal(400_000)), None, cap)
         assert lognormal_mean_tokens(median, sigma, cap) == pytest.approx(draws.mean(), rel=0.01)
+
+
+def test_the_background_load_posts_open_arrivals_at_its_rate_and_reports_failures() -> None:
+    """The saturated tenant is probed beside the others' offered loads: open Poisson arrivals of
+    each one's mean shape, posted without waiting for them, stopped with the block."""
+    import time
+
+    _InstantService.posted = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _InstantService)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    loads = [TenantLoad("globex", "tiny", 1.0, prompt_median_tokens=7, prompt_sigma=0.0, output_median_tokens=3,
+                        output_sigma=0.0), TenantLoad("idle", "tiny", 1.0)]
+    try:
+        with Background(url, {"globex": "k", "idle": "k2"}, loads, {"globex": 40.0}) as bg:
+            time.sleep(1.0)
+    finally:
+        server.shutdown()
+    n = len(_InstantService.posted)
+    assert bg.posted == {"globex": n} and 20 <= n <= 70  # 40/s for a second; no rate, no load
+    assert all(b["prompt_tokens"] == list(range(32, 39)) and b["max_tokens"] == 3 for b in _InstantService.posted)
+    with pytest.raises(RuntimeError, match="background load failed: globex"), \
+            Background("http://127.0.0.1:9", {"globex": "k"}, loads, {"globex": 50.0}):
+        time.sleep(0.5)
+
+
+def test_the_probe_sizes_container_homes_as_the_comparison_does() -> None:
+    capacity = {t.tenant_id: _capacity(t.tenant_id, 2.0) for t in DEMO_TENANTS}
+    offered = calibrated_loads(DEMO_TENANTS, capacity, 60.0)
+    record = {"duration_s": 60.0, "offered": {o.tenant_id: {"multiple_of_capacity": ROLES[o.tenant_id][1],
+                                                            "start_s": o.start_s} for o in offered}}
+    assert container_weights(DEMO_TENANTS) == pytest.approx(offered_work(record))
