@@ -88,6 +88,7 @@ def measure(args: argparse.Namespace, neo4j: Neo4jSettings) -> int:
             "gmg_write_lag_s": {k: v["gmg_write_lag_s"] for k, v in runs.items()},
             "guest_replicas": runs["replica"]["guest_replicas"], "decisions": runs["replica"]["decisions"],
             "scheduler_cpu_s": {k: v["scheduler_cpu_s"] for k, v in runs.items()},
+            "cpu_cores": {k: v["cpu_cores"] for k, v in runs.items()},
             "per_tenant": {k: v["tenants"] for k, v in runs.items()},
             "workload": record["workload"], "plot": f"live_e2e/seed{seed}/live_latency.png",
         }
@@ -110,6 +111,9 @@ def measure(args: argparse.Namespace, neo4j: Neo4jSettings) -> int:
         "seeds": seeds,
         "per_seed": per_seed,
         "calibration": calibration,
+        # cores each part of the stack kept busy (median over seeds): what a guest replica can add
+        "cpu_cores": {p: {part: median(r["cpu_cores"][p].get(part, 0.0) for r in rows)
+                          for part in rows[0]["cpu_cores"][p]} for p in placements},
     }
     _record.write("live_e2e", args, {"duration_s": args.duration_s, "load": args.load, "calibrated": not args.fixed,
                                      "seeds": seeds, "executors": 2, "devices_per_executor": 2}, results)

@@ -8,6 +8,7 @@ it really generates tokens on the CPU), and prints what Cypher inspection shows.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -154,6 +155,10 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
                   f"{r['gmg_write_lag_s']['p50'] or 0:.3f} / {r['gmg_write_lag_s']['p99'] or 0:.3f}"]
                  for p, r in runs.items()], title="summary")
     print(f"replica / container tokens/s: {record['tokens_per_s_ratio']:.2f}x (live executors run whole replicas)")
+    for placement, run in runs.items():
+        if run.get("cpu_cores"):
+            print(f"cores busy under {placement} (of {os.cpu_count()}): "
+                  + ", ".join(f"{part} {cores:.2f}" for part, cores in run["cpu_cores"].items()))
     print_busy_verdict(calibration, runs)
     if after["busy"] and not calibration["machine"]["busy"]:
         print(f"  warning: other work kept {100 * (after['busy_share'] or 0):.0f}% of the cores busy right after the "

@@ -91,7 +91,7 @@ ROLES: dict[str, tuple[str, float]] = {"acme": ("saturated", 1.2), "globex": ("s
 BURSTY_IDLE_SHARE = 0.4
 
 
-def _cpu_jiffies() -> tuple[int, int] | None:
+def cpu_jiffies() -> tuple[int, int] | None:
     """(busy, total) jiffies of all cores since boot, from /proc/stat (None where there is none)."""
     try:
         fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]  # noqa: SIM115 - one line
@@ -107,9 +107,9 @@ def machine_busy(sample_s: float = 2.0) -> dict[str, Any]:
     alone lags and counts the demo's own earlier work). ``busy`` when that share (or, without
     /proc/stat, the load average per core) exceeds :data:`BUSY_LOAD`."""
     cores = os.cpu_count() or 1
-    before = _cpu_jiffies()
+    before = cpu_jiffies()
     time.sleep(sample_s if before is not None else 0.0)
-    after = _cpu_jiffies()
+    after = cpu_jiffies()
     load = os.getloadavg()[0]
     share = None
     if before is not None and after is not None and after[1] > before[1]:

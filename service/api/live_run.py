@@ -12,16 +12,18 @@ benchmark both run it once per placement, on the same workload.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 
+from service.api.capacity import cpu_jiffies
 from service.api.live_tenants import register, reset_tenants
 from service.api.metrics import sla_met
 from service.api.records import LiveRequest
@@ -76,11 +78,70 @@ class LiveRunResult:
     unfinished: int = 0
     scheduler_steps: int = 0
     scheduler_cpu_s: float = 0.0  # wall time the scheduler's steps took (what-ifs included)
+    cpu_cores: dict[str, float] = field(default_factory=dict)  # cores each part kept busy (CpuMeter)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 
         return asdict(self)
+
+
+def _proc_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) of process ``pid`` so far, from /proc (None where unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class CpuMeter:
+    """How many cores each part of the live stack kept busy between :meth:`start` and
+    :meth:`stop`: the service, Neo4j and each executor (their processes), this process (the
+    load's clients and the run's polling) and the whole machine (/proc/stat). On a machine of few
+    cores these share the cores: an executor's idle time is not an idle core while Neo4j and the
+    service are busy, which bounds what a guest replica there can add. Linux only (``{}``
+    elsewhere); a part whose process cannot be read is left out."""
+
+    def __init__(self, pids: Mapping[str, int]) -> None:
+        self.pids = dict(pids)
+        self._t0 = 0.0
+        self._marks: dict[str, float] = {}
+        self._machine: tuple[int, int] | None = None
+
+    def _read(self) -> dict[str, float]:
+        out = {name: cpu for name, pid in self.pids.items() if (cpu := _proc_cpu_s(pid)) is not None}
+        out["this process (clients)"] = time.process_time()
+        return out
+
+    def start(self) -> None:
+        self._t0, self._marks, self._machine = time.monotonic(), self._read(), cpu_jiffies()
+
+    def stop(self) -> dict[str, float]:
+        wall = time.monotonic() - self._t0
+        now, machine = self._read(), cpu_jiffies()
+        if wall <= 0 or not os.path.exists("/proc/stat"):
+            return {}
+        cores = {name: round((now[name] - t0) / wall, 3) for name, t0 in self._marks.items() if name in now}
+        if self._machine is not None and machine is not None and machine[1] > self._machine[1]:
+            share = (machine[0] - self._machine[0]) / (machine[1] - self._machine[1])
+            cores["machine"] = round(share * (os.cpu_count() or 1), 3)
+        return cores
+
+
+def stack_pids(stack: LiveStack, neo4j: Neo4jSettings | None) -> dict[str, int]:
+    """The processes of a live stack by part: the service, each executor, the managed Neo4j."""
+    pids = {name: proc.pid for name, proc in sorted(stack.executors.items())}
+    if stack.server is not None:
+        pids["service"] = stack.server.pid
+    if neo4j is not None and neo4j.state_dir is not None:
+        from service.graph.local_server import LocalNeo4j
+
+        info = LocalNeo4j(neo4j.state_dir).status()
+        if info is not None:
+            pids["neo4j"] = info.pid
+    return pids
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -130,6 +191,8 @@ def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None 
                         ids[tenant].append(r.json()["request_id"])
 
             threads = [threading.Thread(target=client, args=(t,), daemon=True) for t in sorted(tenants)]
+            meter = CpuMeter(stack_pids(stack, neo4j))
+            meter.start()
             for t in threads:
                 t.start()
             total = workload.num_requests
@@ -145,9 +208,10 @@ def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None 
                     break
                 say(f"{placement}: draining, {len(finished)}/{total} done")
                 time.sleep(2.0)
+            cpu = meter.stop()
             finished = ours(admin.get("/v1/requests", params={"limit": 10_000}).json())
             stats = admin.get("/v1/stats").json()
-    return summarise(placement, finished, stats)
+    return replace(summarise(placement, finished, stats), cpu_cores=cpu)
 
 
 def warm_up(url: str, keys: Mapping[str, str], say: Callable[[str], None], timeout_s: float = 120.0) -> set[str]:

@@ -171,3 +171,26 @@ def test_the_probe_sizes_container_homes_as_the_comparison_does() -> None:
     record = {"duration_s": 60.0, "offered": {o.tenant_id: {"multiple_of_capacity": ROLES[o.tenant_id][1],
                                                             "start_s": o.start_s} for o in offered}}
     assert container_weights(DEMO_TENANTS) == pytest.approx(offered_work(record))
+
+
+def test_the_cpu_meter_counts_the_cores_each_part_of_the_stack_kept_busy() -> None:
+    """A process spinning for the whole interval reads about one core; this process, waiting,
+    about none; a part whose process is gone is left out; the machine's total is there."""
+    import subprocess
+    import sys
+    import time
+
+    from service.api.live_run import CpuMeter
+
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 5: pass"])
+    try:
+        time.sleep(0.3)  # past its start-up
+        meter = CpuMeter({"spinner": spin.pid, "gone": 2**22 + 7})
+        meter.start()
+        time.sleep(1.0)
+        cores = meter.stop()
+    finally:
+        spin.kill()
+        spin.wait()
+    assert "gone" not in cores and cores["this process (clients)"] < 0.3
+    assert cores["spinner"] > 0.5 and cores["machine"] >= 0.5
