@@ -135,11 +135,11 @@ def stack_pids(stack: LiveStack, neo4j: Neo4jSettings | None) -> dict[str, int]:
     pids = {name: proc.pid for name, proc in sorted(stack.executors.items())}
     if stack.server is not None:
         pids["service"] = stack.server.pid
-    if neo4j is not None and neo4j.state_dir is not None:
+    if neo4j is not None:  # the managed server's process, when it is the one these settings reach
         from service.graph.local_server import LocalNeo4j
 
         info = LocalNeo4j(neo4j.state_dir).status()
-        if info is not None:
+        if info is not None and (neo4j.uri is None or neo4j.uri == info.uri):
             pids["neo4j"] = info.pid
     return pids
 
