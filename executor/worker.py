@@ -30,11 +30,12 @@ Sharing the executor
     of it (a standard tenant's small model made a token every 4 ms against its 200 ms while an
     interactive guest beside it missed its 100 ms). So a batcher is *due* once
     :data:`TPOT_PACE` of its tightest target has passed since its last iteration began, or at
-    once while a request of its waits for its prefill or while its KV slots are all taken (the
-    service leases a replica no more than its slots, so its queue then waits at the service:
-    pacing a full batch would hold that queue back; measured live, a standard tenant's full
-    batch paced at 100 ms a token queued nine requests past their TTFT target); when any
-    batcher is due, the picks are among the due ones. A batcher
+    once while a request of its waits for its prefill or while half its KV slots or more are
+    taken (:attr:`~executor.batcher.ContinuousBatcher.pressed`: the service leases a replica
+    no more than its slots, so a filling batch's queue waits at the service, where pacing would
+    hold it back; measured live, a standard tenant's batch paced at 100 ms a token queued nine
+    requests past their TTFT target); when any batcher is due, the picks are among the due
+    ones. A batcher
     ahead of its pace still runs whenever none is due, so no time is left idle, and a tenant's
     cheap iterations then batch more requests at once instead of taking time from the others.
 """
