@@ -182,15 +182,14 @@ def headroom_models(replicas: Sequence[ReplicaInfo], busy: dict[str, float], thr
     devices are at least ``threshold`` busy (the busiest of them), busiest first."""
     heat: dict[str, float] = {}
     family_of: dict[str, str] = {}
-    guested: set[str] = set()
+    skip = set(exclude)
     for r in replicas:
-        if r.guest or r.draining:
-            guested.add(r.model_uid)
+        if r.guest or r.draining:  # a model with a guest has its headroom; one draining is moving
+            skip.add(r.model_uid)
             continue
         heat[r.model_uid] = max(heat.get(r.model_uid, 0.0), *(busy.get(d, 0.0) for d in r.device_ids))
         family_of[r.model_uid] = r.family
-    return {m: family_of[m] for m in sorted(heat, key=lambda m: -heat[m])
-            if heat[m] >= threshold and m not in guested and m not in exclude}
+    return {m: family_of[m] for m in sorted(heat, key=lambda m: -heat[m]) if heat[m] >= threshold and m not in skip}
 
 
 def owner_pressed(owner: ReplicaInfo, min_backlog: int, yield_share: float) -> str | None:
