@@ -5,8 +5,8 @@ too light on a fast machine and hopeless on a slow or busy one, where both place
 request and the comparison says nothing. So :func:`probe_capacity` first measures each tenant's
 model on the devices container placement gives it: a closed loop of requests of the tenant's
 mean shape (its mean prompt and output lengths: capacity is of the work the workload brings on
-average, not of its median request) at a few concurrencies (a couple of seconds each, after a
-warm-up request), each request's TTFT and end-to-end time as the service records them. A
+average, not of its median request) at a few concurrencies (a couple of seconds and at least
+:data:`ROUNDS` rounds of requests each, after a warm-up request), each request's TTFT and end-to-end time as the service records them. A
 level's rate is its concurrency over the mean end-to-end time (Little's law: what the service
 sustains with that many requests in it). A tenant's *capacity* is the highest such rate at
 which at least :data:`SLA_SHARE` of the probe's requests met the tenant's SLA.
@@ -55,6 +55,11 @@ SLA_SHARE = 0.9  # a probe level counts when this share of its requests met the 
 # (benchmarks/results/live_e2e-probe-c8.json): the saturated role is sized at the batch the
 # service runs with slack for its bursts.
 LEVELS = (1, 2, 4)
+# Each level lasts its seconds and at least this many rounds of its concurrency's requests. At
+# 2 s alone, acme's level at concurrency 4 saw 8 requests (two rounds) and read 2.52-3.29 req/s
+# across three probes on one quiet machine (3.95 in a fresh clone's demo, whose comparison then
+# served acme ~1.6x slower).
+ROUNDS = 6
 BUSY_LOAD = 0.35  # busy share of the cores (other work) above which the comparison is not fair
 
 
@@ -134,24 +139,32 @@ def _one_request(c: httpx.Client, prompt: list[int], max_tokens: int, timeout_s:
     return None
 
 
-def _probe_level(url: str, key: str, load: TenantLoad, concurrency: int, level_s: float) -> ProbeLevel:
-    """A closed loop of ``concurrency`` clients for ``level_s`` seconds (the requests in flight then finish)."""
+def _probe_level(url: str, key: str, load: TenantLoad, concurrency: int, level_s: float,
+                 rounds: int = 1) -> ProbeLevel:
+    """A closed loop of ``concurrency`` clients for ``level_s`` seconds and until the level has
+    seen ``rounds`` x ``concurrency`` requests (the requests in flight then finish)."""
     prompt_len = max(1, round(load.prompt_mean_tokens))
     out_len = max(2, round(load.output_mean_tokens))
     sla = SLA_CLASSES[load.sla_class]
     rows: list[dict[str, Any]] = []
     lock = threading.Lock()
     stop_at = time.monotonic() + level_s
+    wanted = rounds * concurrency
+    sent = [0]
 
     def client(i: int) -> None:
         prompt = [32 + (i * 7 + k) % 90 for k in range(prompt_len)]
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60.0) as c:
             while True:  # at least one request each (level_s=0: the warm-up's single request)
+                with lock:
+                    sent[0] += 1
                 row = _one_request(c, prompt, out_len, timeout_s=120.0)
                 if row is not None:
                     with lock:
                         rows.append(row)
-                if time.monotonic() >= stop_at:
+                with lock:
+                    done = time.monotonic() >= stop_at and sent[0] >= wanted
+                if done:
                     break
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(concurrency)]
@@ -231,7 +244,7 @@ def container_weights(loads: Sequence[TenantLoad], roles: dict[str, tuple[str, f
 
 
 def probe_capacity(loads: Sequence[TenantLoad], *, neo4j: Neo4jSettings | None = None,
-                   levels: Sequence[int] = LEVELS, level_s: float = 2.0, roles: dict[str, tuple[str, float]] = ROLES,
+                   levels: Sequence[int] = LEVELS, level_s: float = 2.0, rounds: int = ROUNDS, roles: dict[str, tuple[str, float]] = ROLES,
                    progress: Callable[[str], None] | None = None) -> dict[str, TenantCapacity]:
     """Each tenant's capacity on its container devices (see the module docstring), one tenant at a
     time on a live stack like the comparison's: container placement with its homes, two
@@ -256,7 +269,7 @@ def probe_capacity(loads: Sequence[TenantLoad], *, neo4j: Neo4jSettings | None =
                 probed = []
                 for c in levels:
                     say(f"capacity probe: {load.tenant_id} ({load.model}) at concurrency {c}{beside}")
-                    probed.append(_probe_level(stack.url, keys[load.tenant_id], load, c, level_s))
+                    probed.append(_probe_level(stack.url, keys[load.tenant_id], load, c, level_s, rounds))
             good = [p.requests_per_s for p in probed if p.sla_met_share >= SLA_SHARE]
             result[load.tenant_id] = TenantCapacity(load.tenant_id, load.model, load.sla_class, probed,
                                                     max(good) if good else probed[0].requests_per_s, bool(good),

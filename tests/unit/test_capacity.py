@@ -117,6 +117,22 @@ def test_a_zero_length_probe_level_still_sends_one_request() -> None:
     assert level.requests_per_s == pytest.approx(50.0) and level.tokens_per_s == pytest.approx(100.0)
 
 
+def test_a_probe_level_lasts_its_rounds_of_requests_however_short_its_seconds() -> None:
+    """A level of two seconds saw two rounds of acme's requests (8 at concurrency 4) and read
+    2.5-3.3 req/s across probes: a level also waits for its rounds, counted over all its clients."""
+    _InstantService.posted = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _InstantService)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        load = TenantLoad("acme", "tiny", 1.0, "interactive", prompt_median_tokens=5, prompt_sigma=0.0,
+                          output_median_tokens=2, output_sigma=0.0)
+        level = _probe_level(f"http://127.0.0.1:{server.server_port}", "k", load, 3, 0.0, rounds=5)
+    finally:
+        server.shutdown()
+    assert level.requests == len(_InstantService.posted)
+    assert 15 <= level.requests <= 15 + 3  # the rounds, and at most one more request per client in flight
+
+
 def test_calibrated_loads_offer_exactly_their_rates_count_whatever_the_seed() -> None:
     capacity = {"acme": _capacity("acme", 2.0), "globex": _capacity("globex", 10.0), "initech": _capacity("initech", 4.0)}
     loads = calibrated_loads(DEMO_TENANTS, capacity, 60.0)
