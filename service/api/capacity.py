@@ -6,8 +6,8 @@ request and the comparison says nothing. So :func:`probe_capacity` first measure
 model on the devices container placement gives it: a closed loop of requests of the tenant's
 mean shape (its mean prompt and output lengths: capacity is of the work the workload brings on
 average, not of its median request) at a few concurrencies (a couple of seconds and at least
-:data:`ROUNDS` rounds of requests each, after a warm-up request), each request's TTFT and end-to-end time as the service records them. A
-level's rate is its concurrency over the mean end-to-end time (Little's law: what the service
+:data:`ROUNDS` rounds of requests each, after a warm-up request), each request's TTFT and
+end-to-end time as the service records them. A level's rate is its concurrency over the mean end-to-end time (Little's law: what the service
 sustains with that many requests in it). A tenant's *capacity* is the highest such rate at
 which at least :data:`SLA_SHARE` of the probe's requests met the tenant's SLA.
 The probe's homes are the comparison's (tenants weighted by the work their roles offer), and
