@@ -142,6 +142,11 @@ class ContinuousBatcher:
         return not self.waiting and not self.running
 
     @property
+    def admitting(self) -> bool:
+        """A request waits for its prefill and a KV slot is free for it (the next step admits it)."""
+        return bool(self.waiting) and len(self.running) < self.max_batch
+
+    @property
     def pressed(self) -> bool:
         """A request waits for its prefill, or half its KV slots or more are taken (a batch
         that fills up is falling behind its arrivals, and more of them may wait upstream)."""

@@ -38,6 +38,12 @@ Sharing the executor
     ones. A batcher
     ahead of its pace still runs whenever none is due, so no time is left idle, and a tenant's
     cheap iterations then batch more requests at once instead of taking time from the others.
+    Before all of these, a batcher with a request waiting for its prefill and a free KV slot
+    (:attr:`~executor.batcher.ContinuousBatcher.admitting`) is picked first: that request's TTFT
+    is running, and one iteration admits all that wait, so this claims at most one pick a round.
+    (By virtual time alone, measured live, a standard tenant's 1 ms iterations, its batch half
+    full and so due, ran 0.2 s ahead of a guest's first requests after the guest's costly
+    prefill.)
 """
 
 from __future__ import annotations
@@ -218,8 +224,9 @@ class Worker:
                 break
             if len(ready) > 1:
                 now = self.clock()
-                ready = [k for k in ready if self._batchers[k].pressed or now - self._started.get(k, -math.inf)
-                         >= TPOT_PACE * tpot.get(k, DEFAULT_TPOT_S)] or ready
+                ready = [k for k in ready if self._batchers[k].admitting] or \
+                    [k for k in ready if self._batchers[k].pressed or now - self._started.get(k, -math.inf)
+                     >= TPOT_PACE * tpot.get(k, DEFAULT_TPOT_S)] or ready
             key = min(ready, key=lambda k: (self._vtime[k], k[0]))
             self._step(key, weight.get(key, 1.0), result)
         self._busy_keys = {k for k, b in self._batchers.items() if not b.idle}

@@ -256,6 +256,31 @@ def test_a_batcher_whose_kv_slots_are_all_taken_is_always_due() -> None:
     assert set(done) == {"own", "gst"}
 
 
+def test_a_request_waiting_for_its_prefill_goes_before_a_batch_ahead_of_its_pace() -> None:
+    """A guest's new request waits for its prefill while the owner beside it, four of its eight
+    KV slots taken (so always due), has the less virtual time: by time alone the owner's cheap
+    iterations would run first until they caught up with the guest's last costly one (measured
+    live: a guest's first requests waited 0.2 s so). A request that can be admitted is
+    prefilled at the next pick: its TTFT is running, and one iteration admits all that wait."""
+    worker, now = _costly_worker({"tiny": 0.001, "tiny-llama": 0.2})
+    for i in range(4):
+        assert worker.accept(Lease.from_json({**lease_json(f"own{i}", replica="globex/m@cpu:0", max_tokens=500),
+                                              "tpot_s": 0.2}, 0.0))
+    guest = {**lease_json("gst1", replica="acme/m@cpu:0", family="tiny-llama", max_tokens=40), "guest": True,
+             "tpot_s": 0.1}
+    assert worker.accept(Lease.from_json(guest, 0.0))
+    done: dict[str, Completion] = {}
+    for _ in range(3):
+        done.update((c.lease_id, c) for _, c in worker.step_round().completed)
+    arrived = now[0]
+    assert worker.accept(Lease.from_json({**guest, "lease_id": "gst2", "max_tokens": 2}, arrived))
+    while "gst2" not in done:
+        done.update((c.lease_id, c) for _, c in worker.step_round().completed)
+    # Its prefill with gst1's decode (two forwards of 0.2 s), after at most one owner iteration;
+    # by virtual time alone the owner's 0.001 s iterations first ran 0.4 s.
+    assert done["gst2"].ttft_s <= 0.4 + 0.01
+
+
 def test_equal_weights_and_costs_are_round_robin() -> None:
     worker, _ = _costly_worker({"tiny": 1.0})
     for name, replica in (("a", "acme/m@cpu:0"), ("b", "beta/m@cpu:0")):
