@@ -2,7 +2,8 @@
 
 :class:`Worker` runs each lease's request in the continuous batcher of its replica: one
 :class:`~executor.batcher.ContinuousBatcher` per replica; a model is built (or, from a model
-directory, loaded) once per ``(family, seed, path, stages)`` and stays resident. The new tokens
+directory, loaded) once per ``(family, seed, path, stages)`` and stays resident; a replica's
+batcher is built on a builder thread, so that loading one does not stall the others. The new tokens
 of streaming leases are collected after each round (:meth:`Worker.progress`). It is driven
 from one thread (the daemon's main thread, :mod:`executor.daemon`).
 
@@ -52,11 +53,13 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 from executor.batcher import Clock, ContinuousBatcher, GenerationRequest
-from executor.runner import Stage, StagedModel, load_staged
+from executor.device import torch_device
+from executor.runner import Stage, StagedModel, check_stages, load_staged
 from executor.settings import GUEST_WEIGHT
 from service.domain.sampling import GREEDY, Sampling
 from service.domain.wire import Completion, Failure, LeaseGrant, ProgressUpdate
@@ -67,8 +70,10 @@ ITERATION_HISTORY = 1024  # iteration records kept per batcher (the daemon repor
 DEFAULT_TPOT_S = 1.0  # the TPOT target of a lease that gives none (seconds)
 MIN_TPOT_S = 1e-3  # targets below this weigh as this
 TPOT_PACE = 0.5  # a batcher is due this share of its tightest TPOT target after its last iteration began
+LOAD_WAIT_S = 0.02  # how long a round with nothing to run waits for a replica being built
 
 ModelKey = tuple[str, int, str | None, tuple[Stage, ...]]
+BatcherKey = tuple[str, ModelKey]  # (replica id, its model)
 ModelLoader = Callable[[str, int, Sequence[Stage], str | None], StagedModel]  # family, seed, stages, path
 
 
@@ -134,7 +139,8 @@ def completion_of(lease: Lease, request: GenerationRequest) -> Completion:
 
 # ---- the torch side -----------------------------------------------------------------------------
 class Worker:
-    """Runs leases in continuous batchers, one per replica; no network, main thread only.
+    """Runs leases in continuous batchers, one per replica; no network, driven from one thread
+    (replicas are built on a builder thread of its own, see :meth:`accept`).
 
     ``accept`` submits a lease's request (``ValueError`` or a domain error if it cannot run
     here), ``cancel`` drops it, ``step_round`` steps every non-idle batcher once and returns
@@ -143,7 +149,8 @@ class Worker:
     """
 
     def __init__(self, *, max_batch: int = 8, max_held: int | None = None, clock: Clock = time.perf_counter,
-                 loader: ModelLoader = load_staged, guest_weight: float = GUEST_WEIGHT) -> None:
+                 loader: ModelLoader = load_staged, guest_weight: float = GUEST_WEIGHT,
+                 background_loads: bool = True) -> None:
         if not guest_weight > 0:
             raise ValueError(f"guest_weight must be > 0, got {guest_weight}")
         self.max_batch = max_batch  # KV slots of one replica's batcher
@@ -151,7 +158,11 @@ class Worker:
         self.clock = clock
         self.guest_weight = guest_weight
         self._loader = loader
-        self._models: dict[ModelKey, StagedModel] = {}
+        self._models: dict[ModelKey, StagedModel] = {}  # the builder's (the loading thread's, if any)
+        # Replicas being built (model and KV pool) off the main thread, and the leases waiting for them.
+        self._builder = ThreadPoolExecutor(1, thread_name_prefix="replica-build") if background_loads else None
+        self._building: dict[BatcherKey, Future[ContinuousBatcher]] = {}
+        self._parked: dict[str, Lease] = {}
         self._batchers: dict[tuple[str, ModelKey], ContinuousBatcher] = {}
         self._vtime: dict[tuple[str, ModelKey], float] = {}  # busy seconds / weight (module docstring)
         self._busy_keys: set[tuple[str, ModelKey]] = set()  # non-idle after the last round
@@ -162,31 +173,78 @@ class Worker:
 
     @property
     def free_slots(self) -> int:
-        return max(0, self.max_held - len(self._held))
+        return max(0, self.max_held - len(self._held) - len(self._parked))
 
     @property
     def busy(self) -> bool:
-        return bool(self._held)
+        return bool(self._held or self._parked)
 
     @property
     def lease_ids(self) -> list[str]:
-        return list(self._held)
+        return [*self._held, *self._parked]
 
     def accept(self, lease: Lease) -> bool:
-        """Submit ``lease``'s request into its replica's batcher; ``False`` if already held."""
-        if lease.lease_id in self._held:
+        """Submit ``lease``'s request into its replica's batcher; ``False`` if already held.
+
+        A replica this worker has no batcher for yet is built (its model loaded or reused, its
+        KV pool allocated) off the main thread, so the other replicas keep running meanwhile
+        (measured live: building a guest's batcher beside two busy executors took 0.96 s, which
+        the owners' requests waited out); its leases wait for it and join it at the first round
+        after it is built. What the build would refuse (an unknown model, stages that do not
+        cover its layers, an unknown device, too long a request) is refused here."""
+        if lease.lease_id in self._held or lease.lease_id in self._parked:
             return False
-        batcher = self._batcher_for(lease)
+        key = (lease.replica_id, lease.model_key)
+        batcher = self._batchers.get(key)
+        if batcher is not None:
+            self._submit(lease, batcher)
+        elif self._builder is None:
+            self._submit(lease, self._install(key, self._build(lease)))
+        else:
+            _check_buildable(lease)
+            if key not in self._building:
+                self._building[key] = self._builder.submit(self._build, lease)
+            self._parked[lease.lease_id] = lease
+        return True
+
+    def _submit(self, lease: Lease, batcher: ContinuousBatcher) -> None:
         request = GenerationRequest(lease.lease_id, list(lease.prompt_tokens), lease.max_tokens,
                                     arrival_s=lease.received_s, sampling=lease.sampling, stop_ids=lease.stop_ids)
         batcher.submit(request)
         self._held[lease.lease_id] = (lease, batcher)
         if lease.stream:
             self._streaming[lease.lease_id] = (request, 0)
-        return True
+
+    def _admit_built(self, result: RoundResult) -> None:
+        """Install the replicas built since the last round and submit the leases that waited for
+        them (a lease whose replica could not be built, or that its batcher refuses, fails)."""
+        if not self._building:
+            return
+        if not any(not b.idle for b in self._batchers.values()):  # nothing else to run: wait a little
+            wait(list(self._building.values()), timeout=LOAD_WAIT_S, return_when=FIRST_COMPLETED)
+        for key, future in list(self._building.items()):
+            if not future.done():
+                continue
+            del self._building[key]
+            waiting = [lease for lease in self._parked.values() if (lease.replica_id, lease.model_key) == key]
+            for lease in waiting:
+                del self._parked[lease.lease_id]
+            try:
+                batcher = self._install(key, future.result())
+            except Exception as exc:
+                log.error("replica %s could not be built: %s", key[0], exc)
+                result.failed.extend(Failure(lease.lease_id, f"executor error: {exc}") for lease in waiting)
+                continue
+            for lease in waiting:
+                try:
+                    self._submit(lease, batcher)
+                except Exception as exc:
+                    result.failed.append(Failure(lease.lease_id, str(exc)))
 
     def cancel(self, lease_id: str) -> bool:
         """Drop a held lease from its batcher; ``False`` if it is not held (e.g. finished)."""
+        if self._parked.pop(lease_id, None) is not None:
+            return True
         held = self._held.pop(lease_id, None)
         if held is None:
             return False
@@ -210,6 +268,7 @@ class Worker:
         and TPOT, paced by TPOT). A batcher whose step raises (e.g. out of memory) is dropped and
         its leases fail: its state is no longer trusted."""
         result = RoundResult()
+        self._admit_built(result)
         weight, tpot = self._targets()
         busy = [k for k, b in self._batchers.items() if not b.idle]
         waking = [k for k in busy if k not in self._busy_keys]
@@ -274,16 +333,36 @@ class Worker:
             self._streaming.pop(lid, None)
         return [Failure(lid, reason) for lid in lease_ids]
 
-    def _batcher_for(self, lease: Lease) -> ContinuousBatcher:
-        key = (lease.replica_id, lease.model_key)
-        if key not in self._batchers:
-            model = self._models.get(lease.model_key)
-            if model is None:
-                model = self._loader(lease.family, lease.seed, lease.stages, lease.path)
-                self._models[lease.model_key] = model
-                log.info("loaded %s (seed %d) on %s", lease.path or lease.family, lease.seed,
-                         ", ".join(f"{s.device_id}[{s.start}:{s.end})" for s in lease.stages))
-            self._batchers[key] = ContinuousBatcher(model, max_batch=self.max_batch, clock=self.clock,
-                                                    history=ITERATION_HISTORY)
-            self._vtime[key] = 0.0
-        return self._batchers[key]
+    def _build(self, lease: Lease) -> ContinuousBatcher:
+        """A batcher for the lease's replica, its model loaded once per :data:`ModelKey` (on the
+        builder thread when there is one)."""
+        model = self._models.get(lease.model_key)
+        if model is None:
+            model = self._loader(lease.family, lease.seed, lease.stages, lease.path)
+            self._models[lease.model_key] = model
+            log.info("loaded %s (seed %d) on %s", lease.path or lease.family, lease.seed,
+                     ", ".join(f"{s.device_id}[{s.start}:{s.end})" for s in lease.stages))
+        return ContinuousBatcher(model, max_batch=self.max_batch, clock=self.clock, history=ITERATION_HISTORY)
+
+    def _install(self, key: BatcherKey, batcher: ContinuousBatcher) -> ContinuousBatcher:
+        self._batchers[key] = batcher
+        self._vtime[key] = 0.0
+        return batcher
+
+
+def _check_buildable(lease: Lease) -> None:
+    """Raise what building the lease's replica (and submitting it) would: an unknown model,
+    stages that do not cover its layers, an unknown first device, a request too long for it."""
+    if lease.path is not None:
+        from service.models.hf import hf_config
+
+        config = hf_config(lease.path)
+    else:
+        from service.models.family import model_config
+
+        config = model_config(lease.family)
+    check_stages(lease.stages, config.n_layers)
+    torch_device(lease.stages[0].device_id)
+    total = len(lease.prompt_tokens) + lease.max_tokens
+    if total > config.max_seq_len:
+        raise ValueError(f"{lease.request_id}: prompt + max_new_tokens = {total} exceeds {config.max_seq_len}")
