@@ -179,12 +179,19 @@ class ReplicaPlacementPolicy:
 def headroom_models(replicas: Sequence[ReplicaInfo], busy: dict[str, float], threshold: float,
                     exclude: set[str]) -> dict[str, str]:
     """Models (and their families) with no guest, none draining, not in ``exclude``, whose home
-    devices are at least ``threshold`` busy (the busiest of them), busiest first."""
+    devices are at least ``threshold`` busy (the busiest of them), busiest first. A home that
+    hosts another model's guest does not count: its busy time is partly lent, and its owners'
+    backlog drains that guest (measured live: acme's guest made globex's home executor half
+    busy, and globex got a guest ahead of a backlog on acme's saturated home)."""
     heat: dict[str, float] = {}
     family_of: dict[str, str] = {}
     skip = set(exclude)
+    lending = {(d, r.model_uid) for r in replicas if r.guest for d in r.device_ids}
     for r in replicas:
         if r.guest or r.draining:  # a model with a guest has its headroom; one draining is moving
+            skip.add(r.model_uid)
+            continue
+        if any(d == g and m != r.model_uid for d in r.device_ids for g, m in lending):
             skip.add(r.model_uid)
             continue
         heat[r.model_uid] = max(heat.get(r.model_uid, 0.0), *(busy.get(d, 0.0) for d in r.device_ids))

@@ -182,6 +182,23 @@ def test_replica_what_if_predicts_what_the_simulator_then_does() -> None:
     assert predicted.memory_violations == len(c.ledger.violations) - violations_before
 
 
+def test_a_home_busy_with_another_models_guest_needs_no_headroom() -> None:
+    """The headroom rule reads a home's busy share; one that hosts another model's guest is busy
+    partly with lent time, and its owners' backlog drains that guest: no guest ahead of a
+    backlog for it (measured live, globex's got one on acme's saturated home)."""
+    from service.core.placement import headroom_models
+    from service.core.scheduler import ReplicaInfo
+
+    def replica(model: str, unit: str, guest: bool = False) -> ReplicaInfo:
+        return ReplicaInfo(f"{model}@{unit}", model.split("/")[0], model, "tiny", (unit,), 0, 1, guest, False, 0.0)
+
+    homes = [replica("acme/m", "exec-a"), replica("globex/m", "exec-b"), replica("initech/m", "exec-c")]
+    busy = {"exec-a": 0.9, "exec-b": 0.6, "exec-c": 0.7}
+    assert list(headroom_models(homes, busy, 0.5, set())) == ["acme/m", "initech/m", "globex/m"]
+    with_guest = [*homes, replica("acme/m", "exec-b", guest=True)]
+    assert list(headroom_models(with_guest, busy, 0.5, set())) == ["initech/m"]  # acme has its guest
+
+
 @pytest.mark.parametrize("headroom", [None, 0.5])
 def test_a_busy_home_gets_a_guest_ahead_of_a_backlog_only_with_headroom_set(headroom: float | None) -> None:
     """Tenant a keeps its device busy but never queues two requests (it does not press); the
