@@ -413,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     de = sub.add_parser("demo", help="the end-to-end demo on the managed Neo4j and a synthetic workload")
     de.add_argument("--stop", action="store_true", help="stop the managed Neo4j when the demo ends")
     de.add_argument("--skip-live", action="store_true", help="only the GMG part (no API, executors or replay)")
-    de.add_argument("--live-duration", type=float, default=30.0, help="seconds of arrivals per placement")
+    de.add_argument("--live-duration", type=float, default=60.0, help="seconds of arrivals per placement")
     de.add_argument("--out", default="demo-output", help="folder for the plots and JSON")
     de.add_argument("--seed", type=int, default=0)
     de.set_defaults(func=cmd_demo)

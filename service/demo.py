@@ -123,7 +123,7 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
     from service.governance_demo import TENANT, governance_demo
 
     out = Path(getattr(args, "out", None) or "demo-output")
-    duration = float(getattr(args, "live_duration", 30.0))
+    duration = float(getattr(args, "live_duration", 60.0))
     # The comparison is of the three demo tenants alone: the live service serves every model in
     # the graph, and the governance step's tenant, left there by an earlier demo, got a home of
     # its own (a fresh clone's demo then had acme share its executor with globex under both
