@@ -97,18 +97,24 @@ class _InstantService(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_zero_length_probe_level_still_sends_one_request() -> None:
-    """The probe's warm-up is a level of no duration: it must still send (and wait for) one
-    request, or the first measured level pays the model's load and warm-up."""
+def _instant_level(concurrency: int, rounds: int = 1) -> ProbeLevel:
+    """A probe level of no duration against :class:`_InstantService` (its posts recorded afresh),
+    with a tenant whose requests are 5 prompt tokens and 2 output tokens."""
     _InstantService.posted = []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _InstantService)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         load = TenantLoad("acme", "tiny", 1.0, "interactive", prompt_median_tokens=5, prompt_sigma=0.0,
                           output_median_tokens=2, output_sigma=0.0)
-        level = _probe_level(f"http://127.0.0.1:{server.server_port}", "k", load, 1, 0.0)
+        return _probe_level(f"http://127.0.0.1:{server.server_port}", "k", load, concurrency, 0.0, rounds)
     finally:
         server.shutdown()
+
+
+def test_a_zero_length_probe_level_still_sends_one_request() -> None:
+    """The probe's warm-up is a level of no duration: it must still send (and wait for) one
+    request, or the first measured level pays the model's load and warm-up."""
+    level = _instant_level(1)
     assert level.requests == 1 and len(_InstantService.posted) == 1
     assert len(_InstantService.posted[0]["prompt_tokens"]) == 5  # type: ignore[arg-type]
     assert level.sla_met_share == 1.0
@@ -120,15 +126,7 @@ def test_a_zero_length_probe_level_still_sends_one_request() -> None:
 def test_a_probe_level_lasts_its_rounds_of_requests_however_short_its_seconds() -> None:
     """A level of two seconds saw two rounds of acme's requests (8 at concurrency 4) and read
     2.5-3.3 req/s across probes: a level also waits for its rounds, counted over all its clients."""
-    _InstantService.posted = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _InstantService)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        load = TenantLoad("acme", "tiny", 1.0, "interactive", prompt_median_tokens=5, prompt_sigma=0.0,
-                          output_median_tokens=2, output_sigma=0.0)
-        level = _probe_level(f"http://127.0.0.1:{server.server_port}", "k", load, 3, 0.0, rounds=5)
-    finally:
-        server.shutdown()
+    level = _instant_level(3, rounds=5)
     assert level.requests == len(_InstantService.posted)
     assert 15 <= level.requests <= 15 + 3  # the rounds, and at most one more request per client in flight
 
