@@ -7,8 +7,8 @@ model on the devices container placement gives it: a closed loop of requests of 
 mean shape (its mean prompt and output lengths: capacity is of the work the workload brings on
 average, not of its median request) at a few concurrencies (a couple of seconds and at least
 :data:`ROUNDS` rounds of requests each, after a warm-up request), each request's TTFT and
-end-to-end time as the service records them. A level's rate is its concurrency over the mean end-to-end time (Little's law: what the service
-sustains with that many requests in it). A tenant's *capacity* is the highest such rate at
+end-to-end time as the service records them. A level's rate is its concurrency over the mean
+end-to-end time (Little's law: what the service sustains with that many requests in it). A tenant's *capacity* is the highest such rate at
 which at least :data:`SLA_SHARE` of the probe's requests met the tenant's SLA.
 The probe's homes are the comparison's (tenants weighted by the work their roles offer), and
 the busy tenant is probed last, while the others send their offered loads on their own
@@ -244,7 +244,8 @@ def container_weights(loads: Sequence[TenantLoad], roles: dict[str, tuple[str, f
 
 
 def probe_capacity(loads: Sequence[TenantLoad], *, neo4j: Neo4jSettings | None = None,
-                   levels: Sequence[int] = LEVELS, level_s: float = 2.0, rounds: int = ROUNDS, roles: dict[str, tuple[str, float]] = ROLES,
+                   levels: Sequence[int] = LEVELS, level_s: float = 2.0, rounds: int = ROUNDS,
+                   roles: dict[str, tuple[str, float]] = ROLES,
                    progress: Callable[[str], None] | None = None) -> dict[str, TenantCapacity]:
     """Each tenant's capacity on its container devices (see the module docstring), one tenant at a
     time on a live stack like the comparison's: container placement with its homes, two

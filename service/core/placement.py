@@ -186,12 +186,10 @@ def headroom_models(replicas: Sequence[ReplicaInfo], busy: dict[str, float], thr
     heat: dict[str, float] = {}
     family_of: dict[str, str] = {}
     skip = set(exclude)
-    lending = {(d, r.model_uid) for r in replicas if r.guest for d in r.device_ids}
+    lending = {d for r in replicas if r.guest for d in r.device_ids}  # a model's own guest skips it anyway
     for r in replicas:
-        if r.guest or r.draining:  # a model with a guest has its headroom; one draining is moving
-            skip.add(r.model_uid)
-            continue
-        if any(d == g and m != r.model_uid for d in r.device_ids for g, m in lending):
+        # A model with a guest has its headroom; one draining is moving; a home lending time is not hot.
+        if r.guest or r.draining or lending.intersection(r.device_ids):
             skip.add(r.model_uid)
             continue
         heat[r.model_uid] = max(heat.get(r.model_uid, 0.0), *(busy.get(d, 0.0) for d in r.device_ids))
