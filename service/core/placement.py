@@ -13,7 +13,8 @@ with memory headroom where the tenant's weights can be made resident (a copy ove
 the network, charged by the simulator), judges the best candidates with the what-if
 simulator, and commits the one that does most good over the horizon (fewest requests predicted
 late, then most output tokens) without adding an SLA violation for any tenant or any memory
-violation. Guest replicas share their devices with the owners' work iteration by iteration (a
+violation. No guest goes onto the home of a model that has a guest of its own elsewhere (a swap of
+time between two homes). Guest replicas share their devices with the owners' work iteration by iteration (a
 device runs one slice at a time), and are drained when idle. It never places work the simulator predicts would overflow memory.
 
 With ``headroom_utilisation`` set (the live service sets it; replay leaves it off), a model with
@@ -151,12 +152,16 @@ class ReplicaPlacementPolicy:
         for r in replicas:
             if not r.guest and not r.draining and owner_pressed(r, self.min_backlog, self.yield_share):
                 self._pressed_at.update(dict.fromkeys(r.device_ids, now_s))
-        pressed = {d for d, at in self._pressed_at.items()
+        closed = {d for d, at in self._pressed_at.items()
                    if 0.0 <= now_s - at < self.horizon_s}  # a clock that restarted forgets
+        # ... nor on the home of a model that has a guest elsewhere: it needs its home and more, and
+        # a guest there swaps time between two homes (measured live: acme's guest on the light
+        # tenants' executor made their backlog, and their guests on acme's home took its time back).
+        closed |= spilled_homes(replicas)
         pressing, family_of = pressing_models(replicas, self.min_backlog, self.max_guests_per_tenant)
         best = best_by_what_if(state, (ReplicaChange(model, family_of[model], group) for model in pressing
                                        for group in self.find_devices(state, model, self.max_candidates)
-                                       if not pressed.intersection(group)),
+                                       if not closed.intersection(group)),
                                self.horizon_s, decision)
         ahead = ""
         if best is None and self.headroom_utilisation is not None:
@@ -164,7 +169,7 @@ class ReplicaPlacementPolicy:
             hot = headroom_models(replicas, busy, self.headroom_utilisation, exclude=set(pressing))
             best = best_by_what_if(state, (ReplicaChange(model, family, group) for model, family in hot.items()
                                            for group in self.find_devices(state, model, self.max_candidates)
-                                           if not pressed.intersection(group)
+                                           if not closed.intersection(group)
                                            and max(busy.get(d, 0.0) for d in group) < self.headroom_utilisation),
                                    self.horizon_s, decision, ahead=True)
             if best is not None:
@@ -174,6 +179,12 @@ class ReplicaPlacementPolicy:
             decision.notes.append(f"add {best.change.model_uid} on {','.join(best.change.device_ids)}{ahead}: "
                                   f"{best.gain:+.0f} tokens in {self.horizon_s:.0f}s, {best.sla_note()}")
         return decision
+
+
+def spilled_homes(replicas: Sequence[ReplicaInfo]) -> set[str]:
+    """Devices of the homes of models that have a guest (none draining) elsewhere."""
+    spilled = {r.model_uid for r in replicas if r.guest and not r.draining}
+    return {d for r in replicas if not r.guest and not r.draining and r.model_uid in spilled for d in r.device_ids}
 
 
 def headroom_models(replicas: Sequence[ReplicaInfo], busy: dict[str, float], threshold: float,
