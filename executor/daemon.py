@@ -69,14 +69,16 @@ class _Mailbox:
         self.busy = False  # the worker holds leases (published by the main thread)
         self.polling = False  # a poll is in flight (the exchange thread)
         self.busy_s = 0.0  # the worker's total iteration time, published by the main thread
+        self.ready: tuple[str, ...] = ()  # the worker's built replicas, published by the main thread
 
     # the main thread's side
-    def publish(self, held: list[str], free_slots: int, busy_s: float) -> None:
+    def publish(self, held: list[str], free_slots: int, busy_s: float, ready: list[str]) -> None:
         with self._lock:
             self._held = list(held)
             self._free_slots = free_slots
             self.busy = bool(held)
             self.busy_s = busy_s
+            self.ready = tuple(ready)
 
     def take_received(self) -> list[tuple[Any, float]]:
         """The received leases, whose slots count as taken until the next :meth:`publish`."""
@@ -305,7 +307,7 @@ class ExecutorDaemon:
             if result.completed or failures:
                 mailbox.add_results(result.completed, failures)
             # Results before the busy flag: an exchange thread that sees the worker idle has them.
-            mailbox.publish(self.worker.lease_ids, self.worker.free_slots, self.worker.busy_s)
+            mailbox.publish(self.worker.lease_ids, self.worker.free_slots, self.worker.busy_s, self.worker.ready)
             if result.completed or failures or (was_busy and not self.worker.busy):
                 self._net_wake.set()  # results to post, or an idle worker to long-poll for
             was_busy = self.worker.busy
@@ -396,7 +398,7 @@ class ExecutorDaemon:
         if not self._poll_backoff.ready() or (busy and self.clock() - self._last_poll_s < s.busy_poll_s):
             return False
         wait_s = 0.0 if busy or mailbox.unsent() else s.poll_wait_s
-        body = Poll(s.executor_id, free, wait_s).to_json()
+        body = Poll(s.executor_id, free, wait_s, mailbox.ready).to_json()
         self._last_poll_s = self.clock()
         mailbox.polling = True
         try:

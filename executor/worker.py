@@ -183,6 +183,12 @@ class Worker:
     def lease_ids(self) -> list[str]:
         return [*self._held, *self._parked]
 
+    @property
+    def ready(self) -> list[str]:
+        """The replicas built (their batchers installed): what a poll tells the service, which
+        leases a replica one request at a time until it is among them."""
+        return sorted({replica_id for replica_id, _ in self._batchers})
+
     def accept(self, lease: Lease) -> bool:
         """Submit ``lease``'s request into its replica's batcher; ``False`` if already held.
 

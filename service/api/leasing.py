@@ -15,15 +15,17 @@ if TYPE_CHECKING:
     from service.api.service import LiveService
 
 
-async def poll_leases(svc: LiveService, executor_id: str, max_leases: int, wait_s: float) -> list[dict[str, Any]]:
+async def poll_leases(svc: LiveService, executor_id: str, max_leases: int, wait_s: float,
+                      ready: frozenset[str] | None = None) -> list[dict[str, Any]]:
     """The next leases for the executor's devices (at most ``max_leases``), waiting up to ``wait_s``
-    for work; an empty list when none came. Granted leases are persisted (write-behind)."""
+    for work; an empty list when none came (``ready``: :meth:`LeaseBook.grant`). Granted leases
+    are persisted (write-behind)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     state = svc.state
     while True:
         woken = svc.work.event()
-        grants = state.grant(executor_id, max_leases)
+        grants = state.grant(executor_id, max_leases, ready)
         if grants or max_leases == 0:
             svc.persist(state.slice_row(lease, SliceState.RUNNING) for lease, _, _ in grants)
             leases = []

@@ -113,6 +113,9 @@ class PollIn(Body):
     executor_id: str = Field(pattern=ID)
     max_leases: Int = Field(1, ge=0, le=256)
     wait_s: float = Field(0.0, ge=0, le=30)
+    ready: list[Annotated[str, Field(max_length=256)]] | None = Field(
+        None, max_length=4096, description="the replicas this executor has built (model loaded, KV pool "
+        "allocated); one not among them is leased one request at a time until it is (omitted: no limit)")
 
 
 class CompletionIn(Body):

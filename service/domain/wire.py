@@ -158,14 +158,23 @@ class ProgressUpdate:
 
 @dataclass(frozen=True)
 class Poll:
-    """The long poll's body: up to ``max_leases`` leases, waiting up to ``wait_s`` for work."""
+    """The long poll's body: up to ``max_leases`` leases, waiting up to ``wait_s`` for work.
+    ``ready``: the replicas the executor has built (model loaded, KV pool allocated); the
+    service leases a replica not among them one request at a time until it is (``None``: the
+    executor does not say, no limit)."""
 
     executor_id: str
     max_leases: int
     wait_s: float
+    ready: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        body = asdict(self)
+        if self.ready is None:
+            del body["ready"]
+        else:
+            body["ready"] = list(self.ready)
+        return body
 
 
 @dataclass(frozen=True)

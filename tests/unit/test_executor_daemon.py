@@ -173,10 +173,11 @@ def test_a_replica_is_built_off_the_main_thread_while_the_others_run() -> None:
         failed += result.failed
     assert [(f.lease_id, "simulated" in f.reason) for f in failed] == [("bad", True)]
     assert set(done) == {"own"} and sorted(worker.lease_ids) == ["gst1", "gst2"]  # still building
+    assert len(worker.ready) == 1 and "acme/m@cpu:1" not in worker.ready  # what a poll tells the service
     assert worker.cancel("gst2") and not worker.cancel("gst2")  # a waiting lease can be cancelled
     release.set()
     done |= run_rounds(worker)
-    assert set(done) == {"own", "gst1"}
+    assert set(done) == {"own", "gst1"} and "acme/m@cpu:1" in worker.ready
     reference = build_model(model_config("tiny-llama"), seed=3)
     assert done["gst1"].output_tokens == generate_alone(reference, [1, 2, 3], 4)
 

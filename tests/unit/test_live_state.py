@@ -68,6 +68,24 @@ def test_a_replica_never_holds_more_leases_than_its_kv_slots() -> None:
     assert state.grant("e1", 8) == []
 
 
+def test_a_replica_its_executor_has_not_built_holds_one_lease_until_it_says_so() -> None:
+    """An executor that says which replicas it has built gets one lease for any other (the one
+    that has it built); the rest of the backlog stays queued for replicas already running."""
+    state, _ = make_state()
+    guest = state.add_replica("a/m", ("e2/cpu:0",), guest=True).replica_id
+    ids = submit(state, "a", 6)
+    (first,) = state.grant("e2", 8, ready=frozenset())  # neither replica on e2 is built yet
+    assert first[1].replica_id == guest and first[2].request_id == ids[0]
+    assert state.grant("e2", 8, ready=frozenset()) == []  # still loading: the others wait
+    assert [req.request_id for _, _, req in state.grant("e1", 2, ready=frozenset({"a/m@e1/cpu:0"}))] == ids[1:3]
+    built = state.grant("e2", 8, ready=frozenset({guest}))
+    assert [req.request_id for _, _, req in built] == ids[3:]  # built: its batch fills
+    assert all(r.replica_id == guest for _, r, _ in built)
+    # An executor that says nothing (ready None) has no such limit.
+    more = submit(state, "b", 3)
+    assert [req.request_id for _, _, req in state.grant("e2", 8)] == more
+
+
 def test_expired_lease_requeues_and_its_late_completion_changes_nothing() -> None:
     state, clock = make_state()
     [rid] = submit(state, "a")

@@ -59,4 +59,6 @@ def test_the_http_bodies_validate_the_wire_fields() -> None:
     c = Completion("L1", [1, 2], 0.0, 0.1, 0.2, 2, 0.05, 1024)
     assert Completion(**CompletionIn.model_validate(c.to_json()).model_dump()) == c
     assert PollIn.model_validate(Poll("e1", 2, 1.5).to_json()).max_leases == 2
+    assert PollIn.model_validate(Poll("e1", 2, 1.5).to_json()).ready is None  # says nothing: no limit
+    assert PollIn.model_validate(Poll("e1", 2, 1.5, ("a/m@cpu:0",)).to_json()).ready == ["a/m@cpu:0"]
     assert HeartbeatIn.model_validate(Heartbeat(("L1",), 3.0).to_json()).running == ["L1"]

@@ -21,7 +21,8 @@ router = APIRouter(tags=["leases"])
 async def poll(body: PollIn, svc: Svc, p: ExecutorPrincipal) -> JSONResponse:
     """Long poll: the next leases for the executor's devices, waiting up to ``wait_s`` for work."""
     svc.pools.check_owner(p, body.executor_id)
-    leases = await leasing.poll_leases(svc, body.executor_id, body.max_leases, body.wait_s)
+    ready = None if body.ready is None else frozenset(body.ready)
+    leases = await leasing.poll_leases(svc, body.executor_id, body.max_leases, body.wait_s, ready)
     return JSONResponse({"leases": leases})  # plain JSON: the hot path skips response encoding
 
 
