@@ -13,9 +13,9 @@ with memory headroom where the tenant's weights can be made resident (a copy ove
 the network, charged by the simulator), judges the best candidates with the what-if
 simulator, and commits the one that does most good over the horizon (fewest requests predicted
 late, then most output tokens) without adding an SLA violation for any tenant or any memory
-violation. No guest goes onto the home of a model that has a guest of its own elsewhere (a swap of
-time between two homes). Guest replicas share their devices with the owners' work iteration by iteration (a
-device runs one slice at a time), and are drained when idle. It never places work the simulator predicts would overflow memory.
+violation. No guest goes onto the home of a model that has a guest of its own elsewhere (a swap
+of time between two homes). Guest replicas share their devices with the owners' work iteration
+by iteration (a device runs one slice at a time), and are drained when idle. It never places work the simulator predicts would overflow memory.
 
 With ``headroom_utilisation`` set (the live service sets it; replay leaves it off), a model with
 no guest whose home devices are at least that busy gets one *ahead of* a backlog, on devices
@@ -153,7 +153,7 @@ class ReplicaPlacementPolicy:
             if not r.guest and not r.draining and owner_pressed(r, self.min_backlog, self.yield_share):
                 self._pressed_at.update(dict.fromkeys(r.device_ids, now_s))
         closed = {d for d, at in self._pressed_at.items()
-                   if 0.0 <= now_s - at < self.horizon_s}  # a clock that restarted forgets
+                  if 0.0 <= now_s - at < self.horizon_s}  # a clock that restarted forgets
         # ... nor on the home of a model that has a guest elsewhere: it needs its home and more, and
         # a guest there swaps time between two homes (measured live: acme's guest on the light
         # tenants' executor made their backlog, and their guests on acme's home took its time back).
