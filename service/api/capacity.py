@@ -8,8 +8,9 @@ mean shape (its mean prompt and output lengths: capacity is of the work the work
 average, not of its median request) at a few concurrencies (a couple of seconds and at least
 :data:`ROUNDS` rounds of requests each, after a warm-up request), each request's TTFT and
 end-to-end time as the service records them. A level's rate is its concurrency over the mean
-end-to-end time (Little's law: what the service sustains with that many requests in it). A tenant's *capacity* is the highest such rate at
-which at least :data:`SLA_SHARE` of the probe's requests met the tenant's SLA.
+end-to-end time (Little's law: what the service sustains with that many requests in it). A
+tenant's *capacity* is the highest such rate at which at least :data:`SLA_SHARE` of the probe's
+requests met the tenant's SLA.
 The probe's homes are the comparison's (tenants weighted by the work their roles offer), and
 the busy tenant is probed last, while the others send their offered loads on their own
 devices (open Poisson arrivals of their mean shape at their average rates over the run,

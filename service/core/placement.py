@@ -15,7 +15,8 @@ simulator, and commits the one that does most good over the horizon (fewest requ
 late, then most output tokens) without adding an SLA violation for any tenant or any memory
 violation. No guest goes onto the home of a model that has a guest of its own elsewhere (a swap
 of time between two homes). Guest replicas share their devices with the owners' work iteration
-by iteration (a device runs one slice at a time), and are drained when idle. It never places work the simulator predicts would overflow memory.
+by iteration (a device runs one slice at a time), and are drained when idle. It never places
+work the simulator predicts would overflow memory.
 
 With ``headroom_utilisation`` set (the live service sets it; replay leaves it off), a model with
 no guest whose home devices are at least that busy gets one *ahead of* a backlog, on devices

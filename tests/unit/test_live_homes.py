@@ -132,7 +132,6 @@ def test_a_unit_whose_owner_pressed_within_the_horizon_takes_no_guest() -> None:
     assert [c.device_ids for c in policy.step(1.0, UnitsView([acme_calm, initech], {"ea": (base, more)})).add] == [("ea",)]
 
 
-
 def test_no_guest_goes_onto_the_home_of_a_model_with_a_guest_elsewhere() -> None:
     """acme has spilled onto eb (its guest there); initech, at home on eb, then queues. Its guest
     may not go onto ea, acme's home: that would only swap time between the two homes (measured
