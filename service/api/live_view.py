@@ -19,7 +19,9 @@ offset between the two: mirror seconds + it = epoch seconds.
 
 Compute units: an executor daemon runs one iteration at a time, so the view shows one device
 per executor (``snap.devices_of`` maps a unit to its devices); decisions are made on units and
-:meth:`LiveClusterView.apply` puts them on real devices, the one translation.
+:meth:`LiveClusterView.apply` puts them on real devices, the one translation. The mirror's
+replicas on one unit share it as the daemon shares its time (weighted by role and TPOT target,
+paced: :mod:`service.sim.sharing`).
 
 The mirror's simulated tenants are the live model uids (requests route by model: a tenant may
 serve several models).
@@ -51,12 +53,15 @@ from service.domain.error import InvariantError
 from service.domain.request import RequestSpec
 from service.models.family import MODEL_CONFIGS, ModelConfig
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
+from service.sim.config import SimConfig
 from service.sim.sla import SLA_CLASSES, SlaClass
 from service.sim.view import SimClusterView
 
 LIVE_CLUSTER = "live"
 INTRA_EXECUTOR = Link("", "", "loopback", 80.0, 20.0)
 INTER_EXECUTOR = Link("", "", "network", 10.0, 100.0)
+# A unit's replicas share it as its executor daemon does (service.sim.sharing)
+LIVE_SIM = SimConfig(device_sharing="executor")
 
 
 def live_spec(devices: Sequence[tuple[str, str, str, int]]) -> ClusterSpec:
@@ -127,7 +132,7 @@ class LiveClusterView:
                                     tenant_id=r.model_uid, guest=r.guest) for r in snap.replicas if not r.draining]
             mirror = SimulatedCluster(snap.spec, replicas, self.cost_model, rng=np.random.default_rng(self.seed),
                                       overheads=overheads, model_configs={**MODEL_CONFIGS, **snap.configs},
-                                      sla_classes=snap.sla_classes)
+                                      sla_classes=snap.sla_classes, config=LIVE_SIM)
             # Anchored to the truth: every request counts as arrived (the forecast's history), but
             # only those unfinished live are simulated, handed over now with their true ages: the
             # mirror's queues are the live queues, whatever its speed over the window would say.

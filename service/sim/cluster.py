@@ -62,6 +62,7 @@ from service.sim.replica import (
 from service.sim.report import MetricsCollector, RequestOutcome, SimObserver, SimReport
 from service.sim.resource import Placement, SliceSpec, SliceTiming, TransferTiming
 from service.sim.routing import Routing
+from service.sim.sharing import SharedDevices
 from service.sim.sla import SLA_CLASSES, SlaClass
 from service.sim.slices import PlacedSlices
 from service.sim.state import ForkScope, SimState
@@ -77,7 +78,7 @@ Router = Callable[[RequestSpec, Sequence[str], "SimulatedCluster"], str]
 OnDone = Callable[[RequestOutcome], Iterable[Event]]
 
 
-class SimulatedCluster(PlacedSlices, SlicedReplicas):
+class SimulatedCluster(PlacedSlices, SlicedReplicas, SharedDevices):
     """The cluster under simulation. Construct, :meth:`submit` requests, :meth:`run`, then
     :meth:`report`. The scheduler may :meth:`commit` slices at the current time between runs.
 
@@ -151,6 +152,9 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
     def _add_replica(self, rs: ReplicaSpec) -> None:
         if rs.replica_id in self.state.replicas:
             raise InvalidInputError(f"duplicate replica id {rs.replica_id!r}", culprit=rs.replica_id)
+        if self.config.device_sharing == "executor" and rs.stages:
+            raise InvalidInputError(f"replica {rs.replica_id!r}: executor sharing models whole replicas, "
+                                    "not sliced ones", culprit=rs.replica_id)
         waiting: WaitingQueue[Live] = make_waiting_queue(self.queue_policy)
         r = build_replica(rs, cluster=self.spec, devices=self._devices, configs=self._configs,
                           cost_model=self.cost_model, overheads=self.overheads, ledger=self.state.ledger,
@@ -316,6 +320,9 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
         return self._start_iteration(r, ev.time_s)
 
     def _start_iteration(self, r: Replica, now: float) -> list[Event]:
+        dev = self._executor_device(r)
+        if dev is not None:  # it waits its pick there (service.sim.sharing)
+            return self._want(r, dev, now)
         ev = self._batcher.start_iteration(r, now)
         if ev is None:  # idle: an owner gives its devices to the guest slices waiting there
             return self._serve_guests(r.device_ids, now) if not r.spec.guest else []
@@ -326,7 +333,7 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
         st = self.state
         r = st.replicas.get(ev.replica_id)
         if r is None or r.iteration != ev.iteration:  # evicted (service.sim.elastic): abandoned
-            return []
+            return self._release(ev.replica_id, now, None)
         if not r.spec.stages:  # a sliced replica's slices were reported one by one
             for d in r.device_ids:
                 for obs in self._observers:
@@ -339,9 +346,13 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas):
         if st.dynamic:
             st.last_active_s[ev.replica_id] = now
             if ev.replica_id in st.draining and r.load() == 0:
-                return done + self._remove_replica(ev.replica_id, now)
+                return (done + self._remove_replica(ev.replica_id, now) + self._release(ev.replica_id, now, None)
+                        + self._hand_over(r, now))
         follow = done + (self._guest_in_gap(r, now) if not r.spec.guest else [])
-        follow += self._start_iteration(r, now)
+        if self._executor_device(r) is not None:
+            follow += self._release(ev.replica_id, now, r)
+        else:  # (replicas waiting on its devices under executor sharing first)
+            follow += self._hand_over(r, now) + self._start_iteration(r, now)
         if kv_delta < 0 and st.shared:
             follow += self._wake_idle(r.device_ids, now)
         return follow

@@ -12,6 +12,7 @@ __all__ = ["SimConfig"]
 
 
 KV_MODES = ("paged", "reserve")
+DEVICE_SHARING = ("turns", "executor")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,11 +28,18 @@ class SimConfig:
     # waiting guest slice runs if the owner's last iteration plus the slice's p90 is within this
     # fraction of the owner's tightest TPOT target.
     guest_slack_fraction: float = 0.8
+    # How replicas sharing a device take turns (service.sim.sharing): "turns" (first come first
+    # served, iteration by iteration) or "executor" (as an executor daemon: by weighted time, paced
+    # by TPOT; for whole replicas on one device each, the live mirror).
+    device_sharing: str = "turns"
     record_token_gaps: bool = False  # keep every inter-token gap (``SimulatedCluster.token_gaps``): for TBT percentiles
 
     def __post_init__(self) -> None:
         if self.kv not in KV_MODES:
             raise InvalidInputError(f"sim config: kv must be one of {', '.join(KV_MODES)}, got {self.kv!r}", culprit="kv")
+        if self.device_sharing not in DEVICE_SHARING:
+            raise InvalidInputError(f"sim config: device_sharing must be one of {', '.join(DEVICE_SHARING)}, "
+                                    f"got {self.device_sharing!r}", culprit="device_sharing")
         if self.kv_block_tokens < 1:
             raise InvalidInputError(f"sim config: kv_block_tokens must be >= 1, got {self.kv_block_tokens}",
                                     culprit="kv_block_tokens")

@@ -74,6 +74,10 @@ def _guests_kept(value: dict[str, list[tuple[str, int, int]]], scope: ForkScope)
     return {d: [x for x in q if x[0] in scope.replica_ids] for d, q in value.items()}
 
 
+def _holders_kept(value: dict[str, str], scope: ForkScope) -> dict[str, str]:
+    return {d: rid for d, rid in value.items() if rid in scope.replica_ids}
+
+
 def _none_arrived(value: list[RequestSpec], scope: ForkScope) -> list[RequestSpec]:
     return []  # a fork predicts the work already in the system: it forecasts from no history
 
@@ -107,13 +111,19 @@ class SimState:
     tokens_out: int = field(metadata=_forked(_same))  # output tokens produced so far, all replicas
     # device -> guest slices ready to run there, waiting for the owner: (replica, iteration, stage)
     guest_waiting: dict[str, list[tuple[str, int, int]]] = field(metadata=_forked(_guests_kept))
+    # Executor sharing (service.sim.sharing): device -> the replica whose iteration runs there, and
+    # the replicas waiting for it; replica -> its virtual time (busy seconds over weight)
+    holder: dict[str, str] = field(metadata=_forked(_holders_kept))
+    wanting: dict[str, list[str]] = field(metadata=_forked(_ids_kept))
+    vtime: dict[str, float] = field(metadata=_forked(_copied))
 
     @staticmethod
     def empty(device_ids: list[str], ledger: MemoryLedger, rng: np.random.Generator) -> SimState:
         return SimState(rng=rng, ledger=ledger, timelines=DeviceTimelines(device_ids), links=Links(), replicas={},
                         by_model={}, by_device={d: [] for d in device_ids}, shared=False, served={}, slices={},
                         slice_timings={}, transfer_buffers={}, dynamic=False, ready_at={}, draining=set(),
-                        last_active_s={}, arrived=[], seen_since={}, tokens_out=0, guest_waiting={d: [] for d in device_ids})
+                        last_active_s={}, arrived=[], seen_since={}, tokens_out=0, guest_waiting={d: [] for d in device_ids},
+                        holder={}, wanting={d: [] for d in device_ids}, vtime={})
 
     def fork(self, scope: ForkScope) -> SimState:
         """A copy sharing nothing mutable with this state, restricted to ``scope``."""
@@ -139,6 +149,9 @@ class SimState:
             self.by_device[d].remove(replica_id)
         self.by_model[r.spec.model].remove(replica_id)
         self.draining.discard(replica_id)
+        for wanting in self.wanting.values():
+            if replica_id in wanting:
+                wanting.remove(replica_id)
         self.shared = any(len(v) > 1 for v in self.by_device.values())
         return r
 
