@@ -184,6 +184,14 @@ class LiveClusterView:
             if self.on_what_if is not None:
                 self.on_what_if(time.perf_counter() - started)
 
+    def drain_what_if(self, replica_id: str, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:
+        started = time.perf_counter()
+        try:
+            return self._sim.drain_what_if(replica_id, horizon_s)
+        finally:
+            if self.on_what_if is not None:
+                self.on_what_if(time.perf_counter() - started)
+
     def apply(self, decision: Decision) -> Applied:
         if self.target is None:
             raise InvariantError("a read-only live view applies no decision")

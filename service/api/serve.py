@@ -25,6 +25,9 @@ def serve_main(argv: list[str]) -> int:
                    help="replica placement: a model whose home executor is this busy gets a guest ahead of a "
                    "backlog where the what-if predicts no harm (0: only for backlogs; default "
                    "$SLICESCHED_HEADROOM_UTILISATION or 0.5)")
+    p.add_argument("--confirm-drains", action=argparse.BooleanOptionalAction, default=None,
+                   help="replica placement: drain a guest for an owner's backlog only where the what-if predicts "
+                   "it makes the others' requests late (default $SLICESCHED_CONFIRM_DRAINS or on)")
     p.add_argument("--predictor", help="distributional predictor for the slack policy, adapted online: a folder "
                    "written by `slicesched predictors train`, or 'naive' (default: $SLICESCHED_PREDICTOR or none)")
     p.add_argument("--predictor-refit-s", type=float,
@@ -40,6 +43,7 @@ def serve_main(argv: list[str]) -> int:
                                         heartbeat_s=args.heartbeat_s, max_batch=args.max_batch,
                                         schedule_interval_s=args.schedule_interval_s,
                                         headroom_utilisation=args.headroom_utilisation,
+                                        confirm_drains=args.confirm_drains,
                                         cost_model=args.cost_model, predictor=args.predictor,
                                         predictor_refit_s=args.predictor_refit_s)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")

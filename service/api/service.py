@@ -94,8 +94,8 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.repo: GraphRepository | None = None
         self.writer: GmgWriter | None = None
         self.audit = AuditLog(enabled=settings.audit, wait_s=settings.call_timeout_s)  # its store: at start
-        headroom = {"headroom_utilisation": settings.headroom_utilisation or None} if settings.placement == "replica" \
-            else {}
+        headroom = {"headroom_utilisation": settings.headroom_utilisation or None,
+                    "confirm_drains": settings.confirm_drains} if settings.placement == "replica" else {}
         self.scheduler = Scheduler(make_placement_policy(settings.placement, find_devices=self._cypher_candidates,
                                                          **headroom))
         self.supervisor = Supervisor()

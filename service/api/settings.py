@@ -36,6 +36,9 @@ class ServiceSettings:
     # replica placement: a model whose home executor is this busy gets a guest ahead of a backlog
     # where the what-if predicts no tenant worse off (0: only for backlogs; service.core.placement)
     headroom_utilisation: float = 0.5
+    # replica placement: a guest is drained for a pressing owner only where the what-if predicts
+    # that keeping it makes the other tenants' requests late (False: every press drains)
+    confirm_drains: bool = True
     slice_retention_s: float = 3600.0  # live Slices (leases) are kept this long after they end
     db_timeout_s: float = 2.0  # a call that cannot reach Neo4j fails (503, Retry-After) within about this
     call_timeout_s: float = 10.0  # a call that reached Neo4j but has no answer by then: 503, outcome unknown
@@ -121,6 +124,7 @@ class ServiceSettings:
             "max_pending_writes": int(env.get("SLICESCHED_MAX_PENDING_WRITES", "500000")),
             "max_queued": int(env.get("SLICESCHED_MAX_QUEUED", "200000")),
             "headroom_utilisation": _number("SLICESCHED_HEADROOM_UTILISATION", "0.5", float),
+            "confirm_drains": _flag("SLICESCHED_CONFIRM_DRAINS", True),
             "cost_model": kind_from(None),
             "audit": _flag("SLICESCHED_AUDIT", True),
             "predictor": env.get("SLICESCHED_PREDICTOR") or None,

@@ -162,6 +162,12 @@ class ClusterView(Protocol):
         be applied (its weights do not fit)."""
         ...
 
+    def drain_what_if(self, replica_id: str, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:
+        """Simulate the queued work for ``horizon_s`` with the guest replica kept and drained:
+        ``(kept, drained)``, late requests counted for the other tenants only (what the guest
+        does to them)."""
+        ...
+
     def apply(self, decision: Decision) -> Applied:
         """Carry the decision out: drain, then add (replay and live apply through this call)."""
         ...

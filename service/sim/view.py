@@ -10,6 +10,7 @@ A what-if is :meth:`service.sim.whatif.WhatIf.replica_change` (see there).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from service.core.batching import SIM_BATCHING, BatchingConfig
 from service.core.scheduler import (
@@ -133,6 +134,11 @@ class SimClusterView:
         tenant = self._tenant_of(change)
         return WhatIf(self.cluster).replica_change(self._spec(f"{tenant}/whatif", tenant, change), horizon_s)
 
+    def drain_what_if(self, replica_id: str, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:
+        kept, drained = WhatIf(self.cluster).drain(replica_id, horizon_s)
+        tenant = self.cluster.replica_spec(replica_id).tenant_id
+        return _without(kept, tenant), _without(drained, tenant)
+
     # ---- applying decisions ----------------------------------------------------------------------
     def apply(self, decision: Decision) -> Applied:
         """Drain, then add each guest replica for real (a change whose weights do not fit is
@@ -175,3 +181,8 @@ class SimClusterView:
             if h not in change.device_ids and self.spec.link(h, change.device_ids[0]) is not None:
                 return h
         return None
+
+
+def _without(outcome: WhatIfOutcome, tenant: str | None) -> WhatIfOutcome:
+    """``outcome`` with no late count for ``tenant`` (a drain what-if counts the others)."""
+    return replace(outcome, violations_by_tenant={t: n for t, n in outcome.violations_by_tenant.items() if t != tenant})

@@ -1,6 +1,7 @@
 """What-if: the consequences of a change, predicted on a fork of the simulated cluster. The one
 home of the simulator's what-ifs: placement policies reach it through
-``SimClusterView.what_if`` (a new replica, :meth:`WhatIf.replica_change`); the scheduler of
+``SimClusterView.what_if`` (a new replica, :meth:`WhatIf.replica_change`) and
+``SimClusterView.drain_what_if`` (a guest kept or drained, :meth:`WhatIf.drain`); the scheduler of
 operator slices through :meth:`WhatIf.evaluate` (placed slices).
 
 A replica change forks the part of the simulation it can touch (the tenant's replicas and the
@@ -124,6 +125,20 @@ class WhatIf:
         weights_from = source if source not in spec.device_ids else None
         return base, self._forecast_run(cluster.fork(devices), spec, horizon_s, weights_from=weights_from)
 
+    def drain(self, replica_id: str, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:
+        """The next ``horizon_s`` with the replica kept and with it drained (its queue handed to
+        its tenant's other replicas, its running requests finishing there), over the same
+        affected devices: ``(kept, drained)``."""
+        cluster = self.cluster
+        tenant = cluster.replica_spec(replica_id).tenant_id
+        devices = {d for rid in cluster.replica_ids if rid == replica_id or cluster.replica_spec(rid).tenant_id == tenant
+                   for d in cluster.replica_spec(rid).device_ids}
+        kept = self._forecast_run(cluster.fork(devices), None, horizon_s)
+        drained = self._forecast_run(cluster.fork(devices), None, horizon_s, drain=replica_id)
+        if kept is None or drained is None:
+            raise InvariantError("a what-if without a replica to add always has an outcome")
+        return kept, drained
+
     def _forecast(self, fork: SimulatedCluster, horizon_s: float) -> list[RequestSpec]:
         """Persistence forecast: the next ``horizon_s`` brings what the last ``horizon_s`` brought,
         for the tenants whose replicas are in the fork (only the past is used). A tenant seen for
@@ -146,12 +161,14 @@ class WhatIf:
         return out
 
     def _forecast_run(self, fork: SimulatedCluster, spec: ReplicaSpec | None, horizon_s: float, *,
-                      weights_from: str | None = None) -> WhatIfOutcome | None:
+                      weights_from: str | None = None, drain: str | None = None) -> WhatIfOutcome | None:
         now = fork.now_s
         violations_before = len(fork.ledger.violations)
         tokens_before = fork.tokens_out
         if spec is not None and fork.add_replica(spec, weights_from=weights_from) is None:
             return None  # its weights do not fit there
+        if drain is not None:
+            fork.drain_replica(drain)
         end = now + horizon_s
         fork.submit(self._forecast(fork, horizon_s))
         fork.run(until=end)

@@ -150,3 +150,37 @@ def test_no_guest_goes_onto_the_home_of_a_model_with_a_guest_elsewhere() -> None
     # A guest on its way out (draining) no longer closes its model's home.
     leaving = ReplicaInfo("acme/m@g1", "acme", "acme/m", "tiny", ("eb",), 0, 0, True, True, 0.0, math.inf)
     assert [c.device_ids for c in policy.step(0.0, UnitsView([acme, initech, leaving], answers)).add] == [("ea",)]
+
+
+class DrainView(UnitsView):
+    """Canned drain what-ifs too: guest id -> (kept, drained)."""
+
+    def __init__(self, replicas: list[ReplicaInfo], drains: dict[str, tuple[WhatIfOutcome, WhatIfOutcome]]) -> None:
+        super().__init__(replicas, {})
+        self.drains = drains
+        self.asked: list[str] = []
+
+    def drain_what_if(self, replica_id: str, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:
+        self.asked.append(replica_id)
+        return self.drains[replica_id]
+
+
+def test_with_confirmed_drains_a_pressing_owner_drains_a_guest_only_if_it_is_predicted_to_make_others_late() -> None:
+    home = replica("acme/m@ea", "ea", 12, share=0.2)
+    guest = replica("acme/m@g1", "eb", 3, guest=True)
+    globex = replica("globex/m@eb", "eb", 4, share=0.42)  # presses: 4 waiting, 42% of their allowance left
+    initech = replica("initech/m@eb", "eb", 3, share=0.3)  # presses too: one drain what-if for the guest
+    policy = ReplicaPlacementPolicy(find_devices=lambda state, model, k: [], confirm_drains=True)
+    harmless = DrainView([home, guest, globex, initech],
+                         {"acme/m@g1": (outcome(900, {"globex/m": 0}), outcome(800, {"globex/m": 0}))})
+    decision = policy.step(0.0, harmless)
+    assert decision.drain == [] and harmless.asked == ["acme/m@g1"] and decision.num_whatifs == 1
+    harmful = DrainView([home, guest, globex, initech],
+                        {"acme/m@g1": (outcome(900, {"globex/m": 5}), outcome(800, {"globex/m": 1}))})
+    decision = policy.step(0.0, harmful)
+    assert decision.drain == ["acme/m@g1"]
+    assert "owner globex/m has 4 waiting" in decision.notes[0] and "late 5 with it, 1 without" in decision.notes[0]
+    # Without confirmation (replay's default) the press alone drains, asking nothing.
+    plain = DrainView([home, guest, globex], {})
+    assert ReplicaPlacementPolicy(find_devices=lambda state, model, k: []).step(0.0, plain).drain == ["acme/m@g1"]
+    assert plain.asked == []

@@ -21,6 +21,7 @@ from service.sim.cluster import ReplicaSpec, SimulatedCluster
 from service.sim.config import SimConfig
 from service.sim.replica import SliceStage
 from service.sim.report import RequestOutcome
+from service.sim.view import SimClusterView
 
 CHEAP_S, COSTLY_S = 0.002, 0.03  # per-iteration overheads: the owner's model, the guest's
 
@@ -136,3 +137,22 @@ def test_the_mirror_shares_by_the_executors_own_constants() -> None:
     assert sharing.TPOT_PACE == executor.worker.TPOT_PACE
     assert sharing.DEFAULT_TPOT_S == executor.worker.DEFAULT_TPOT_S
     assert sharing.MIN_TPOT_S == executor.worker.MIN_TPOT_S
+
+
+def test_a_drain_what_if_counts_what_a_guest_does_to_the_others_and_changes_nothing() -> None:
+    # turns (replay): the owner's interactive requests wait out the guest's 150 ms iterations; the
+    # guest's own requests are short, so a drained guest is gone within the horizon
+    sim = SimulatedCluster(_spec(2), [
+        ReplicaSpec("own/0", "tiny", ("h/gpu0",), max_num_seqs=16, tenant_id="own"),
+        ReplicaSpec("gst/0", "tiny-llama", ("h/gpu1",), max_num_seqs=16, tenant_id="gst"),
+        ReplicaSpec("gst/g1", "tiny-llama", ("h/gpu0",), max_num_seqs=16, tenant_id="gst", guest=True)],
+        RooflineLike(), rng=np.random.default_rng(0),
+        overheads={"tiny": IterationOverhead(per_iteration_s=CHEAP_S), "tiny-llama": IterationOverhead(per_iteration_s=0.15)})
+    sim.submit([RequestSpec(f"o{i}", "own", "tiny", 0.001 * i, 20, 5, sla_class="interactive") for i in range(6)]
+               + [RequestSpec(f"g{i}", "gst", "tiny-llama", 0.001 * i, 20, 3, sla_class="batch") for i in range(12)])
+    sim.run_to(0.05)
+    view = SimClusterView(sim, model_uid=lambda tenant, family: tenant)
+    kept, drained = view.drain_what_if("gst/g1", 10.0)
+    assert "gst" not in kept.violations_by_tenant and "gst" not in drained.violations_by_tenant
+    assert kept.violations_by_tenant.get("own", 0) > drained.violations_by_tenant.get("own", 0)
+    assert sim.now_s == 0.05 and "gst/g1" in sim.replica_ids  # the cluster itself is untouched
