@@ -58,7 +58,7 @@ def measure(args: argparse.Namespace, neo4j: Neo4jSettings) -> int:
     """The probe, then both placements per seed, on ``neo4j``; writes the record."""
     import statistics
 
-    from service.api.capacity import SLA_SHARE, calibrate
+    from service.api.capacity import SLA_SHARE, calibrate, machine_speed
     from service.api.live_run import DEMO_TENANTS, compare_placements, demo_workload
 
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
@@ -91,6 +91,7 @@ def measure(args: argparse.Namespace, neo4j: Neo4jSettings) -> int:
             "cpu_cores": {k: v["cpu_cores"] for k, v in runs.items()},
             "per_tenant": {k: v["tenants"] for k, v in runs.items()},
             "workload": record["workload"], "plot": f"live_e2e/seed{seed}/live_latency.png",
+            "machine_speed_after": round(machine_speed(), 1),  # against calibration.machine.speed (before the probe)
         }
     rows = list(per_seed.values())
 

@@ -137,9 +137,11 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
     workload = demo_workload(getattr(args, "seed", 0), duration, offered)
     record = compare_placements(workload, out, neo4j=settings.resolved(), progress=_progress, calibration=calibration)
     print()
-    from service.api.capacity import machine_busy
+    from service.api.capacity import SPEED_DRIFT, machine_busy, machine_speed, speed_drift
 
     after = machine_busy()  # other work that started during the comparison shows here
+    after["speed"] = round(machine_speed(), 1)
+    drift = speed_drift(calibration["machine"].get("speed"), after["speed"])
     runs = record["runs"]
     rows = []
     for placement, run in runs.items():
@@ -163,6 +165,13 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
         print(f"  warning: other work kept {100 * (after['busy_share'] or 0):.0f}% of the cores busy right after the "
               "comparison: the capacity probe saw a quieter machine, so both placements were offered too much; "
               "rerun on a quiet machine")
+    if drift is not None:
+        print(f"machine speed (256x256 matrix products/s): {calibration['machine']['speed']:.0f} before the probe, "
+              f"{after['speed']:.0f} after the comparison ({100 * drift:+.0f}%)")
+        if abs(drift) > SPEED_DRIFT:
+            print(f"  warning: the machine ran {'faster' if drift > 0 else 'slower'} after the comparison than before "
+                  "the probe (a shared host's speed drifts), so the load offered was not the calibrated one: "
+                  f"{'lighter' if drift > 0 else 'heavier'} for what the machine then served; rerun for a fair one")
     for note in runs["replica"]["decisions"][:8]:
         print(f"  scheduler: {note}")
 

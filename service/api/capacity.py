@@ -34,6 +34,7 @@ fair; :func:`calibrate` does all three.
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -299,12 +300,50 @@ def calibrated_loads(loads: Sequence[TenantLoad], capacity: dict[str, TenantCapa
     return out
 
 
+SPEED_DRIFT = 0.25  # the machine's speed after a comparison this far off the probe's: not the calibrated load
+
+
+def machine_speed(rounds: int = 9, round_s: float = 0.1) -> float:
+    """A fixed CPU workload's rate now: 256x256 float32 matrix products per second with torch on
+    one thread (what the executors' models spend their time on), the median of ``rounds`` rounds.
+    A shared host's speed drifts: the same model's tokens came 26 ms apart at one probe and 48 ms
+    at another, and a probe on a fast spell sizes a load the comparison after it cannot serve."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one core's speed: threads that spin-wait on a busy core read far slower
+    try:
+        a, b = torch.randn(256, 256), torch.randn(256, 256)
+        started = time.perf_counter()
+        while time.perf_counter() - started < 2 * round_s:  # warm up: a process's first products run slower
+            torch.mm(a, b)
+        rates = []
+        for _ in range(rounds):
+            n, started = 0, time.perf_counter()
+            while (elapsed := time.perf_counter() - started) < round_s:
+                torch.mm(a, b)
+                n += 1
+            rates.append(n / elapsed)
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(rates)
+
+
+def speed_drift(before: float | None, after: float | None) -> float | None:
+    """How much faster (positive) or slower the machine ran after than before, as a share of
+    before; ``None`` when either reading is missing."""
+    if not before or after is None:
+        return None
+    return after / before - 1.0
+
+
 def calibrate(loads: Sequence[TenantLoad], duration_s: float, *, neo4j: Neo4jSettings | None = None,
               level_s: float = 2.0, progress: Callable[[str], None] | None = None
               ) -> tuple[list[TenantLoad], dict[str, Any]]:
     """Probe, then size: the loads to offer and the record of what they came from (the machine's
-    load before and after the probe, each tenant's capacity, each tenant's offered rate)."""
+    load and speed before the probe, each tenant's capacity, each tenant's offered rate)."""
     before = machine_busy()
+    before["speed"] = round(machine_speed(), 1)  # compared with the speed after the comparison (demo)
     capacity = probe_capacity(loads, neo4j=neo4j, level_s=level_s, progress=progress)
     offered = calibrated_loads(loads, capacity, duration_s)
     record = {

@@ -22,6 +22,8 @@ from service.api.capacity import (
     calibrated_loads,
     container_weights,
     machine_busy,
+    machine_speed,
+    speed_drift,
 )
 from service.api.live_run import DEMO_TENANTS, demo_workload, offered_work
 from service.domain.error import InvalidInputError
@@ -70,6 +72,14 @@ def test_the_machine_reading_has_its_fields() -> None:
     assert m["busy_share"] is None or 0.0 <= m["busy_share"] <= 1.0
     assert isinstance(m["busy"], bool)
     assert 0.5 < SLA_SHARE <= 1.0
+
+
+def test_the_machine_speed_is_a_positive_rate_and_its_drift_a_share_of_the_probes() -> None:
+    speed = machine_speed(rounds=3, round_s=0.02)
+    assert speed > 0.0
+    assert speed_drift(100.0, 75.0) == pytest.approx(-0.25)
+    assert speed_drift(100.0, 150.0) == pytest.approx(0.5)
+    assert speed_drift(None, 75.0) is None and speed_drift(0.0, 75.0) is None and speed_drift(100.0, None) is None
 
 
 class _InstantService(http.server.BaseHTTPRequestHandler):
