@@ -2,7 +2,8 @@
 
 Used by the demo, the end-to-end tests and the live benchmarks, so they all run the system the
 way a user does (separate processes, HTTP between them). :class:`LiveStack` is a context
-manager: everything it started is stopped on exit, executors first (SIGTERM, then SIGKILL).
+manager: everything it started is stopped on exit, executors first (SIGTERM, then SIGKILL), and
+on a SIGTERM to this process too (:func:`exit_on_sigterm`).
 Each child runs in its own process group, and a stop signals the whole group.
 
 ``managed=True`` runs ``serve`` the way a user of the managed Neo4j does: ``SLICESCHED_STATE``
@@ -20,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -74,6 +76,7 @@ class LiveStack:
         self.log_dir = log_dir or Path(self._tmp.name)
         self.state_dir = Path(self._tmp.name) / "state"  # SLICESCHED_STATE of the children
         self._neo4j: LocalNeo4j | None = None
+        self._sigterm: Any = None  # the SIGTERM handler to put back on close (None: none was replaced)
         self.neo4j = neo4j
         self.extra_env = dict(extra_env or {})
         self.server: subprocess.Popen[bytes] | None = None
@@ -85,6 +88,7 @@ class LiveStack:
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> LiveStack:
+        self._sigterm = exit_on_sigterm()
         try:
             if self.neo4j is None:
                 self._neo4j = LocalNeo4j(self.state_dir / "neo4j")
@@ -108,6 +112,9 @@ class LiveStack:
         if self._neo4j is not None:
             self._neo4j.stop()
             self._neo4j = None
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
         self._tmp.cleanup()
 
     @property
@@ -250,6 +257,23 @@ def _stop(proc: subprocess.Popen[bytes], *, kill: bool, grace_s: float = 20.0) -
             _signal_group(proc, signal.SIGKILL)
             proc.wait()
     return int(proc.returncode)
+
+
+def exit_on_sigterm() -> Any:
+    """In the main thread, while SIGTERM has its default action: make it raise ``SystemExit(143)``
+    instead, so that ``with LiveStack(...)`` unwinds and stops what it started (the default ends
+    the process at once, and its Neo4j, service and executors ran on: measured after a ``kill``
+    of ``benchmarks/live_e2e.py``). Returns the handler to put back, ``None`` when none was
+    replaced."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    return signal.SIG_DFL
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
