@@ -30,7 +30,8 @@ serve several models).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -177,17 +178,19 @@ class LiveClusterView:
         return observed / tp if observed else self._sim.iteration_s(family, tp)
 
     def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
-        started = time.perf_counter()
-        try:
+        with self._timed():
             return self._sim.what_if(change, horizon_s)
-        finally:
-            if self.on_what_if is not None:
-                self.on_what_if(time.perf_counter() - started)
 
     def drain_what_if(self, replica_id: str, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:
+        with self._timed():
+            return self._sim.drain_what_if(replica_id, horizon_s)
+
+    @contextmanager
+    def _timed(self) -> Iterator[None]:
+        """Tell ``on_what_if`` the wall seconds of the what-if run inside (the metrics)."""
         started = time.perf_counter()
         try:
-            return self._sim.drain_what_if(replica_id, horizon_s)
+            yield
         finally:
             if self.on_what_if is not None:
                 self.on_what_if(time.perf_counter() - started)
