@@ -5,6 +5,12 @@ its thread runs on. At stop the service waits for them (:func:`drain`) before it
 Neo4j driver: a driver closed under a thread still sending on one of its connections corrupts
 that connection (``BufferError`` in the driver). Every thread that may touch the driver after
 start goes through :func:`run`.
+
+What :func:`run` tracks is the thread, not the caller's wait for it: a caller that gives up
+(``asyncio.wait_for`` past its bound, a loop cancelled at stop) cancels only its own wait. Had
+the tracked future been the caller's, a cancelled wait would have dropped from the set a thread
+still talking to Neo4j, and the stop would have closed the driver under it (the Neo4j watcher's
+ping, cancelled with its loop at stop, did so under a loaded machine).
 """
 
 from __future__ import annotations
@@ -19,11 +25,12 @@ _running: set[asyncio.Future[Any]] = set()
 
 
 def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
-    """``fn(*args, **kwargs)`` in a worker thread, as a future tracked until the thread ends."""
+    """``fn(*args, **kwargs)`` in a worker thread; the thread is tracked until it ends, and the
+    future returned is the caller's wait for it (cancelling it leaves the thread tracked)."""
     task = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
     _running.add(task)
     task.add_done_callback(_running.discard)
-    return task
+    return asyncio.shield(task)  # the caller's wait: cancelling it leaves the thread tracked
 
 
 async def drain(timeout_s: float) -> None:
