@@ -337,6 +337,18 @@ def speed_drift(before: float | None, after: float | None) -> float | None:
     return after / before - 1.0
 
 
+def load_scale(probe_speed: float | None, run_speed: float | None) -> float:
+    """The factor on the calibrated load for a run whose machine ran at ``run_speed`` where the
+    probe's ran at ``probe_speed``: 1.0 while the drift is within :data:`SPEED_DRIFT` (an idle
+    machine's readings spread about 15%, so a smaller drift is the measure's noise, not the
+    machine's), else their ratio, so that the load offered stays the same multiple of what the
+    machine serves at the time of the run."""
+    drift = speed_drift(probe_speed, run_speed)
+    if drift is None or abs(drift) <= SPEED_DRIFT or not run_speed or not probe_speed:
+        return 1.0
+    return run_speed / probe_speed
+
+
 def calibrate(loads: Sequence[TenantLoad], duration_s: float, *, neo4j: Neo4jSettings | None = None,
               level_s: float = 2.0, progress: Callable[[str], None] | None = None
               ) -> tuple[list[TenantLoad], dict[str, Any]]:

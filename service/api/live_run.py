@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from service.api.capacity import cpu_jiffies
+from service.api.capacity import cpu_jiffies, load_scale, machine_speed
 from service.api.live_tenants import register, reset_tenants
 from service.api.metrics import sla_met
 from service.api.records import LiveRequest
@@ -79,6 +79,8 @@ class LiveRunResult:
     scheduler_steps: int = 0
     scheduler_cpu_s: float = 0.0  # wall time the scheduler's steps took (what-ifs included)
     cpu_cores: dict[str, float] = field(default_factory=dict)  # cores each part kept busy (CpuMeter)
+    machine_speed: float | None = None  # matrix products/s just before the arrivals (capacity.machine_speed)
+    load_scale: float = 1.0  # the factor the arrival rates were scaled by (capacity.load_scale), 1.0: as given
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -151,9 +153,15 @@ def _pct(xs: list[float], q: float) -> float:
 
 def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None = None, seed: int = 0,
              progress: Callable[[str], None] | None = None, drain_timeout_s: float = 300.0,
-             weights: Mapping[str, float] | None = None) -> LiveRunResult:
+             weights: Mapping[str, float] | None = None, probe_speed: float | None = None) -> LiveRunResult:
     """Serve ``workload`` live with ``placement``; ``weights`` (tenant -> its share of the offered
-    work) size container homes, as a real operator sizes containers from the load it expects."""
+    work) size container homes, as a real operator sizes containers from the load it expects.
+
+    With ``probe_speed`` (the machine's speed when the load was calibrated), the machine's speed is
+    read again just before the arrivals, and when it drifted past
+    :data:`~service.api.capacity.SPEED_DRIFT` the same requests arrive that much faster or slower
+    (:func:`~service.api.capacity.load_scale`): a shared host's speed drifts between the probe and
+    the run, and a load sized on a fast spell is one no placement serves on a slow one."""
     say = progress or (lambda _: None)
     tenants = {r.tenant_id: r for r in workload.requests}
     if neo4j is not None:  # a shared graph: start from none of these tenants' objects
@@ -167,6 +175,11 @@ def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None 
             stack.wait_devices(4)
             say(f"{placement}: API at {stack.url}, 2 executors x 2 devices, {len(tenants)} tenants")
             warm = warm_up(stack.url, keys, say)
+            speed = round(machine_speed(), 1) if probe_speed is not None else None
+            scale = load_scale(probe_speed, speed)
+            if scale != 1.0:
+                say(f"{placement}: the machine runs {100 * (scale - 1):+.0f}% against the probe "
+                    f"({speed:.0f} against {probe_speed:.0f} matrix products/s): arrival rates x{scale:.2f}")
 
             def ours(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 """The workload's requests: not the warm-up's, nor other tenants' in a shared graph."""
@@ -181,7 +194,7 @@ def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None 
                     for req in workload.requests:
                         if req.tenant_id != tenant:
                             continue
-                        delay = start + req.arrival_s - time.monotonic()
+                        delay = start + req.arrival_s / scale - time.monotonic()
                         if delay > 0:
                             time.sleep(delay)
                         prompt = [int(x) for x in rng.integers(32, 127, size=req.prompt_tokens)]
@@ -211,7 +224,7 @@ def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None 
             cpu = meter.stop()
             finished = ours(admin.get("/v1/requests", params={"limit": 10_000}).json())
             stats = admin.get("/v1/stats").json()
-    return replace(summarise(placement, finished, stats), cpu_cores=cpu)
+    return replace(summarise(placement, finished, stats), cpu_cores=cpu, machine_speed=speed, load_scale=scale)
 
 
 def warm_up(url: str, keys: Mapping[str, str], say: Callable[[str], None], timeout_s: float = 120.0) -> set[str]:
@@ -272,7 +285,8 @@ def compare_placements(workload: Workload, out_dir: Path, *, neo4j: Neo4jSetting
     ``calibration``, what the load was sized from, when given)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = offered_work(calibration) if calibration is not None else None
-    runs = {p: run_live(p, workload, neo4j=neo4j, seed=seed, progress=progress, weights=weights)
+    speed = calibration.get("machine", {}).get("speed") if calibration is not None else None
+    runs = {p: run_live(p, workload, neo4j=neo4j, seed=seed, progress=progress, weights=weights, probe_speed=speed)
             for p in ("container", "replica")}
     c, s = runs["container"], runs["replica"]
     record = {

@@ -15,12 +15,14 @@ from service.api.capacity import (
     BURSTY_IDLE_SHARE,
     ROLES,
     SLA_SHARE,
+    SPEED_DRIFT,
     Background,
     ProbeLevel,
     TenantCapacity,
     _probe_level,
     calibrated_loads,
     container_weights,
+    load_scale,
     machine_busy,
     machine_speed,
     speed_drift,
@@ -72,6 +74,14 @@ def test_the_machine_reading_has_its_fields() -> None:
     assert m["busy_share"] is None or 0.0 <= m["busy_share"] <= 1.0
     assert isinstance(m["busy"], bool)
     assert 0.5 < SLA_SHARE <= 1.0
+
+
+def test_a_run_is_paced_by_the_machines_speed_only_past_the_drift_the_measure_spreads_by() -> None:
+    assert load_scale(100.0, 100.0 * (1 + SPEED_DRIFT)) == 1.0  # within the measure's spread: as calibrated
+    assert load_scale(100.0, 100.0 * (1 - SPEED_DRIFT)) == 1.0
+    assert load_scale(100.0, 50.0) == pytest.approx(0.5)  # half as fast: half the arrival rate
+    assert load_scale(100.0, 140.0) == pytest.approx(1.4)
+    assert load_scale(None, 50.0) == 1.0 and load_scale(100.0, None) == 1.0 and load_scale(0.0, 50.0) == 1.0
 
 
 def test_the_machine_speed_is_a_positive_rate_and_its_drift_a_share_of_the_probes() -> None:
