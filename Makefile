@@ -76,8 +76,11 @@ data: venv
 demo: venv data
 	@$(VENV)/bin/slicesched demo
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist; 0: one process), a test file to a worker.
+# Each worker starts its own Neo4j; tests isolate themselves by fresh tenant ids, not by order.
+TEST_WORKERS ?= 2
 test: venv kustomize browser data
-	@$(RUN) -m pytest $(PYTEST_ARGS)
+	@$(RUN) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: venv
 	@$(RUN) -m ruff check service executor learned tests benchmarks
