@@ -202,7 +202,7 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
 def print_busy_verdict(calibration: dict[str, Any], runs: dict[str, Any]) -> None:
     """Whether the saturated tenant is within its SLA (at least :data:`SLA_SHARE` of its requests
     met it, the probe's criterion) under each placement."""
-    from service.api.capacity import SLA_SHARE
+    from service.api.capacity import CORES_FULL, SLA_SHARE
 
     busy = [t for t, o in calibration["offered"].items() if o["role"] == "saturated"]
     for tenant in busy:
@@ -216,6 +216,13 @@ def print_busy_verdict(calibration: dict[str, Any], runs: dict[str, Any]) -> Non
                          f"({'within' if met >= SLA_SHARE else 'not within'} its SLA)")
         print(f"the saturated tenant {tenant} (within its SLA: at least {100 * SLA_SHARE:.0f}% of its requests "
               f"meet it): " + "; ".join(parts))
+    cores = os.cpu_count() or 1
+    busy_cores = runs.get("container", {}).get("cpu_cores", {}).get("machine")
+    if busy_cores is not None and busy_cores > CORES_FULL * cores:
+        print(f"  note: the load kept {busy_cores:.2f} of {cores} cores busy under container placement, past "
+              f"{100 * CORES_FULL:.0f}%: little idle time was left for a guest replica to use, so replica placement "
+              "had little to gain here (each tenant's load is sized by its own capacity; together they filled the "
+              "shared cores)")
 
 
 def print_calibration(calibration: dict[str, Any]) -> None:
