@@ -201,7 +201,8 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
 
 def print_busy_verdict(calibration: dict[str, Any], runs: dict[str, Any]) -> None:
     """Whether the saturated tenant is within its SLA (at least :data:`SLA_SHARE` of its requests
-    met it, the probe's criterion) under each placement."""
+    met it, the probe's criterion) under each placement, and a note when the load kept more than
+    :data:`~service.api.capacity.CORES_FULL` of the cores busy under container placement."""
     from service.api.capacity import CORES_FULL, SLA_SHARE
 
     busy = [t for t, o in calibration["offered"].items() if o["role"] == "saturated"]
