@@ -169,11 +169,11 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
         during = ", ".join(f"{run['machine_speed']:.0f} before {p}'s arrivals"
                            + (f" (arrival rates x{run['load_scale']:.2f})" if run["load_scale"] != 1.0 else "")
                            for p, run in runs.items() if run.get("machine_speed"))
-        print(f"machine speed (256x256 matrix products/s): {calibration['machine']['speed']:.0f} before the probe, "
+        print(f"machine speed (256x256 matrix products/s): {calibration['machine']['speed']:.0f} at the probe, "
               f"{during + ', ' if during else ''}{after['speed']:.0f} after the comparison ({100 * drift:+.0f}%)")
         if any(run.get("load_scale", 1.0) != 1.0 for run in runs.values()):
-            print(f"  a run whose machine ran more than {100 * SPEED_DRIFT:.0f}% off the probe's speed was offered the "
-                  "same requests at its speed's pace, so the placements were not offered the same rates")
+            print(f"  the machine ran more than {100 * SPEED_DRIFT:.0f}% off the probe's speed before the first run, so "
+                  "both placements were offered the same requests at that speed's pace")
         elif abs(drift) > SPEED_DRIFT:
             print(f"  warning: the machine ran {'faster' if drift > 0 else 'slower'} after the comparison than before "
                   "the probe (a shared host's speed drifts), so the load offered was not the calibrated one: "

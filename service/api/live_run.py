@@ -153,7 +153,8 @@ def _pct(xs: list[float], q: float) -> float:
 
 def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None = None, seed: int = 0,
              progress: Callable[[str], None] | None = None, drain_timeout_s: float = 300.0,
-             weights: Mapping[str, float] | None = None, probe_speed: float | None = None) -> LiveRunResult:
+             weights: Mapping[str, float] | None = None, probe_speed: float | None = None,
+             pace: float | None = None) -> LiveRunResult:
     """Serve ``workload`` live with ``placement``; ``weights`` (tenant -> its share of the offered
     work) size container homes, as a real operator sizes containers from the load it expects.
 
@@ -161,7 +162,9 @@ def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None 
     read again just before the arrivals, and when it drifted past
     :data:`~service.api.capacity.SPEED_DRIFT` the same requests arrive that much faster or slower
     (:func:`~service.api.capacity.load_scale`): a shared host's speed drifts between the probe and
-    the run, and a load sized on a fast spell is one no placement serves on a slow one."""
+    the run, and a load sized on a fast spell is one no placement serves on a slow one. ``pace``
+    imposes the factor instead (the speed is still read and recorded): a comparison's later runs
+    take its first run's, so that every placement is offered the same rates."""
     say = progress or (lambda _: None)
     tenants = {r.tenant_id: r for r in workload.requests}
     if neo4j is not None:  # a shared graph: start from none of these tenants' objects
@@ -176,10 +179,11 @@ def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None 
             say(f"{placement}: API at {stack.url}, 2 executors x 2 devices, {len(tenants)} tenants")
             warm = warm_up(stack.url, keys, say)
             speed = round(machine_speed(), 1) if probe_speed is not None else None
-            scale = load_scale(probe_speed, speed)
+            scale = pace if pace is not None else load_scale(probe_speed, speed)
             if scale != 1.0:
-                say(f"{placement}: the machine runs {100 * (scale - 1):+.0f}% against the probe "
-                    f"({speed:.0f} against {probe_speed:.0f} matrix products/s): arrival rates x{scale:.2f}")
+                why = "the comparison's pace, set at its first run" if pace is not None else \
+                    f"the machine's speed {speed} against {probe_speed} matrix products/s at the probe"
+                say(f"{placement}: arrival rates x{scale:.2f} ({why})")
 
             def ours(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 """The workload's requests: not the warm-up's, nor other tenants' in a shared graph."""
@@ -286,8 +290,11 @@ def compare_placements(workload: Workload, out_dir: Path, *, neo4j: Neo4jSetting
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = offered_work(calibration) if calibration is not None else None
     speed = calibration.get("machine", {}).get("speed") if calibration is not None else None
-    runs = {p: run_live(p, workload, neo4j=neo4j, seed=seed, progress=progress, weights=weights, probe_speed=speed)
-            for p in ("container", "replica")}
+    runs: dict[str, LiveRunResult] = {}
+    for p in ("container", "replica"):  # one pace for both, the first run's: the same rates side by side
+        pace = runs["container"].load_scale if runs else None
+        runs[p] = run_live(p, workload, neo4j=neo4j, seed=seed, progress=progress, weights=weights, probe_speed=speed,
+                           pace=pace)
     c, s = runs["container"], runs["replica"]
     record = {
         "workload": {"name": workload.name, "requests": workload.num_requests, "duration_s": workload.duration_s,

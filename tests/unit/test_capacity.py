@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -228,3 +229,29 @@ def test_the_cpu_meter_counts_the_cores_each_part_of_the_stack_kept_busy() -> No
         spin.wait()
     assert "gone" not in cores and cores["this process (clients)"] < 0.3
     assert cores["spinner"] > 0.5 and cores["machine"] >= 0.5
+
+
+def test_a_comparison_offers_both_placements_its_first_runs_pace(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    """The speed is read before each run, but the pace is set once: the placements side by side
+    are offered the same rates, whatever the second reading says."""
+    import service.api.live_run as live_run
+
+    calls = []
+
+    def run(placement: str, workload: object, *, probe_speed: float | None = None, pace: float | None = None,
+            **_: object) -> live_run.LiveRunResult:
+        calls.append((placement, probe_speed, pace))
+        speed = 2000.0 if placement == "container" else 1100.0  # the second reading alone would not pace
+        scale = pace if pace is not None else load_scale(probe_speed, speed)
+        return live_run.LiveRunResult(placement, 1.0, 10, 10.0, 0.0, [], {"p50": 0.0, "p99": 0.0}, {},
+                                      machine_speed=speed, load_scale=scale)
+
+    monkeypatch.setattr(live_run, "run_live", run)
+    monkeypatch.setattr(live_run, "plot_live", lambda *_: None)
+    calibration = {"machine": {"speed": 1000.0}, "duration_s": 5.0,
+                   "offered": {"acme": {"multiple_of_capacity": 1.2, "start_s": 0.0}}}
+    record = live_run.compare_placements(demo_workload(0, 5.0), tmp_path, calibration=calibration)
+    assert calls == [("container", 1000.0, None), ("replica", 1000.0, 2.0)]
+    assert {p: r["load_scale"] for p, r in record["runs"].items()} == {"container": 2.0, "replica": 2.0}
+    assert record["runs"]["replica"]["machine_speed"] == 1100.0  # still read and recorded
