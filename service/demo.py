@@ -175,7 +175,7 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
             print(f"  the machine ran more than {100 * SPEED_DRIFT:.0f}% off the probe's speed before the first run, so "
                   "both placements were offered the same requests at that speed's pace")
         elif abs(drift) > SPEED_DRIFT:
-            print(f"  warning: the machine ran {'faster' if drift > 0 else 'slower'} after the comparison than before "
+            print(f"  warning: the machine ran {'faster' if drift > 0 else 'slower'} after the comparison than at "
                   "the probe (a shared host's speed drifts), so the load offered was not the calibrated one: "
                   f"{'lighter' if drift > 0 else 'heavier'} for what the machine then served; rerun for a fair one")
     for note in runs["replica"]["decisions"][:8]:

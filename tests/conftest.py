@@ -2,10 +2,10 @@
 
 One managed server per test process (``make test`` runs pytest-xdist workers, each its own
 process: own free port, own data dir under pytest's tmp dir, its own generated password: auth is
-on); each test isolates itself by a fresh tenant id, so tests never share graph state. With ``SLICESCHED_NEO4J_URI`` set (and ``SLICESCHED_NEO4J_USER`` /
-``SLICESCHED_NEO4J_PASSWORD``), tests use that server instead. ``neo4j`` is the server's
-resolved settings (URI and credentials; ``neo4j.env()`` for a child process), ``neo4j_uri``
-its URI alone.
+on); each test isolates itself by a fresh tenant id, so tests never share graph state. With
+``SLICESCHED_NEO4J_URI`` set (and ``SLICESCHED_NEO4J_USER`` / ``SLICESCHED_NEO4J_PASSWORD``),
+tests use that server instead. ``neo4j`` is the server's resolved settings (URI and credentials;
+``neo4j.env()`` for a child process), ``neo4j_uri`` its URI alone.
 """
 
 from __future__ import annotations
