@@ -219,11 +219,12 @@ def print_busy_verdict(calibration: dict[str, Any], runs: dict[str, Any]) -> Non
               f"meet it): " + "; ".join(parts))
     cores = os.cpu_count() or 1
     busy_cores = runs.get("container", {}).get("cpu_cores", {}).get("machine")
+    projected = (calibration.get("machine_fit") or {}).get("projected_cores")
     if busy_cores is not None and busy_cores > CORES_FULL * cores:
         print(f"  note: the load kept {busy_cores:.2f} of {cores} cores busy under container placement, past "
               f"{100 * CORES_FULL:.0f}%: little idle time was left for a guest replica to use, so replica placement "
-              "had little to gain here (each tenant's load is sized by its own capacity; together they filled the "
-              "shared cores)")
+              "had little to gain here" + (f" (the probe projected {projected:.2f}: the machine served the loads "
+                                            "more slowly than it did at the probe)" if projected is not None else ""))
 
 
 def print_calibration(calibration: dict[str, Any]) -> None:
@@ -236,9 +237,17 @@ def print_calibration(calibration: dict[str, Any]) -> None:
                      f"{cap['requests_per_s']:.2f}" + ("" if cap["sla_alone"] else " (SLA missed at every level)")
                      + (" beside the others' loads" if cap.get("background_rps") else ""),
                      f"{best['tokens_per_s']:.0f}", offered["role"],
-                     f"{offered['rate_rps']:.2f} ({offered['multiple_of_capacity']:.2g}x)"])
+                     f"{offered['rate_rps']:.2f} ({offered['multiple_of_capacity'] * offered.get('scaled_by', 1.0):.2g}x)"])
     print_table(["tenant", "model", "SLA", "capacity req/s within SLA", "peak tok/s", "role", "offered req/s"],
                 rows, title="capacity on this machine (container placement) and the load offered")
+    fit = calibration.get("machine_fit") or {}
+    if fit.get("projected_cores") is not None:
+        line = (f"the probe projects these loads to keep {fit['projected_cores']:.2f} of {fit['cores']} cores busy "
+                f"under container placement (budget {fit['budget_cores']:.2f}: idle time is what a guest uses)")
+        if fit["light_scale"] < 1.0:
+            line += (f"; past it, so the light tenants' loads are scaled by {fit['light_scale']:.2f} "
+                     "(the busy tenant keeps its multiple)")
+        print(line)
     m = calibration["machine"]
     share = "n/a" if m["busy_share"] is None else f"{100 * m['busy_share']:.0f}%"
     print(f"machine: {m['cores']} cores, load average {m['load_avg_1m']}, cores busy with other work: {share}")

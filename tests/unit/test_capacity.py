@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import threading
 from pathlib import Path
 from typing import ClassVar
@@ -14,6 +15,7 @@ import pytest
 
 from service.api.capacity import (
     BURSTY_IDLE_SHARE,
+    LIGHT_FLOOR,
     ROLES,
     SLA_SHARE,
     SPEED_DRIFT,
@@ -23,6 +25,7 @@ from service.api.capacity import (
     _probe_level,
     calibrated_loads,
     container_weights,
+    fit_to_machine,
     load_scale,
     machine_busy,
     machine_speed,
@@ -144,6 +147,14 @@ def test_a_zero_length_probe_level_still_sends_one_request() -> None:
     assert level.requests_per_s == pytest.approx(50.0) and level.tokens_per_s == pytest.approx(100.0)
 
 
+def test_a_probe_level_reads_how_many_of_the_machines_cores_were_busy() -> None:
+    level = _instant_level(2, rounds=3)
+    if not Path("/proc/stat").exists():
+        assert level.cores_busy is None
+        return
+    assert level.cores_busy is not None and 0.0 <= level.cores_busy <= (os.cpu_count() or 1)
+
+
 def test_a_probe_level_lasts_its_rounds_of_requests_however_short_its_seconds() -> None:
     """A level of two seconds saw two rounds of acme's requests (8 at concurrency 4) and read
     2.5-3.3 req/s across probes: a level also waits for its rounds, counted over all its clients."""
@@ -255,3 +266,39 @@ def test_a_comparison_offers_both_placements_its_first_runs_pace(monkeypatch: py
     assert calls == [("container", 1000.0, None), ("replica", 1000.0, 2.0)]
     assert {p: r["load_scale"] for p, r in record["runs"].items()} == {"container": 2.0, "replica": 2.0}
     assert record["runs"]["replica"]["machine_speed"] == 1100.0  # still read and recorded
+
+
+def _probed(rate: float, cores: float | None, background: dict[str, float] | None = None) -> TenantCapacity:
+    level = ProbeLevel(4, 24, rate, rate * 30, 0.2, 0.02, 1.0, cores)
+    return TenantCapacity("t", "tiny", "standard", [level], rate, True, background or {})
+
+
+def test_loads_that_would_fill_the_shared_cores_scale_the_light_tenants_down_to_the_budget() -> None:
+    """globex costs 0.1 core per req/s and initech 0.05 (their first levels); acme at its capacity
+    beside them at 4 and 4 req/s kept 1.9 of 2 cores busy, 0.6 of them theirs: the light loads are
+    scaled so that the projection is 80% of the cores, and acme keeps its multiple."""
+    capacity = {"globex": _probed(10.0, 1.0), "initech": _probed(20.0, 1.0),
+                "acme": _probed(3.0, 1.9, {"globex": 4.0, "initech": 4.0})}
+    fit = fit_to_machine(capacity, cores=2, share=0.8)
+    assert fit["projected_cores"] == pytest.approx(1.9) and fit["saturated_cores"] == pytest.approx(1.3)
+    assert fit["light_cores_per_rps"] == {"globex": pytest.approx(0.1), "initech": pytest.approx(0.05)}
+    scale = fit["light_scale"]
+    assert scale == pytest.approx(0.5)  # 1.3 + 0.5 x 0.6 is the budget, 0.8 x 2 cores
+    loads = {t.tenant_id: t for t in calibrated_loads(DEMO_TENANTS, capacity, 60.0, light_scale=scale)}
+    assert loads["acme"].rate_rps == pytest.approx(ROLES["acme"][1] * 3.0)
+    assert loads["globex"].rate_rps == pytest.approx(ROLES["globex"][1] * 10.0 * scale)
+    assert loads["initech"].rate_rps == pytest.approx(ROLES["initech"][1] * 20.0 * scale)
+
+
+def test_loads_within_the_budget_or_unmeasured_are_offered_as_their_roles_say() -> None:
+    within = {"globex": _probed(10.0, 1.0), "initech": _probed(20.0, 1.0),
+              "acme": _probed(3.0, 1.5, {"globex": 4.0, "initech": 4.0})}
+    assert fit_to_machine(within, cores=2, share=0.8)["light_scale"] == 1.0
+    # the busy tenant alone fills the cores: the light loads are cut to their floor, not to nothing
+    alone = {"globex": _probed(10.0, 1.0), "initech": _probed(20.0, 1.0),
+             "acme": _probed(3.0, 2.0, {"globex": 1.0, "initech": 1.0})}
+    assert fit_to_machine(alone, cores=2, share=0.8)["light_scale"] == LIGHT_FLOOR
+    unread = {"globex": _probed(10.0, None), "initech": _probed(20.0, 1.0),
+              "acme": _probed(3.0, 1.9, {"globex": 4.0, "initech": 4.0})}
+    fit = fit_to_machine(unread, cores=2, share=0.8)
+    assert fit["light_scale"] == 1.0 and fit["projected_cores"] is None

@@ -38,3 +38,25 @@ def test_a_load_that_filled_the_cores_is_named_as_the_reason_replica_had_little_
     out = capsys.readouterr().out
     assert "not within its SLA" in out
     assert f"of {cores} cores busy under container placement" in out and "little idle time" in out
+
+
+def test_the_calibration_says_when_the_light_loads_were_scaled_to_leave_idle_time(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from service.demo import print_calibration
+
+    level = {"concurrency": 4, "requests": 24, "requests_per_s": 3.0, "tokens_per_s": 100.0}
+    calibration = {
+        "capacity": {t: {"model": "tiny", "sla_class": "standard", "levels": [level], "requests_per_s": 3.0,
+                         "sla_alone": True, "background_rps": {}} for t in ("acme", "globex")},
+        "offered": {"acme": {"role": "saturated", "multiple_of_capacity": 1.2, "scaled_by": 1.0, "rate_rps": 3.6},
+                    "globex": {"role": "steady", "multiple_of_capacity": 0.2, "scaled_by": 0.5, "rate_rps": 0.3}},
+        "machine_fit": {"cores": 2, "budget_cores": 1.6, "projected_cores": 1.9, "light_scale": 0.5},
+        "machine": {"cores": 2, "load_avg_1m": 0.1, "busy_share": 0.02, "busy": False},
+    }
+    print_calibration(calibration)
+    out = capsys.readouterr().out
+    assert "0.30 (0.1x)" in out and "3.60 (1.2x)" in out  # the rate's multiple, as scaled
+    assert "keep 1.90 of 2 cores busy" in out and "scaled by 0.50" in out
+    calibration["machine_fit"]["light_scale"] = 1.0
+    print_calibration(calibration)
+    assert "scaled by" not in capsys.readouterr().out
