@@ -66,6 +66,7 @@ LEVELS = (1, 2, 4)
 # served acme ~1.6x slower).
 ROUNDS = 6
 BUSY_LOAD = 0.35  # busy share of the cores (other work) above which the comparison is not fair
+QUIET_S = 3.0  # seconds the probe reads the cores busy with the stack idle, and with the others' loads alone
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,10 @@ class TenantCapacity:
     requests_per_s: float  # the capacity: highest rate with SLA_SHARE of requests within the SLA
     sla_alone: bool  # False: no level met the SLA; the capacity is then the lowest level's rate
     background_rps: dict[str, float] = field(default_factory=dict)  # the others' loads it was probed beside
+    # The machine's cores busy with the stack idle, and with the others' loads alone (before this
+    # tenant's levels, beside them): what fit_to_machine splits the projection by. None: not read.
+    idle_cores: float | None = None
+    background_cores: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,6 +199,13 @@ def _probe_level(url: str, key: str, load: TenantLoad, concurrency: int, level_s
                       sum(met) / len(met) if met else 0.0, cores_busy)
 
 
+def cores_busy(seconds: float) -> float | None:
+    """How many of the machine's cores are busy over the next ``seconds`` (None without /proc/stat)."""
+    before = cpu_jiffies()
+    time.sleep(seconds if before is not None else 0.0)
+    return _cores_busy_since(before)
+
+
 def _cores_busy_since(before: tuple[int, int] | None) -> float | None:
     """How many of the machine's cores were busy since the :func:`cpu_jiffies` reading ``before``."""
     after = cpu_jiffies()
@@ -276,13 +288,18 @@ def probe_capacity(loads: Sequence[TenantLoad], *, neo4j: Neo4jSettings | None =
         stack.start_executor("exec-a", ["cpu:0", "cpu:1"])
         stack.start_executor("exec-b", ["cpu:0", "cpu:1"])
         stack.wait_devices(4)
+        idle = cores_busy(QUIET_S)  # the stack itself, no load
         for load in sorted(loads, key=lambda t: roles[t.tenant_id][0] == "saturated"):  # stable: others first
             rates = {t: work[t] * c.requests_per_s for t, c in result.items() if roles[t][0] != "saturated"} \
                 if roles[load.tenant_id][0] == "saturated" else {}  # their average rates over the run
             beside = f" beside {', '.join(f'{t} {r:.1f}/s' for t, r in rates.items())}" if rates else ""
+            background = None
             with Background(stack.url, keys, loads, rates):
                 say(f"capacity probe: {load.tenant_id} ({load.model}) warming up{beside}")
                 _probe_level(stack.url, keys[load.tenant_id], load, 1, 0.0)  # one request: weights loaded, code warm
+                if rates:
+                    say(f"capacity probe: the others' loads alone{beside}")
+                    background = cores_busy(QUIET_S)
                 probed = []
                 for c in levels:
                     say(f"capacity probe: {load.tenant_id} ({load.model}) at concurrency {c}{beside}")
@@ -290,7 +307,7 @@ def probe_capacity(loads: Sequence[TenantLoad], *, neo4j: Neo4jSettings | None =
             good = [p.requests_per_s for p in probed if p.sla_met_share >= SLA_SHARE]
             result[load.tenant_id] = TenantCapacity(load.tenant_id, load.model, load.sla_class, probed,
                                                     max(good) if good else probed[0].requests_per_s, bool(good),
-                                                    rates)
+                                                    rates, idle, background)
     if neo4j is not None:
         reset_tenants(neo4j, sorted(t.tenant_id for t in loads))
     return result
@@ -317,34 +334,31 @@ def fit_to_machine(capacity: dict[str, TenantCapacity], roles: dict[str, tuple[s
     share of the same cores. Sized each by its own capacity, the loads together kept 1.75-1.80 of
     2 cores busy under container placement when a probe read every tenant high, and then no idle
     time was left for a guest replica to use (acme within its SLA for 69-74% of its requests,
-    against 95-99% at 1.37-1.69 cores). The probe measures the saturated tenant at its capacity
-    beside the others' loads at their average rates, which is what the comparison offers under
-    container placement, so the cores busy at that level are the projection. A light tenant's
-    cost is the cores busy per request/s at its first level, where it ran alone (the service and
-    Neo4j's work for it included). Past the share, the light loads are scaled by the factor that
-    brings the projection to it, at least :data:`LIGHT_FLOOR`; the saturated tenant keeps its
-    multiple, since it is what the comparison is about. Where /proc/stat cannot be read, nothing
-    is projected and the factor is 1."""
+    against 95-99% at 1.37-1.69 cores).
+
+    The probe reads, for the saturated tenant, the cores busy at the level its capacity was read
+    at, beside the others' loads at their average rates: what the comparison offers under
+    container placement, so that is the projection (a closed loop's polling makes it a little
+    high, which errs toward idle time). It also reads the cores busy with the stack idle and with
+    the others' loads alone; their difference is the light tenants' part. Past the share, the
+    light loads are scaled by the factor that brings the projection to it (their part taken as
+    proportional to their rate), at least :data:`LIGHT_FLOOR`; the saturated tenant keeps its
+    multiple, since it is what the comparison is about. Where a reading is missing (no
+    /proc/stat), nothing is projected and the factor is 1."""
     cores = cores or os.cpu_count() or 1
     out: dict[str, Any] = {"cores": cores, "budget_cores": round(share * cores, 3), "projected_cores": None,
-                           "light_scale": 1.0, "light_cores_per_rps": {}, "saturated_cores": None}
-    saturated = [t for t in capacity if roles[t][0] == "saturated"]
-    cost = {}
-    for t, cap in capacity.items():
-        first = cap.levels[0]
-        if t not in saturated and first.cores_busy is not None and first.requests_per_s > 0:
-            cost[t] = first.cores_busy / first.requests_per_s
-    busy = [_measured_level(capacity[t]).cores_busy for t in saturated]
-    light_tenants = [t for t in capacity if t not in saturated]
-    if not saturated or any(b is None for b in busy) or set(cost) != set(light_tenants):
+                           "light_cores": None, "light_scale": 1.0}
+    saturated = [capacity[t] for t in capacity if roles[t][0] == "saturated"]
+    if len(saturated) != 1:  # the demo's mix: one saturated tenant, probed beside all the others
         return out
-    projected = float(sum(b for b in busy if b is not None))
-    light = sum(rate * cost[t] for s in saturated for t, rate in capacity[s].background_rps.items())
-    own = projected - light
-    out.update(projected_cores=round(projected, 3), saturated_cores=round(own, 3),
-               light_cores_per_rps={t: round(c, 4) for t, c in cost.items()})
+    busy = saturated[0]
+    projected = _measured_level(busy).cores_busy
+    if projected is None or busy.idle_cores is None or busy.background_cores is None:
+        return out
+    light = max(0.0, busy.background_cores - busy.idle_cores)
+    out.update(projected_cores=round(projected, 3), light_cores=round(light, 3))
     if projected > share * cores and light > 0:
-        out["light_scale"] = round(min(1.0, max(LIGHT_FLOOR, (share * cores - own) / light)), 3)
+        out["light_scale"] = round(min(1.0, max(LIGHT_FLOOR, (share * cores - (projected - light)) / light)), 3)
     return out
 
 

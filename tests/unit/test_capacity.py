@@ -268,22 +268,26 @@ def test_a_comparison_offers_both_placements_its_first_runs_pace(monkeypatch: py
     assert record["runs"]["replica"]["machine_speed"] == 1100.0  # still read and recorded
 
 
-def _probed(rate: float, cores: float | None, background: dict[str, float] | None = None) -> TenantCapacity:
+def _probed(rate: float, cores: float | None, background: dict[str, float] | None = None,
+            idle: float | None = None, beside: float | None = None) -> TenantCapacity:
     level = ProbeLevel(4, 24, rate, rate * 30, 0.2, 0.02, 1.0, cores)
-    return TenantCapacity("t", "tiny", "standard", [level], rate, True, background or {})
+    return TenantCapacity("t", "tiny", "standard", [level], rate, True, background or {}, idle, beside)
+
+
+def _mix(acme_cores: float | None, idle: float | None = 0.1, beside: float | None = 0.7) -> dict[str, TenantCapacity]:
+    return {"globex": _probed(10.0, 1.0, idle=idle), "initech": _probed(20.0, 1.0, idle=idle),
+            "acme": _probed(3.0, acme_cores, {"globex": 2.0, "initech": 4.8}, idle, beside)}
 
 
 def test_loads_that_would_fill_the_shared_cores_scale_the_light_tenants_down_to_the_budget() -> None:
-    """globex costs 0.1 core per req/s and initech 0.05 (their first levels); acme at its capacity
-    beside them at 4 and 4 req/s kept 1.9 of 2 cores busy, 0.6 of them theirs: the light loads are
-    scaled so that the projection is 80% of the cores, and acme keeps its multiple."""
-    capacity = {"globex": _probed(10.0, 1.0), "initech": _probed(20.0, 1.0),
-                "acme": _probed(3.0, 1.9, {"globex": 4.0, "initech": 4.0})}
-    fit = fit_to_machine(capacity, cores=2, share=0.8)
-    assert fit["projected_cores"] == pytest.approx(1.9) and fit["saturated_cores"] == pytest.approx(1.3)
-    assert fit["light_cores_per_rps"] == {"globex": pytest.approx(0.1), "initech": pytest.approx(0.05)}
+    """The stack idle kept 0.1 of 2 cores busy, the others' loads alone 0.7 (so 0.6 are theirs),
+    and acme at its capacity beside them 1.9: the light loads are scaled so that the projection
+    is 80% of the cores, and acme keeps its multiple."""
+    fit = fit_to_machine(_mix(1.9), cores=2, share=0.8)
+    assert fit["projected_cores"] == pytest.approx(1.9) and fit["light_cores"] == pytest.approx(0.6)
     scale = fit["light_scale"]
     assert scale == pytest.approx(0.5)  # 1.3 + 0.5 x 0.6 is the budget, 0.8 x 2 cores
+    capacity = _mix(1.9)
     loads = {t.tenant_id: t for t in calibrated_loads(DEMO_TENANTS, capacity, 60.0, light_scale=scale)}
     assert loads["acme"].rate_rps == pytest.approx(ROLES["acme"][1] * 3.0)
     assert loads["globex"].rate_rps == pytest.approx(ROLES["globex"][1] * 10.0 * scale)
@@ -291,14 +295,9 @@ def test_loads_that_would_fill_the_shared_cores_scale_the_light_tenants_down_to_
 
 
 def test_loads_within_the_budget_or_unmeasured_are_offered_as_their_roles_say() -> None:
-    within = {"globex": _probed(10.0, 1.0), "initech": _probed(20.0, 1.0),
-              "acme": _probed(3.0, 1.5, {"globex": 4.0, "initech": 4.0})}
-    assert fit_to_machine(within, cores=2, share=0.8)["light_scale"] == 1.0
+    assert fit_to_machine(_mix(1.5), cores=2, share=0.8)["light_scale"] == 1.0
     # the busy tenant alone fills the cores: the light loads are cut to their floor, not to nothing
-    alone = {"globex": _probed(10.0, 1.0), "initech": _probed(20.0, 1.0),
-             "acme": _probed(3.0, 2.0, {"globex": 1.0, "initech": 1.0})}
-    assert fit_to_machine(alone, cores=2, share=0.8)["light_scale"] == LIGHT_FLOOR
-    unread = {"globex": _probed(10.0, None), "initech": _probed(20.0, 1.0),
-              "acme": _probed(3.0, 1.9, {"globex": 4.0, "initech": 4.0})}
-    fit = fit_to_machine(unread, cores=2, share=0.8)
-    assert fit["light_scale"] == 1.0 and fit["projected_cores"] is None
+    assert fit_to_machine(_mix(2.0, beside=0.3), cores=2, share=0.8)["light_scale"] == LIGHT_FLOOR
+    for unread in (_mix(None), _mix(1.9, idle=None), _mix(1.9, beside=None)):
+        fit = fit_to_machine(unread, cores=2, share=0.8)
+        assert fit["light_scale"] == 1.0 and fit["projected_cores"] is None
