@@ -288,12 +288,14 @@ def probe_capacity(loads: Sequence[TenantLoad], *, neo4j: Neo4jSettings | None =
         stack.start_executor("exec-a", ["cpu:0", "cpu:1"])
         stack.start_executor("exec-b", ["cpu:0", "cpu:1"])
         stack.wait_devices(4)
-        idle = cores_busy(QUIET_S)  # the stack itself, no load
         for load in sorted(loads, key=lambda t: roles[t.tenant_id][0] == "saturated"):  # stable: others first
             rates = {t: work[t] * c.requests_per_s for t, c in result.items() if roles[t][0] != "saturated"} \
                 if roles[load.tenant_id][0] == "saturated" else {}  # their average rates over the run
             beside = f" beside {', '.join(f'{t} {r:.1f}/s' for t, r in rates.items())}" if rates else ""
-            background = None
+            idle = background = None
+            if rates:  # the stack itself, no load: read here, not at its start, while models are traced
+                say(f"capacity probe: the stack idle, before {load.tenant_id}")
+                idle = cores_busy(QUIET_S)
             with Background(stack.url, keys, loads, rates):
                 say(f"capacity probe: {load.tenant_id} ({load.model}) warming up{beside}")
                 _probe_level(stack.url, keys[load.tenant_id], load, 1, 0.0)  # one request: weights loaded, code warm
