@@ -246,7 +246,7 @@ def print_calibration(calibration: dict[str, Any]) -> None:
                 f"under container placement (budget {fit['budget_cores']:.2f}: idle time is what a guest uses)")
         if fit["light_scale"] < 1.0:
             line += (f"; past it, so the light tenants' loads are scaled by {fit['light_scale']:.2f} "
-                     "(the busy tenant keeps its multiple, of its capacity read again beside the scaled loads)")
+                     "(the busy tenant keeps its multiple)")
         print(line)
     m = calibration["machine"]
     share = "n/a" if m["busy_share"] is None else f"{100 * m['busy_share']:.0f}%"

@@ -27,8 +27,7 @@ is the calibration's, so that a seed does not offer 15% more than the probe meas
 process of CV 2 over a minute does). Each sized by its own devices' capacity, the loads together
 can still fill a machine whose devices share a few cores: :func:`fit_to_machine` projects the
 cores they keep busy from the probe's own readings and scales the light tenants' loads down to
-:data:`MACHINE_SHARE` of the cores, leaving the idle time a guest uses; the saturated tenant's
-capacity is then read again beside the scaled loads, which are the ones it is offered beside.
+:data:`MACHINE_SHARE` of the cores, leaving the idle time a guest uses.
 
 :func:`machine_busy` says when other work already loads the cores (their busy share while the
 demo waits, next to the 1-minute load average), in which case no placement comparison on it is
@@ -95,10 +94,6 @@ class TenantCapacity:
     # tenant's levels, beside them): what fit_to_machine splits the projection by. None: not read.
     idle_cores: float | None = None
     background_cores: float | None = None
-    # The saturated tenant's: fit_to_machine's answer on its first levels and, when that scaled the
-    # others' loads, those first levels (its capacity is then read again beside the scaled loads)
-    machine_fit: dict[str, Any] | None = None
-    unscaled_levels: list[ProbeLevel] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -276,27 +271,6 @@ def container_weights(loads: Sequence[TenantLoad], roles: dict[str, tuple[str, f
     return out
 
 
-def _beside(rates: dict[str, float]) -> str:
-    return f" beside {', '.join(f'{t} {r:.1f}/s' for t, r in rates.items())}" if rates else ""
-
-
-def _levels(url: str, key: str, load: TenantLoad, rates: dict[str, float], levels: Sequence[int], level_s: float,
-            rounds: int, say: Callable[[str], None]) -> list[ProbeLevel]:
-    out = []
-    for c in levels:
-        say(f"capacity probe: {load.tenant_id} ({load.model}) at concurrency {c}{_beside(rates)}")
-        out.append(_probe_level(url, key, load, c, level_s, rounds))
-    return out
-
-
-def _capacity_of(load: TenantLoad, probed: list[ProbeLevel], rates: dict[str, float], *,
-                 idle: float | None, background: float | None) -> TenantCapacity:
-    """The capacity its levels read: the highest rate at which SLA_SHARE of the requests met the SLA."""
-    good = [p.requests_per_s for p in probed if p.sla_met_share >= SLA_SHARE]
-    return TenantCapacity(load.tenant_id, load.model, load.sla_class, probed,
-                          max(good) if good else probed[0].requests_per_s, bool(good), rates, idle, background)
-
-
 def probe_capacity(loads: Sequence[TenantLoad], *, neo4j: Neo4jSettings | None = None,
                    levels: Sequence[int] = LEVELS, level_s: float = 2.0, rounds: int = ROUNDS,
                    roles: dict[str, tuple[str, float]] = ROLES,
@@ -317,32 +291,25 @@ def probe_capacity(loads: Sequence[TenantLoad], *, neo4j: Neo4jSettings | None =
         for load in sorted(loads, key=lambda t: roles[t.tenant_id][0] == "saturated"):  # stable: others first
             rates = {t: work[t] * c.requests_per_s for t, c in result.items() if roles[t][0] != "saturated"} \
                 if roles[load.tenant_id][0] == "saturated" else {}  # their average rates over the run
-            key = keys[load.tenant_id]
+            beside = f" beside {', '.join(f'{t} {r:.1f}/s' for t, r in rates.items())}" if rates else ""
             idle = background = None
             if rates:  # the stack itself, no load: read here, not at its start, while models are traced
                 say(f"capacity probe: the stack idle, before {load.tenant_id}")
                 idle = cores_busy(QUIET_S)
             with Background(stack.url, keys, loads, rates):
-                say(f"capacity probe: {load.tenant_id} ({load.model}) warming up{_beside(rates)}")
-                _probe_level(stack.url, key, load, 1, 0.0)  # one request: weights loaded, code warm
+                say(f"capacity probe: {load.tenant_id} ({load.model}) warming up{beside}")
+                _probe_level(stack.url, keys[load.tenant_id], load, 1, 0.0)  # one request: weights loaded, code warm
                 if rates:
-                    say(f"capacity probe: the others' loads alone{_beside(rates)}")
+                    say(f"capacity probe: the others' loads alone{beside}")
                     background = cores_busy(QUIET_S)
-                probed = _levels(stack.url, key, load, rates, levels, level_s, rounds, say)
-            cap = _capacity_of(load, probed, rates, idle=idle, background=background)
-            if rates:
-                fit = fit_to_machine({**result, load.tenant_id: cap}, roles)
-                cap = replace(cap, machine_fit=fit)
-                if fit["light_scale"] < 1.0:
-                    # Its capacity is read again beside the loads it will be offered beside: beside the
-                    # heavier ones, it read low, and 1.2x that no longer saturated its own devices
-                    # (97% of acme's requests within its SLA under container placement at 7ef6da4)
-                    scaled = {t: r * fit["light_scale"] for t, r in rates.items()}
-                    with Background(stack.url, keys, loads, scaled, seed=1):
-                        again = _levels(stack.url, key, load, scaled, levels, level_s, rounds, say)
-                    cap = replace(_capacity_of(load, again, scaled, idle=idle, background=background),
-                                  machine_fit=fit, unscaled_levels=probed)
-            result[load.tenant_id] = cap
+                probed = []
+                for c in levels:
+                    say(f"capacity probe: {load.tenant_id} ({load.model}) at concurrency {c}{beside}")
+                    probed.append(_probe_level(stack.url, keys[load.tenant_id], load, c, level_s, rounds))
+            good = [p.requests_per_s for p in probed if p.sla_met_share >= SLA_SHARE]
+            result[load.tenant_id] = TenantCapacity(load.tenant_id, load.model, load.sla_class, probed,
+                                                    max(good) if good else probed[0].requests_per_s, bool(good),
+                                                    rates, idle, background)
     if neo4j is not None:
         reset_tenants(neo4j, sorted(t.tenant_id for t in loads))
     return result
@@ -484,8 +451,7 @@ def calibrate(loads: Sequence[TenantLoad], duration_s: float, *, neo4j: Neo4jSet
     # against 2779-2944, paced a comparison that needed none)
     readings = [round(first, 1), round(machine_speed(), 1)]
     before["speed"], before["speed_readings"] = round(statistics.mean(readings), 1), readings
-    fit = next((c.machine_fit for c in capacity.values() if c.machine_fit is not None), None) \
-        or fit_to_machine(capacity)  # the probe's, made on the saturated tenant's first levels
+    fit = fit_to_machine(capacity)
     offered = calibrated_loads(loads, capacity, duration_s, light_scale=fit["light_scale"])
     record = {
         "machine": before,
