@@ -219,12 +219,13 @@ def print_busy_verdict(calibration: dict[str, Any], runs: dict[str, Any]) -> Non
               f"meet it): " + "; ".join(parts))
     cores = os.cpu_count() or 1
     busy_cores = runs.get("container", {}).get("cpu_cores", {}).get("machine")
-    projected = (calibration.get("machine_fit") or {}).get("projected_cores")
+    fit = calibration.get("machine_fit") or {}
     if busy_cores is not None and busy_cores > CORES_FULL * cores:
         print(f"  note: the load kept {busy_cores:.2f} of {cores} cores busy under container placement, past "
               f"{100 * CORES_FULL:.0f}%: little idle time was left for a guest replica to use, so replica placement "
-              "had little to gain here" + (f" (the probe projected {projected:.2f}: the machine served the loads "
-                                            "more slowly than it did at the probe)" if projected is not None else ""))
+              "had little to gain here" + (f" (the probe projected {fit['projected_cores']:.2f} before the light loads "
+                                            f"were scaled by {fit['light_scale']:.2f})"
+                                            if fit.get("projected_cores") is not None else ""))
 
 
 def print_calibration(calibration: dict[str, Any]) -> None:

@@ -340,8 +340,8 @@ def fit_to_machine(capacity: dict[str, TenantCapacity], roles: dict[str, tuple[s
 
     The probe reads, for the saturated tenant, the cores busy at the level its capacity was read
     at, beside the others' loads at their average rates: what the comparison offers under
-    container placement, so that is the projection (a closed loop's polling makes it a little
-    high, which errs toward idle time). It also reads the cores busy with the stack idle and with
+    container placement, so that is the projection (the closed loop's polling of each request
+    adds to it, which errs toward idle time). It also reads the cores busy with the stack idle and with
     the others' loads alone; their difference is the light tenants' part. Past the share, the
     light loads are scaled by the factor that brings the projection to it (their part taken as
     proportional to their rate), at least :data:`LIGHT_FLOOR`; the saturated tenant keeps its
