@@ -117,6 +117,15 @@ def cpu_jiffies() -> tuple[int, int] | None:
     return sum(fields) - idle, sum(fields)
 
 
+def busy_share_since(before: tuple[int, int] | None) -> float | None:
+    """The share of the machine's core time that was busy since the :func:`cpu_jiffies` reading
+    ``before`` (None without one, or when no time passed)."""
+    after = cpu_jiffies()
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def machine_busy(sample_s: float = 2.0) -> dict[str, Any]:
     """How loaded the machine is while this process waits: the 1-minute load average, the cores,
     and the cores' busy share measured over ``sample_s`` seconds (/proc/stat; the load average
@@ -125,11 +134,8 @@ def machine_busy(sample_s: float = 2.0) -> dict[str, Any]:
     cores = os.cpu_count() or 1
     before = cpu_jiffies()
     time.sleep(sample_s if before is not None else 0.0)
-    after = cpu_jiffies()
+    share = busy_share_since(before)
     load = os.getloadavg()[0]
-    share = None
-    if before is not None and after is not None and after[1] > before[1]:
-        share = (after[0] - before[0]) / (after[1] - before[1])
     busy = share > BUSY_LOAD if share is not None else load / cores > BUSY_LOAD
     return {"load_avg_1m": round(load, 2), "cores": cores, "busy_share": None if share is None else round(share, 3),
             "busy": busy}
@@ -208,10 +214,8 @@ def cores_busy(seconds: float) -> float | None:
 
 def _cores_busy_since(before: tuple[int, int] | None) -> float | None:
     """How many of the machine's cores were busy since the :func:`cpu_jiffies` reading ``before``."""
-    after = cpu_jiffies()
-    if before is None or after is None or after[1] <= before[1]:
-        return None
-    return round((after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1), 3)
+    share = busy_share_since(before)
+    return None if share is None else round(share * (os.cpu_count() or 1), 3)
 
 
 class Background:

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from service.api.capacity import cpu_jiffies, load_scale, machine_speed
+from service.api.capacity import busy_share_since, cpu_jiffies, load_scale, machine_speed
 from service.api.live_tenants import register, reset_tenants
 from service.api.metrics import sla_met
 from service.api.records import LiveRequest
@@ -122,12 +122,11 @@ class CpuMeter:
 
     def stop(self) -> dict[str, float]:
         wall = time.monotonic() - self._t0
-        now, machine = self._read(), cpu_jiffies()
+        now, share = self._read(), busy_share_since(self._machine)
         if wall <= 0 or not os.path.exists("/proc/stat"):
             return {}
         cores = {name: round((now[name] - t0) / wall, 3) for name, t0 in self._marks.items() if name in now}
-        if self._machine is not None and machine is not None and machine[1] > self._machine[1]:
-            share = (machine[0] - self._machine[0]) / (machine[1] - self._machine[1])
+        if share is not None:
             cores["machine"] = round(share * (os.cpu_count() or 1), 3)
         return cores
 
