@@ -45,7 +45,7 @@ def one_run(neo4j: Any, repo: Any, mode: str, args: argparse.Namespace) -> dict[
     """One lease_throughput run with auditing ``mode``; the live records it left are deleted after."""
     import httpx
 
-    from service.api.stack import LiveStack
+    from service.harness.stack import LiveStack
 
     with LiveStack(neo4j=neo4j, lease_ttl_s=30.0, max_batch=args.batch, extra_env={"SLICESCHED_AUDIT": MODES[mode]},
                    log_dir=args.log_dir) as stack:

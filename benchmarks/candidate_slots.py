@@ -61,10 +61,10 @@ def main() -> int:
         find_slots_in_memory,
     )
     from service.domain.cluster import ClusterSpec, Link
+    from service.domain.model_config import model_config
     from service.graph.connection import Neo4jSettings
     from service.graph.local_server import LocalNeo4j
     from service.graph.repository import GraphRepository
-    from service.models.family import model_config
     from service.models.trace import trace_phase
 
     rng = np.random.default_rng(args.seed)

@@ -780,7 +780,7 @@ def main() -> int:
 
     import numpy as np
 
-    from service.api.stack import LiveStack
+    from service.harness.stack import LiveStack
 
     log_dir = args.log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="slicesched-chaos-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -32,9 +32,9 @@ def main() -> int:
 
     from neo4j import GraphDatabase
 
+    from service.domain.model_config import model_config
     from service.graph.local_server import LocalNeo4j
     from service.graph.repository import GraphRepository
-    from service.models.family import model_config
     from service.models.trace import trace_phase
 
     graphs = [trace_phase(model_config(name), phase, batch=8, tokens=512, context=1024)

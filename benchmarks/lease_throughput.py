@@ -141,7 +141,7 @@ def main() -> int:
 
 
 def one_run(args: Any, quota_tokens_per_s: float | None) -> dict[str, Any]:
-    from service.api.stack import LiveStack
+    from service.harness.stack import LiveStack
 
     args.quota_tokens_per_s = quota_tokens_per_s
     # One replica per executor device: the model's weight decides nothing here; max_batch caps leases per replica.

@@ -58,8 +58,8 @@ def measure(args: argparse.Namespace, neo4j: Neo4jSettings) -> int:
     """The probe, then both placements per seed, on ``neo4j``; writes the record."""
     import statistics
 
-    from service.api.capacity import SLA_SHARE, calibrate, machine_speed
-    from service.api.live_run import DEMO_TENANTS, compare_placements, demo_workload
+    from service.harness.capacity import SLA_SHARE, calibrate, machine_speed
+    from service.harness.live_run import DEMO_TENANTS, compare_placements, demo_workload
 
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     calibration = None

@@ -146,7 +146,7 @@ def main() -> int:
     if args.quick:
         args.requests, args.repeats, args.max_tokens = 24, 2, 48
 
-    from service.api.stack import LiveStack
+    from service.harness.stack import LiveStack
 
     if args.log_dir is not None:
         args.log_dir.mkdir(parents=True, exist_ok=True)

@@ -60,7 +60,8 @@ def run_real(model_name: str, wl: Any, max_batch: int, seed: int) -> RealRun:
     import torch
 
     from executor.batcher import ContinuousBatcher, GenerationRequest
-    from service.models.family import build_model, model_config
+    from service.domain.model_config import model_config
+    from service.models.family import build_model
 
     model = build_model(model_config(model_name), seed=seed)
     gen = torch.Generator().manual_seed(seed)
@@ -124,7 +125,7 @@ def evaluate_model(name: str, args: Any) -> dict[str, Any]:
     from learned.table import ProfileTableCostModel
     from service.cluster.spec import load_cluster_spec
     from service.core.cost import IterationOverhead
-    from service.models.family import model_config
+    from service.domain.model_config import model_config
     from service.sim.cluster import ReplicaSpec, SimulatedCluster
     from service.sim.iteration import IterationCostTable
 

@@ -31,7 +31,7 @@ def main() -> int:
 
     from service.graph.connection import Neo4jSettings
     from service.graph.local_server import LocalNeo4j
-    from service.testbench.command import BenchOptions, run_testbench
+    from service.harness.testbench.command import BenchOptions, run_testbench
 
     opts = BenchOptions.quick() if args.quick else BenchOptions()
     opts = replace(opts, seed=args.seed, load=args.load, repeats=args.repeats or opts.repeats)

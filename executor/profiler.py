@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from learned.profile import OpTiming, ProfileStore
-from service.models.family import MODEL_CONFIGS, ModelConfig
+from service.domain.model_config import MODEL_CONFIGS, ModelConfig
 
 LM_HEAD_MAX_TOKENS = 16
 MAX_WEIGHT_COPIES = 32

@@ -33,7 +33,8 @@ from torch import Tensor, nn
 
 from executor.device import torch_device
 from service.domain.error import SliceschedError
-from service.models.family import build_model, model_config
+from service.domain.model_config import model_config
+from service.models.family import build_model
 from service.models.hf import hf_config, load_model
 
 log = logging.getLogger("slicesched.executor.remote")

@@ -27,7 +27,8 @@ from torch import Tensor, nn
 
 from executor.device import torch_device
 from executor.remote import RemoteStage
-from service.models.family import DecoderLM, ModelConfig, build_model, embed_inputs, model_config
+from service.domain.model_config import ModelConfig, model_config
+from service.models.family import DecoderLM, build_model, embed_inputs
 
 
 @dataclass(frozen=True)

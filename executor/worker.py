@@ -364,7 +364,7 @@ def _check_buildable(lease: Lease) -> None:
 
         config = hf_config(lease.path)
     else:
-        from service.models.family import model_config
+        from service.domain.model_config import model_config
 
         config = model_config(lease.family)
     check_stages(lease.stages, config.n_layers)

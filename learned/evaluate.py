@@ -51,7 +51,7 @@ from learned.table import ProfileTableCostModel
 from service.core.cost import CostModel, Latency, OpFeatures
 from service.data import locate, resolve
 from service.domain.cluster import Device
-from service.models.family import ModelConfig
+from service.domain.model_config import ModelConfig
 
 VIDUR_DATASET = "vidur-profiling"  # its name in the data manifest (service/data/manifest.json)
 VIDUR_ROOT = Path(VIDUR_DATASET) / "profiling"

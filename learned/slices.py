@@ -42,8 +42,8 @@ from learned.profile import LAYER_CHAIN, OpTiming, layer_chains, vidur_mlp_files
 from learned.roofline import device_of_kind
 from service.core.cost import Edge, OpFeatures, slice_of
 from service.domain.cluster import Device
+from service.domain.model_config import ModelConfig
 from service.domain.opgraph import OperatorGraph, OperatorSpec
-from service.models.family import ModelConfig
 from service.models.trace import trace_phase
 
 SLICE_KINDS: tuple[str, ...] = ("attention", "mlp", "layer", "mlp+attention", "2 layers", "3 layers")

@@ -50,7 +50,7 @@ def cli_in_process(*args: str) -> subprocess.CompletedProcess[str]:
     output captured as a subprocess's would be. For bad-input paths, which exit before any work:
     a process of its own would spend its seconds importing torch. Each command keeps a test that
     runs the real process."""
-    from service.cli import main
+    from service.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

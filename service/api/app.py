@@ -30,9 +30,9 @@ from service.api.openai import error_body as openai_error
 from service.api.openai import is_openai_route
 from service.api.routers import ROUTERS
 from service.api.schemas import ErrorOut
-from service.api.service import LiveService
-from service.api.settings import ServiceSettings
 from service.domain.error import DatabaseUnavailableError, SliceschedError
+from service.live.service import LiveService
+from service.live.settings import ServiceSettings
 
 log = logging.getLogger("slicesched.api")
 

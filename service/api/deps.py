@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
-from service.api.credential import hash_key
-from service.domain.error import ForbiddenError, InvalidInputError, NotFoundError, UnauthorizedError
+from service.domain.error import UnauthorizedError
+from service.domain.principal import Principal, require
 from service.domain.role import (
     ADMIN,
     AUDIT_READ,
@@ -31,29 +30,11 @@ from service.domain.role import (
     READ,
     SUBMIT,
     TENANT_ADMIN,
-    is_tenant_role,
 )
+from service.live.credential import hash_key
 
 if TYPE_CHECKING:
-    from service.api.service import LiveService
-
-
-@dataclass(frozen=True)
-class Principal:
-    role: str  # one of service.domain.role.ROLES
-    tenant_id: str | None = None
-    pool_id: str | None = None  # an executor key's pool
-    key_id: str | None = None  # a member key's id (None: the admin key, a tenant's own key, a pool key)
-    projects: tuple[str, ...] = ()  # the projects a member or viewer key is limited to (): all
-
-    @property
-    def is_admin(self) -> bool:
-        return self.role == ADMIN
-
-    @property
-    def is_tenant(self) -> bool:
-        """A key of one tenant (tenant admin, member or viewer)."""
-        return is_tenant_role(self.role)
+    from service.live.service import LiveService
 
 
 def service_of(request: Request) -> LiveService:
@@ -90,11 +71,6 @@ def authenticate(request: Request) -> Principal:
 AnyPrincipal = Annotated[Principal, Depends(authenticate)]
 
 
-def require(p: Principal, *roles: str) -> None:
-    if p.role not in roles:
-        raise ForbiddenError(f"this needs a key of role {' or '.join(roles)} (yours: {p.role})")
-
-
 def _needs(*roles: str) -> Callable[[Principal], Awaitable[Principal]]:
     async def dependency(p: AnyPrincipal) -> Principal:
         require(p, *roles)
@@ -121,25 +97,3 @@ AuditPrincipal = Annotated[Principal, Depends(_needs(*AUDIT_VERIFY))]  # admin, 
 TenantScope = Annotated[str | None, Depends(_scope(*READ))]  # read a tenant's records
 SubmitScope = Annotated[str | None, Depends(_scope(*SUBMIT))]  # change a tenant's work (cancel)
 AuditScope = Annotated[str | None, Depends(_scope(*AUDIT_READ))]  # the audit log
-
-
-def scoped_tenant(p: Principal, given: str | None) -> str:
-    """The tenant a call acts for: a tenant key's own, or the admin's explicit choice."""
-    if p.is_tenant:
-        assert p.tenant_id is not None
-        if given is not None and given != p.tenant_id:
-            raise NotFoundError(f"no tenant {given!r}")
-        return p.tenant_id
-    require(p, ADMIN)
-    if given is None:
-        raise InvalidInputError("admin keys must name the tenant_id")
-    return given
-
-
-def own_tenant(p: Principal, tenant_id: str) -> None:
-    """Admin keys act for any tenant; a tenant's key for its own only (any other is a 404)."""
-    if p.is_tenant:
-        if p.tenant_id != tenant_id:
-            raise NotFoundError(f"no tenant {tenant_id!r}")
-        return
-    require(p, ADMIN)

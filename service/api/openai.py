@@ -17,10 +17,10 @@ from typing import Any, Literal
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.api.records import LiveRequest
 from service.domain.error import InvalidInputError
 from service.domain.sampling import MAX_SEED, MAX_TEMPERATURE
 from service.domain.tokenizer import Tokenizer
+from service.live.records import LiveRequest
 
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"

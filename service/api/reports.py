@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from service.api.deps import Principal, require, scoped_tenant
-from service.api.records import LiveModel, LiveRequest
 from service.domain.error import ForbiddenError, InvalidInputError, NotFoundError
+from service.domain.principal import Principal, require, scoped_tenant
 from service.domain.tokenizer import BYTES, Tokenizer
 from service.graph.inspection import Table
+from service.live.records import LiveModel, LiveRequest
 
 if TYPE_CHECKING:
-    from service.api.service import LiveService
+    from service.live.service import LiveService
 
 
 def tenant_public(svc: LiveService, tenant_id: str) -> dict[str, Any]:

@@ -11,9 +11,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from service.api.records import LIVE_FAMILIES
 from service.core.queue import QUEUE_POLICIES
 from service.domain.sampling import MAX_SEED, MAX_TEMPERATURE
+from service.live.records import LIVE_FAMILIES
 from service.sim.sla import SLA_CLASSES
 
 ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"

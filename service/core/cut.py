@@ -48,7 +48,7 @@ from service.domain.error import InvalidGraphError, InvalidInputError
 from service.domain.opgraph import PHASES, OperatorGraph, OperatorSpec
 
 if TYPE_CHECKING:
-    from service.models.family import ModelConfig
+    from service.domain.model_config import ModelConfig
 
 #: The traced shape of :func:`cut_model` (clipped to the model's context length).
 TRACE_TOKENS = 128

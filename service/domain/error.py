@@ -2,7 +2,7 @@
 
 Each class declares, as class attributes, what the API answers for it (``http_status``, ``kind``)
 and what the CLI exits with (``exit_code``); a subclass inherits its parent's unless it says
-otherwise. The table, as the API (service/api/app.py) and the CLI (service/cli.py) read it:
+otherwise. The table, as the API (service/api/app.py) and the CLI (service/cli/main.py) read it:
 
 =========================  ===========  ===============  ====
 class                      HTTP status  kind             exit

@@ -1,6 +1,6 @@
 """An experiment record: one replay, what-if or benchmark run, with what it needs to be rerun
 and compared. Pure data and comparisons; no I/O (who fills a record in:
-:mod:`service.provenance` and :mod:`service.replay.command`; who stores it:
+:mod:`service.provenance` and :mod:`service.cli.replay`; who stores it:
 :mod:`service.graph.experiment_store`).
 
 A record holds the run's full configuration (for a replay: the parsed command-line options,

@@ -15,7 +15,7 @@ device's cluster. A planner's cluster uses the planner's seconds; the live clust
 seconds (wall clock): a live lease's window starts at its grant and ends at its expected end
 until it ends, then at its real end (``start_wall``/``end_wall`` hold the same instants). The
 live candidate search translates the mirror's seconds to epoch seconds before it asks
-(:meth:`service.api.scheduling.SchedulingLoop.cypher_slots`).
+(:meth:`service.live.scheduling.SchedulingLoop.cypher_slots`).
 """
 
 from __future__ import annotations

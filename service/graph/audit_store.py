@@ -6,7 +6,7 @@ relationship: the hash chain already carries the order, a walk by index range ne
 traversal, and an append touches no earlier node (no lock on the previous entry).
 
 What an entry means and how its hash is made: :mod:`service.domain.audit`. Who appends:
-:class:`service.api.audit.AuditLog` (one writer per process; the uniqueness of ``seq`` refuses a
+:class:`service.live.audit.AuditLog` (one writer per process; the uniqueness of ``seq`` refuses a
 second writer's entry for a seq already taken, and that writer re-chains after the head).
 """
 

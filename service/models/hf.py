@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from service.domain.error import InvalidInputError
-from service.models.family import DecoderLM, ModelConfig, RopeScaling, rope_inv_freq
+from service.domain.model_config import ModelConfig, RopeScaling
+from service.models.family import DecoderLM, rope_inv_freq
 
 SUPPORTED_TYPES = ("gpt2", "llama")
 HF_PREFIX = "hf:"  # a model from disk is named "hf:<its directory>"

@@ -28,6 +28,7 @@ import torch.fx
 from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
+from service.domain.model_config import ModelConfig
 from service.domain.opgraph import (
     DTYPE_BYTES,
     OperatorGraph,
@@ -35,7 +36,7 @@ from service.domain.opgraph import (
     TensorKind,
     TensorSpec,
 )
-from service.models.family import ModelConfig, build_model, example_inputs
+from service.models.family import build_model, example_inputs
 
 F = torch.nn.functional
 

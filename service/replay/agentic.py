@@ -36,8 +36,8 @@ from service.core.queue import QueuePolicy, SlackPolicy, make_queue_policy
 from service.core.tail import CallFeatures, TailPredictor, ToolFeatures
 from service.domain.cluster import ClusterSpec
 from service.domain.error import InvalidInputError
+from service.domain.model_config import MODEL_CONFIGS
 from service.domain.workflow import ModelCall, Workflow
-from service.models.family import MODEL_CONFIGS
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
 from service.sim.iteration import BatchFeatures, IterationCostTable, kv_bytes_per_token, weight_bytes
 from service.sim.tail_routing import Router, TenantReplicas, make_router, make_scaler

@@ -45,7 +45,7 @@ def clamp_to_context(prompt_tokens: int, output_tokens: int, max_seq_len: int) -
 
 def fit_context(requests: Iterable[RequestSpec], mode: ContextMode) -> tuple[list[RequestSpec], ContextCounts]:
     """The requests fitted to their models' context (order kept), and the counts."""
-    from service.models.family import MODEL_CONFIGS  # torch: not at CLI start-up
+    from service.domain.model_config import MODEL_CONFIGS  # torch: not at CLI start-up
 
     if mode not in CONTEXT_MODES:
         raise InvalidInputError(f"context mode must be one of {', '.join(CONTEXT_MODES)}, got {mode!r}")

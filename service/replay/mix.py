@@ -55,8 +55,8 @@ import numpy as np
 from service.data import resolve
 from service.document import builtin_documents, load_document
 from service.domain.error import InvalidInputError
+from service.domain.model_config import MODEL_CONFIGS
 from service.domain.request import RequestSpec, Workload
-from service.models.family import MODEL_CONFIGS
 from service.replay.binding import TRACE_FILES as TRACE_FILES
 from service.replay.binding import read_source, tenant_requests
 from service.replay.context import ContextCounts, ContextMode, fit_context

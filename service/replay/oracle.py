@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from service.core.placement import TenantDemand, container_replicas
+from service.domain.model_config import MODEL_CONFIGS
 from service.domain.request import RequestSpec, Workload
-from service.models.family import MODEL_CONFIGS
 from service.sim.cluster import SimulatedCluster
 from service.sim.elastic import reallocate
 from service.sim.iteration import BatchFeatures, IterationCostTable, kv_bytes_per_token, weight_bytes

@@ -31,8 +31,8 @@ from service.core.queue import make_queue_policy
 from service.core.scheduler import Scheduler
 from service.domain.cluster import ClusterSpec
 from service.domain.error import InvalidInputError
+from service.domain.model_config import MODEL_CONFIGS
 from service.domain.request import Workload
-from service.models.family import MODEL_CONFIGS
 from service.replay.mix import TenantMix, build_workload
 from service.replay.oracle import ORACLE_ELASTIC, OracleElastic
 from service.replay.report import PolicyResult, summarise

@@ -33,8 +33,8 @@ from service.core.memory import MemoryLedger
 from service.core.queue import QueuePolicy, WaitingQueue, make_waiting_queue
 from service.domain.cluster import ClusterSpec, Device
 from service.domain.error import InvalidInputError
+from service.domain.model_config import MODEL_CONFIGS, ModelConfig
 from service.domain.request import RequestSpec, Workload
-from service.models.family import MODEL_CONFIGS, ModelConfig
 from service.sim.batcher import Batcher
 from service.sim.config import SimConfig
 from service.sim.engine import (

@@ -32,8 +32,8 @@ from service.core.cost import (
 from service.core.cut import Granularity, cut_model
 from service.core.scheduler import SliceSize
 from service.domain.cluster import Device, Link
+from service.domain.model_config import ModelConfig
 from service.domain.opgraph import DTYPE_BYTES
-from service.models.family import ModelConfig
 
 
 def dtype_bytes(config: ModelConfig) -> int:

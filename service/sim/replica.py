@@ -39,8 +39,8 @@ from service.core.memory import Allocation, MemoryLedger
 from service.core.queue import FifoQueue, WaitingQueue
 from service.domain.cluster import ClusterSpec, Device
 from service.domain.error import InvalidInputError
+from service.domain.model_config import ModelConfig
 from service.domain.request import RequestSpec
-from service.models.family import ModelConfig
 from service.sim.iteration import (
     IterationCostTable,
     activation_bytes_per_token,

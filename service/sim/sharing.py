@@ -7,7 +7,7 @@
     come first served: replicas sharing a device alternate iteration by iteration, whatever each
     iteration costs.
 
-``"executor"`` (the live mirror, :mod:`service.api.live_view`)
+``"executor"`` (the live mirror, :mod:`service.live.view`)
     As an executor daemon shares its time (:mod:`executor.worker`): a replica that wants its
     device while another's iteration runs there waits, and when the device falls free the next
     iteration is picked among the replicas that want it, its batch formed then. First a replica

@@ -28,9 +28,9 @@ import numpy as np
 from service.core.queue import QueuedRequest
 from service.core.slack import step_costs_p99
 from service.core.tail import CallFeatures, TailPredictor, ToolFeatures
+from service.domain.model_config import MODEL_CONFIGS
 from service.domain.request import RequestSpec
 from service.domain.workflow import ModelCall, ToolCall, Workflow
-from service.models.family import MODEL_CONFIGS
 from service.sim.cluster import SimulatedCluster
 from service.sim.engine import Event, RequestArrived, ToolFinished, WorkflowArrived
 from service.sim.report import RequestOutcome

@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
-from service.api.settings import ServiceSettings
 from service.graph.connection import Neo4jSettings
+from service.live.settings import ServiceSettings
 
 ADMIN = "admin-test-key"
 EXECUTOR = "executor-test-key"

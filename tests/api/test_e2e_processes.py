@@ -11,9 +11,10 @@ import httpx
 import pytest
 
 from executor.batcher import generate_alone
-from service.api.stack import LiveStack
+from service.domain.model_config import model_config
 from service.graph.connection import Neo4jSettings
-from service.models.family import build_model, model_config
+from service.harness.stack import LiveStack
+from service.models.family import build_model
 from tests.api.test_metrics import Scrape, check_done_requests
 
 TENANTS = (("acme", "tiny"), ("globex", "tiny-llama"), ("initech", "tiny"))

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.stack import LiveStack
 from service.graph.connection import Neo4jSettings
+from service.harness.stack import LiveStack
 from service.models.hf_tokenizer import HFTokenizer
 from tests.api.conftest import ADMIN, EXECUTOR, auth, new_tenant
 from tests.api.test_api import completion, poll, register

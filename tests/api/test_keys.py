@@ -11,8 +11,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.settings import ServiceSettings
 from service.domain.error import InvalidInputError
+from service.live.settings import ServiceSettings
 from tests.api.conftest import ADMIN, EXECUTOR, auth, new_tenant
 
 GIB = 2**30
@@ -181,7 +181,7 @@ def test_inspect_refuses_load_csv_procedures_and_admin_commands(client: TestClie
 
 def test_keys_command(client: TestClient, uid: str, monkeypatch: pytest.MonkeyPatch,
                       capsys: pytest.CaptureFixture[str]) -> None:
-    from service.cli import main
+    from service.cli.main import main
 
     old = new_tenant(client, f"t{uid}")
     monkeypatch.setenv("SLICESCHED_ADMIN_KEY", ADMIN)

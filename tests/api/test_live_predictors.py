@@ -21,11 +21,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.responses import PredictorOut
-from service.api.settings import ServiceSettings
-from service.api.stack import LiveStack
 from service.core.tail import P99, QUANTILES, CallFeatures, NaivePredictor
 from service.domain.error import InvalidInputError
 from service.graph.connection import Neo4jSettings
+from service.harness.stack import LiveStack
+from service.live.settings import ServiceSettings
 from service.replay.agentic import read_records
 from tests.api.conftest import ADMIN, auth, new_tenant, settings
 from tests.api.test_workflows import _model, _tool, _wait
@@ -54,7 +54,7 @@ def _until(fn: Callable[[], Any], timeout_s: float = 60.0) -> Any:
 
 def test_steps_are_recorded_exported_and_a_scheduled_refit_swaps_in(stack: LiveStack, tmp_path: Path) -> None:
     from learned.distributional import DistributionalPredictor, predictors_main
-    from service.api.predictors import retrain
+    from service.live.predictors import retrain
 
     t = f"lp{uuid.uuid4().hex[:6]}"
     with stack.client() as admin:
@@ -216,7 +216,7 @@ def test_bad_predictor_configuration_is_refused_with_a_clear_message(
             TestClient(create_app(settings(neo4j, predictor=str(tmp_path / "broken")))):
         pass
     # the command line says the same and exits with an error
-    done = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--predictor", str(tmp_path / "nope")],
+    done = subprocess.run([sys.executable, "-m", "service.cli.main", "serve", "--predictor", str(tmp_path / "nope")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "no such folder" in done.stderr, done.stderr
     # a service without a predictor refuses a refit; nobody passes the slack key as a parameter

@@ -11,8 +11,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from service.api.live_view import LIVE_CLUSTER, LiveClusterView
 from service.core.slot import SlotQuery
+from service.live.view import LIVE_CLUSTER, LiveClusterView
 from tests.api.conftest import ADMIN, EXECUTOR, auth, new_tenant
 from tests.api.test_api import completion, poll, register, setup_tenant_model
 

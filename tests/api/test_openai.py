@@ -18,11 +18,12 @@ from pydantic import TypeAdapter
 
 from executor.batcher import generate_alone
 from service.api.openai import ChatCompletionOut, CompletionOut, ModelListOut
-from service.api.stack import LiveStack
+from service.domain.model_config import model_config
 from service.domain.sampling import GREEDY, Sampling
 from service.domain.tokenizer import BYTES
 from service.graph.connection import Neo4jSettings
-from service.models.family import DecoderLM, build_model, model_config
+from service.harness.stack import LiveStack
+from service.models.family import DecoderLM, build_model
 from tests.api.conftest import reset_live_state
 
 

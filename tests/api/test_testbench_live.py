@@ -20,10 +20,10 @@ from pathlib import Path
 from learned.roofline import RooflineCostModel
 from service.core.queue import make_queue_policy
 from service.graph.connection import Neo4jSettings
-from service.testbench.command import BenchOptions, policy_params, run_testbench
-from service.testbench.metrics import METRICS, run_metrics
-from service.testbench.predict import predict
-from service.testbench.workload import WorkloadShape, bench_workload
+from service.harness.testbench.command import BenchOptions, policy_params, run_testbench
+from service.harness.testbench.metrics import METRICS, run_metrics
+from service.harness.testbench.predict import predict
+from service.harness.testbench.workload import WorkloadShape, bench_workload
 
 SHAPE = WorkloadShape(rate_rps=6.0, duration_s=3.0, prompt_median_tokens=8.0, prompt_max_tokens=32,
                       output_median_tokens=8.0, output_sigma=0.5, output_max_tokens=24)

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from service.api.stack import LiveStack
 from service.graph.connection import Neo4jSettings
+from service.harness.stack import LiveStack
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api.stack import LiveStack
 from service.graph.connection import Neo4jSettings
+from service.harness.stack import LiveStack
 from tests.api.conftest import ADMIN, auth, new_tenant
 
 

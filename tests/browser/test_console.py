@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from service.api.stack import LiveStack
 from service.graph.connection import Neo4jSettings
+from service.harness.stack import LiveStack
 
 pytestmark = [pytest.mark.neo4j, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +107,7 @@ def sign_out(driver: WebDriver) -> None:
 def record_replay(stack: LiveStack, tenant: str, policy: str, out: Path) -> None:
     """A real (small) replay, recorded as an experiment of the tenant's default project."""
     assert stack.neo4j is not None
-    res = subprocess.run([sys.executable, "-m", "service.cli", "replay", "--cluster", "local-cpu-4",
+    res = subprocess.run([sys.executable, "-m", "service.cli.main", "replay", "--cluster", "local-cpu-4",
                           "--tenants", "synthetic-3", "--duration", "8", "--policy", policy, "--seed", "3",
                           "--out", str(out), "--record", "--for-tenant", tenant],
                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, **stack.neo4j.env()}, timeout=300)

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from neo4j.exceptions import ServiceUnavailable
 
-from service.api.audit import AuditLog
-from service.cli import main
+from service.cli.main import main
 from service.domain.audit import SCHEDULER, AuditRecord, canonical_json, entry_hash
 from service.graph.connection import Neo4jSettings
 from service.graph.local_server import free_port
 from service.graph.repository import GraphRepository
+from service.live.audit import AuditLog
 
 pytestmark = pytest.mark.neo4j
 

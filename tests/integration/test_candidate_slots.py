@@ -30,9 +30,9 @@ from service.core.slot import (
 )
 from service.domain.cluster import ClusterSpec, Link
 from service.domain.error import InvalidInputError
+from service.domain.model_config import model_config
 from service.domain.opgraph import OperatorGraph
 from service.graph.repository import GraphRepository
-from service.models.family import model_config
 from service.models.trace import trace_phase
 
 pytestmark = pytest.mark.neo4j

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from service.core.cut import Granularity, cut_graph
 from service.domain.error import InvalidInputError, NotFoundError
+from service.domain.model_config import ModelConfig, model_config
 from service.graph.repository import GraphRepository
-from service.models.family import ModelConfig, model_config
 from service.models.trace import trace_phase
 
 pytestmark = pytest.mark.neo4j

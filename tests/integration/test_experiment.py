@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from service.cli import main
+from service.cli.main import main
 from service.graph.connection import Neo4jSettings
 
 pytestmark = pytest.mark.neo4j
@@ -50,7 +50,7 @@ def _rerun_in_a_new_process(neo4j: Neo4jSettings, uid: str, out: Path) -> subpro
     """``experiments rerun`` as a user runs it: a fresh process (its own hash seed, no trace file
     already read), so a reproduction cannot lean on this process's state."""
     env = {**os.environ, **neo4j.env(), "SLICESCHED_COST_MODEL": "roofline"}
-    return subprocess.run([sys.executable, "-m", "service.cli", "experiments", "rerun", uid, "--out", str(out)],
+    return subprocess.run([sys.executable, "-m", "service.cli.main", "experiments", "rerun", uid, "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
 
 

@@ -12,10 +12,10 @@ import pytest
 
 from service.domain.cluster import ClusterSpec
 from service.domain.error import InvalidClusterError, InvalidGraphError, InvalidInputError, ReadOnlyViolationError
+from service.domain.model_config import model_config
 from service.domain.opgraph import OperatorGraph
 from service.graph.connection import Neo4jSettings
 from service.graph.repository import GraphRepository
-from service.models.family import model_config
 from service.models.trace import trace_phase
 
 pytestmark = pytest.mark.neo4j
@@ -160,7 +160,7 @@ def test_inspection_errors_are_clear(repo: GraphRepository) -> None:
 
 def run_cli(neo4j: Neo4jSettings, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **neo4j.env()}
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "service.cli.main", *args], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=120)
 
 

@@ -95,7 +95,7 @@ def test_every_named_inspection_query_passes_the_guard(repo: GraphRepository) ->
 
 def test_cli_refuses_with_exit_code_2(neo4j: Neo4jSettings, monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from service.cli import main
+    from service.cli.main import main
 
     for key, value in neo4j.env().items():
         monkeypatch.setenv(key, value)

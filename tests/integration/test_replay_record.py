@@ -27,7 +27,7 @@ def test_replay_of_a_trace_file_is_recorded_as_an_experiment(repo: GraphReposito
     before = repo.run_read("MATCH (e:Experiment) RETURN count(e)").rows[0][0]
     out = tmp_path / "out"
     env = {**os.environ, **neo4j.env()}
-    res = subprocess.run([sys.executable, "-m", "service.cli", "replay", "--trace", str(trace), "--deal", "round-robin", "--skip-bad",
+    res = subprocess.run([sys.executable, "-m", "service.cli.main", "replay", "--trace", str(trace), "--deal", "round-robin", "--skip-bad",
                           "--cluster", "local-cpu-4", "--tenants", "synthetic-3", "--duration", "30",
                           "--policy", "fifo/container", "--out", str(out), "--record"],
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from executor.batcher import ContinuousBatcher, GenerationRequest, generate_alone
-from service.models.family import build_model, model_config
+from service.domain.model_config import model_config
+from service.models.family import build_model
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-llama"])

@@ -13,7 +13,8 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from service.api.capacity import (
+from service.domain.error import InvalidInputError
+from service.harness.capacity import (
     BURSTY_IDLE_SHARE,
     LIGHT_FLOOR,
     ROLES,
@@ -31,8 +32,7 @@ from service.api.capacity import (
     machine_speed,
     speed_drift,
 )
-from service.api.live_run import DEMO_TENANTS, demo_workload, offered_work
-from service.domain.error import InvalidInputError
+from service.harness.live_run import DEMO_TENANTS, demo_workload, offered_work
 from service.workload.synthetic import TenantLoad, synthetic_workload
 
 
@@ -226,7 +226,7 @@ def test_the_cpu_meter_counts_the_cores_each_part_of_the_stack_kept_busy() -> No
     import sys
     import time
 
-    from service.api.live_run import CpuMeter
+    from service.harness.live_run import CpuMeter
 
     spin = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 5: pass"])
     try:
@@ -246,7 +246,7 @@ def test_a_comparison_offers_both_placements_its_first_runs_pace(monkeypatch: py
                                                                  tmp_path: Path) -> None:
     """The speed is read before each run, but the pace is set once: the placements side by side
     are offered the same rates, whatever the second reading says."""
-    import service.api.live_run as live_run
+    import service.harness.live_run as live_run
 
     calls = []
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "service.cli.main", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
 
 

@@ -19,9 +19,9 @@ from learned.artifact import (
 from learned.choice import kind_from
 from learned.evaluate import ATTENTION_CSV, VIDUR_ROOT
 from learned.gnn import GnnConfig
-from service.cli import main
+from service.cli.main import main
 from service.cluster.spec import load_cluster_spec
-from service.models.family import MODEL_CONFIGS
+from service.domain.model_config import MODEL_CONFIGS
 from service.sim.iteration import IterationCostTable, iteration_ops
 from tests.conftest import data_path, needs_data
 
@@ -161,9 +161,9 @@ def test_train_command_makes_a_loadable_artifact(tmp_path: Path, tiny: tuple[Tra
 
 def test_live_service_takes_its_cost_model_from_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          tiny: tuple[TrainingInputs, Path, Path]) -> None:
-    from service.api.service import LiveService
-    from service.api.settings import ServiceSettings
     from service.domain.error import InvalidInputError
+    from service.live.service import LiveService
+    from service.live.settings import ServiceSettings
 
     monkeypatch.setenv("SLICESCHED_COST_MODEL", "table")
     assert ServiceSettings.from_env(admin_key="a" * 20).cost_model == "table"

@@ -10,8 +10,8 @@ import pytest
 
 from service.core.cut import Granularity, SliceCut, cut_graph, cut_model
 from service.domain.error import InvalidGraphError, InvalidInputError
+from service.domain.model_config import model_config
 from service.domain.opgraph import OperatorGraph
-from service.models.family import model_config
 from service.models.trace import trace_phase
 
 MODELS = ("tiny", "tiny-llama")

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.cli import main
+from service.cli.main import main
 from service.data import (
     DataMissingError,
     DataRoots,

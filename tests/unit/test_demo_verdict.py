@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from service.api.capacity import CORES_FULL
-from service.demo import print_busy_verdict
+from service.harness.capacity import CORES_FULL
+from service.harness.demo import print_busy_verdict
 
 CALIBRATION = {"offered": {"acme": {"role": "saturated"}, "globex": {"role": "steady"}}}
 
@@ -42,7 +42,7 @@ def test_a_load_that_filled_the_cores_is_named_as_the_reason_replica_had_little_
 
 def test_the_calibration_says_when_the_light_loads_were_scaled_to_leave_idle_time(
         capsys: pytest.CaptureFixture[str]) -> None:
-    from service.demo import print_calibration
+    from service.harness.demo import print_calibration
 
     level = {"concurrency": 4, "requests": 24, "requests_per_s": 3.0, "tokens_per_s": 100.0}
     calibration = {

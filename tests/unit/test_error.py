@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service import cli
+from service.cli import main as cli
 from service.domain import error as e
 
 TABLE = [  # class, HTTP status (None: unmapped, answered 400 invalid_input), kind, exit code

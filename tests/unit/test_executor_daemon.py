@@ -27,8 +27,9 @@ from executor.runner import Stage, StagedModel, load_staged
 from executor.settings import Settings
 from executor.worker import Lease, Worker
 from service.domain.error import NotFoundError, RegisterRefused
+from service.domain.model_config import model_config
 from service.domain.wire import Completion, Failure
-from service.models.family import build_model, model_config
+from service.models.family import build_model
 
 ONE = [{"device_id": "cpu:0", "layers": [0, 2]}]
 TWO = [{"device_id": "cpu:0", "layers": [0, 1]}, {"device_id": "cpu:1", "layers": [1, 2]}]

@@ -9,7 +9,8 @@ import pytest
 from executor.batcher import ContinuousBatcher, GenerationRequest, generate_alone
 from executor.remote import StageServer
 from executor.runner import Stage, load_staged
-from service.models.family import build_model, model_config
+from service.domain.model_config import model_config
+from service.models.family import build_model
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ import torch
 from executor.batcher import ContinuousBatcher, GenerationRequest, generate_alone
 from executor.device import torch_device
 from executor.runner import Stage, StagedModel, activation_bytes, check_stages, load_staged
-from service.models.family import build_model, model_config
+from service.domain.model_config import model_config
+from service.models.family import build_model
 
 SPLITS = {
     "one-stage": [Stage("cpu:0", 0, 2)],

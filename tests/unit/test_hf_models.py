@@ -16,7 +16,8 @@ from executor.batcher import ContinuousBatcher, GenerationRequest, generate_alon
 from executor.remote import StageServer
 from executor.runner import Stage, load_staged
 from service.domain.error import InvalidInputError
-from service.models.family import MODEL_CONFIGS, ModelConfig, RopeScaling, rope_inv_freq
+from service.domain.model_config import MODEL_CONFIGS, ModelConfig, RopeScaling
+from service.models.family import rope_inv_freq
 from service.models.hf import check_weights, hf_config, load_model
 from service.models.hf_tokenizer import HFTokenizer
 from service.models.trace import trace_phase

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from service.api.homes import unit_homes
 from service.core.placement import ReplicaPlacementPolicy, best_by_what_if, owner_pressed
 from service.core.scheduler import Decision, DeviceInfo, ReplicaChange, ReplicaInfo, WhatIfOutcome
+from service.live.homes import unit_homes
 
 MiB = 2**20
 TWO_BY_TWO = [("ea/cpu:0", "ea", "cpu", 512 * MiB), ("ea/cpu:1", "ea", "cpu", 512 * MiB),

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.api.metrics import ITL_BUCKETS, LiveMetrics, TokenHistogram, finished_reason, inter_token_s
-from service.api.records import LiveRequest
 from service.domain.request import RequestStatus
+from service.live.metrics import ITL_BUCKETS, LiveMetrics, TokenHistogram, finished_reason, inter_token_s
+from service.live.records import LiveRequest
 from tests.unit.test_live_state import make_state, submit
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import Counter
 
 from learned.roofline import RooflineCostModel
-from service.api.live_view import LiveClusterView, LiveSnapshot, live_spec
 from service.core.scheduler import DeviceInfo, ReplicaChange, ReplicaInfo
 from service.domain.request import RequestSpec
+from service.live.view import LiveClusterView, LiveSnapshot, live_spec
 
 GIB = 2**30
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from service.api.credential import hash_key
-from service.api.records import LiveModel
-from service.api.state import LiveState
 from service.core.queue import make_queue_policy
 from service.domain.error import ConflictError, InvalidInputError, NotFoundError
 from service.domain.tokenizer import ByteTokenizer
 from service.domain.wire import Completion
+from service.live.credential import hash_key
+from service.live.records import LiveModel
+from service.live.state import LiveState
 
 
 class Clock:

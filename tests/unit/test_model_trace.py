@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from service.domain.model_config import MODEL_CONFIGS, ModelConfig, model_config
 from service.domain.opgraph import OperatorGraph
-from service.models.family import MODEL_CONFIGS, ModelConfig, build_model, example_inputs, model_config
+from service.models.family import build_model, example_inputs
 from service.models.trace import GraphRecorder, trace_phase
 
 MATMUL_KINDS = ("linear", "matmul", "attention")

@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from service.api.intake import request_hints
-from service.api.metrics import sla_met
 from service.api.openai import ChatCompletionIn, CompletionIn, IncrementalDecoder, finish_reason
-from service.api.records import LiveRequest
-from service.api.streams import StreamBook
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestStatus
 from service.domain.tokenizer import BYTES
+from service.live.metrics import sla_met
+from service.live.records import LiveRequest
+from service.live.streams import StreamBook
 from service.sim.sla import SLA_CLASSES
 
 

@@ -12,8 +12,8 @@ from service.core.policies import make_placement_policy
 from service.core.scheduler import Decision, ReplicaChange, Scheduler
 from service.core.slicing import SlicePlacementPolicy
 from service.domain.error import InvalidInputError, InvariantError
+from service.domain.model_config import MODEL_CONFIGS
 from service.domain.request import RequestSpec, Workload
-from service.models.family import MODEL_CONFIGS
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
 from service.sim.iteration import kv_bytes_per_token, weight_bytes
 

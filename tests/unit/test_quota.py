@@ -8,9 +8,9 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.api.quota import QuotaBook
 from service.domain.error import QuotaExceededError
 from service.domain.quota import Quota, TokenBucket, WindowMeter
+from service.live.quota import QuotaBook
 
 
 def test_a_bucket_passes_its_burst_then_refills_at_its_rate() -> None:

@@ -49,7 +49,7 @@ def test_bad_mixes_are_refused(doc: dict[str, object], message: str) -> None:
 
 
 def replay(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "service.cli", "replay", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "service.cli.main", "replay", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=300)
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from service.api.records import STATUSES, LiveRequest
 from service.domain.request import TERMINAL_STATUSES, RequestStatus
+from service.live.records import STATUSES, LiveRequest
 
 
 def test_the_api_lists_the_same_strings_as_before() -> None:

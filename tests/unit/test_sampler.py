@@ -10,8 +10,9 @@ import torch
 from executor.batcher import ContinuousBatcher, GenerationRequest, generate_alone
 from executor.sampler import TokenSampler, nucleus
 from service.domain.error import InvalidInputError
+from service.domain.model_config import model_config
 from service.domain.sampling import Sampling
-from service.models.family import build_model, model_config
+from service.models.family import build_model
 
 PROMPT = [72, 101, 108, 108, 111]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from service.cluster.spec import load_cluster_spec
-from service.models.family import MODEL_CONFIGS
+from service.domain.model_config import MODEL_CONFIGS
 from service.models.trace import trace_phase
 from service.sim.analytic import RooflineLike
 from service.sim.iteration import (

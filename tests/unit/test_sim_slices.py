@@ -17,8 +17,8 @@ from service.cluster.spec import load_cluster_spec
 from service.core.scheduler import Decision, ReplicaChange, Scheduler
 from service.core.slicing import quantum, slice_plans
 from service.domain.error import InvalidInputError
+from service.domain.model_config import MODEL_CONFIGS
 from service.domain.request import RequestSpec
-from service.models.family import MODEL_CONFIGS
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
 from service.sim.engine import IterationFinished, StageFinished, StepRequested
 from service.sim.iteration import layers_weight_bytes, slice_sizes, weight_bytes

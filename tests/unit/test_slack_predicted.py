@@ -1,5 +1,5 @@
 """The slack policy's predicted keys (service/core/slack.py) and the live predictor's refit
-(service/api/predictors.py): a workflow step's latest start is its deadline minus the predicted
+(service/live/predictors.py): a workflow step's latest start is its deadline minus the predicted
 p99 of its critical path from that step on; an independent request's is its deadline minus its
 predicted p99 latency; the order follows the predictions, not the token budgets; a refit is
 deterministic for its records and seed, monotone, and calibrated on the newest fifth."""
@@ -117,7 +117,7 @@ def _records(n: int, seed: int) -> tuple[list[CallRecord], list[ToolRecord]]:
 
 
 def test_a_live_refit_is_deterministic_for_its_records_and_seed_and_monotone() -> None:
-    from service.api.predictors import retrain
+    from service.live.predictors import retrain
 
     calls, tools = _records(100, seed=3)
     a, cal_a, before = retrain(NaivePredictor(), calls, tools, seed=7)
@@ -138,7 +138,7 @@ def test_a_live_refit_is_deterministic_for_its_records_and_seed_and_monotone() -
 
 
 def test_a_refit_without_tools_still_predicts_tools_monotonically() -> None:
-    from service.api.predictors import retrain
+    from service.live.predictors import retrain
 
     calls, _ = _records(30, seed=4)
     pred, cal, _ = retrain(NaivePredictor(), calls, [], seed=0)
@@ -151,7 +151,7 @@ def test_observations_are_appended_and_restored_at_start(tmp_path: Any) -> None:
     """What one process recorded, the next keeps for its refits (the window) and its history."""
     import asyncio
 
-    from service.api.predictors import LivePredictors, PredictorSettings
+    from service.live.predictors import LivePredictors, PredictorSettings
 
     path = tmp_path / "obs" / "observations.jsonl"
     calls, tools = _records(6, seed=5)

@@ -26,8 +26,8 @@ from service.core.cost import (
     slice_of,
 )
 from service.domain.error import InvalidInputError
+from service.domain.model_config import model_config
 from service.domain.opgraph import OperatorGraph
-from service.models.family import model_config
 from service.models.trace import trace_phase
 from tests.conftest import data_path, needs_data
 

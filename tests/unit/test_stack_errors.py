@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from service.api.stack import _last_line, exit_on_sigterm
+from service.harness.stack import _last_line, exit_on_sigterm
 
 
 def test_the_error_names_the_childs_last_exception_else_its_last_line(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from service.api.supervisor import Supervisor
+from service.live.supervisor import Supervisor
 
 
 def test_a_failing_tick_is_counted_and_the_loop_goes_on(caplog: pytest.LogCaptureFixture) -> None:

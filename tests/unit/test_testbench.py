@@ -11,11 +11,11 @@ import pytest
 
 from service.core.queue import make_queue_policy
 from service.domain.error import InvalidInputError
-from service.testbench.command import POLICIES, BenchOptions, policy_params
-from service.testbench.metrics import Outcome, RunMetrics, run_metrics
-from service.testbench.predict import overheads, predict
-from service.testbench.report import assemble, kendall_tau, plot_cdfs, plot_metrics, plot_ratios, rank
-from service.testbench.workload import WorkloadShape, bench_workload
+from service.harness.testbench.command import POLICIES, BenchOptions, policy_params
+from service.harness.testbench.metrics import Outcome, RunMetrics, run_metrics
+from service.harness.testbench.predict import overheads, predict
+from service.harness.testbench.report import assemble, kendall_tau, plot_cdfs, plot_metrics, plot_ratios, rank
+from service.harness.testbench.workload import WorkloadShape, bench_workload
 
 SHAPE = WorkloadShape(rate_rps=8.0, duration_s=5.0)
 DEVICES = (("bench-exec/cpu:0", "bench-exec", "cpu", 2 << 30),)
@@ -138,8 +138,8 @@ def test_options_refuse_unknown_policies_and_models() -> None:
 
 
 def test_the_command_line_quick_preset_and_overrides() -> None:
-    from service.cli import build_parser
-    from service.testbench.command import options_from
+    from service.cli.main import build_parser
+    from service.harness.testbench.command import options_from
 
     quick = options_from(build_parser().parse_args(["testbench", "--quick"]))
     assert quick.repeats == 2 and quick.shape.duration_s == 10.0 and quick.policies == POLICIES

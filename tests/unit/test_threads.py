@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from service.api import threads
+from service.live import threads
 
 
 def test_a_thread_whose_caller_gave_up_is_still_waited_for_at_stop() -> None:

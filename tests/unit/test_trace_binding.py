@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from service.domain.error import InvalidInputError
-from service.models.family import MODEL_CONFIGS
+from service.domain.model_config import MODEL_CONFIGS
 from service.replay.binding import TraceBinding, deal, parse_binding, read_source, session_key
 from service.replay.context import clamp_to_context, fit_context
 from service.replay.mix import TenantMix, load_mix, parse_mix, sample_workload
@@ -159,7 +159,7 @@ def test_the_traces_mix_names_its_sources_relative_to_the_data_folder() -> None:
 
 
 def replay(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "service.cli", "replay", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "service.cli.main", "replay", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=300)
 
 

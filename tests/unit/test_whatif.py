@@ -9,8 +9,8 @@ import pytest
 
 from service.core.cost import OpFeatures
 from service.domain.cluster import ClusterSpec
+from service.domain.model_config import MODEL_CONFIGS
 from service.domain.request import RequestSpec
-from service.models.family import MODEL_CONFIGS
 from service.sim.analytic import RooflineLike
 from service.sim.cluster import Placement, ReplicaSpec, SimulatedCluster, SliceSpec
 from service.sim.iteration import BatchFeatures, iteration_ops

@@ -7,17 +7,18 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter
 
-from service.api import governance
-from service.api.audit import actor_of
-from service.api.deps import AdminPrincipal, AnyPrincipal, ManagePrincipal, ReadPrincipal, Svc, own_tenant
+from service.api.deps import AdminPrincipal, AnyPrincipal, ManagePrincipal, ReadPrincipal, Svc
 from service.api.responses import ApiKeyCreatedOut, ApiKeyOut, ProjectOut, TenantUsageOut, WhoAmIOut
 from service.api.schemas import ApiKeyIn, AuditorKeyIn, ProjectIn, QuotaIn
 from service.domain.error import NotFoundError
+from service.domain.principal import own_tenant
 from service.domain.quota import Quota
 from service.domain.role import AUDITOR
+from service.live import governance
+from service.live.audit import actor_of
 
 if TYPE_CHECKING:
-    from service.api.service import LiveService
+    from service.live.service import LiveService
 
 router = APIRouter(tags=["access"])
 

@@ -1,5 +1,5 @@
 """The audit log: read it with filters (admin: everything; a tenant key: its own tenant's entries
-only), and verify its hash chain (admin). What is recorded and the guarantee: :mod:`service.api.audit`."""
+only), and verify its hash chain (admin). What is recorded and the guarantee: :mod:`service.live.audit`."""
 
 from __future__ import annotations
 

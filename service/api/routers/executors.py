@@ -6,8 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from service.api import registration, reports
-from service.api.audit import actor_of
+from service.api import reports
 from service.api.deps import AdminPrincipal, ExecutorPrincipal, Svc
 from service.api.responses import (
     DeviceOut,
@@ -17,6 +16,8 @@ from service.api.responses import (
     PinnedReplicaOut,
 )
 from service.api.schemas import ExecutorIn, HeartbeatIn, ReplicaIn
+from service.live import registration
+from service.live.audit import actor_of
 
 router = APIRouter(tags=["executors"])
 

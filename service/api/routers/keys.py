@@ -1,5 +1,5 @@
 """Executor pools (admin) and rotating and revoking tenant and pool keys; what a pool is and
-how its key binds executors: :mod:`service.api.keys`."""
+how its key binds executors: :mod:`service.live.keys`."""
 
 from __future__ import annotations
 
@@ -8,10 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 from pydantic import Field
 
-from service.api.audit import actor_of, key_state
-from service.api.credential import hash_key, new_key
-from service.api.deps import AdminPrincipal, ManagePrincipal, Svc, own_tenant
-from service.api.keys import BOOTSTRAP_POOL, CATALOGUE_KINDS, DEFAULT_MAX_DEVICES, DEFAULT_MAX_MEM_BYTES, ExecutorPool
+from service.api.deps import AdminPrincipal, ManagePrincipal, Svc
 from service.api.responses import (
     ExecutorPoolCreatedOut,
     ExecutorPoolOut,
@@ -22,6 +19,10 @@ from service.api.responses import (
 )
 from service.api.schemas import ID, Body, Int
 from service.domain.error import ConflictError
+from service.domain.principal import own_tenant
+from service.live.audit import actor_of, key_state
+from service.live.credential import hash_key, new_key
+from service.live.keys import BOOTSTRAP_POOL, CATALOGUE_KINDS, DEFAULT_MAX_DEVICES, DEFAULT_MAX_MEM_BYTES, ExecutorPool
 
 KIND = r"^[A-Za-z0-9][A-Za-z0-9 _.:()-]{0,63}$"
 

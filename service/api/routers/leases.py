@@ -8,11 +8,11 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from service.api import leasing
 from service.api.deps import ExecutorPrincipal, Svc
 from service.api.responses import CompleteOut, LeaseFailedOut, LeaseRenewedOut, PollOut, ProgressOut
 from service.api.schemas import CompleteIn, FailIn, PollIn, ProgressIn
 from service.domain.wire import Completion, ProgressUpdate
+from service.live import leasing
 
 router = APIRouter(tags=["leases"])
 

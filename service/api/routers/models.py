@@ -8,12 +8,14 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from service.api import registration, reports
-from service.api.audit import actor_of
-from service.api.deps import ManagePrincipal, ReadPrincipal, Svc, require, scoped_tenant
+from service.api import reports
+from service.api.deps import ManagePrincipal, ReadPrincipal, Svc
 from service.api.responses import ModelOut
 from service.api.schemas import ModelIn
 from service.domain.error import ForbiddenError
+from service.domain.principal import require, scoped_tenant
+from service.live import registration
+from service.live.audit import actor_of
 
 router = APIRouter(tags=["models"])
 

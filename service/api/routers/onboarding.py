@@ -1,5 +1,5 @@
 """Onboarding (no key needed to ask) and access requests, decided by the platform admin; what
-each step does: :mod:`service.api.onboarding`."""
+each step does: :mod:`service.live.onboarding`."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from service.api import governance
-from service.api.deps import AdminPrincipal, ManagePrincipal, Svc, scoped_tenant
+from service.api.deps import AdminPrincipal, ManagePrincipal, Svc
 from service.api.responses import AccessRequestOut, ClaimOut, OnboardingSubmittedOut
 from service.api.schemas import AccessChangeIn, ClaimIn, DecisionIn, OnboardingIn
 from service.domain.error import InvalidInputError
+from service.domain.principal import scoped_tenant
+from service.live import governance
 
 router = APIRouter(tags=["onboarding"])
 

@@ -9,7 +9,7 @@ record in Neo4j: ``GET /v1/requests/{id}``, where ``id`` is the answer's id afte
 before its answer (mid-stream, or waiting for a whole answer) cancels its request, and the
 executor stops it at its next report (or heartbeat). A model no executor serves now (no
 replica) is a 409: the caller would wait until one does. Shapes and conversions:
-:mod:`service.api.openai`; buffers: :mod:`service.api.streams`.
+:mod:`service.api.openai`; buffers: :mod:`service.live.streams`.
 """
 
 from __future__ import annotations
@@ -23,12 +23,9 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from service.api import intake
 from service.api import openai as oa
-from service.api.deps import Principal, ReadPrincipal, SubmitPrincipal, Svc, require
+from service.api.deps import ReadPrincipal, SubmitPrincipal, Svc
 from service.api.intake import Hints
-from service.api.records import TERMINAL, LiveModel, LiveRequest
-from service.api.streams import TokenStream
 from service.domain.error import (
     ConflictError,
     DatabaseUnavailableError,
@@ -36,10 +33,14 @@ from service.domain.error import (
     NotFoundError,
     NotServedError,
 )
+from service.domain.principal import Principal, require
 from service.domain.request import RequestStatus
+from service.live import intake
+from service.live.records import TERMINAL, LiveModel, LiveRequest
+from service.live.streams import TokenStream
 
 if TYPE_CHECKING:
-    from service.api.service import LiveService
+    from service.live.service import LiveService
 
 log = logging.getLogger("slicesched.api")
 

@@ -1,5 +1,5 @@
 """The live distributional predictor (admin): its state, a refit now, the observations export
-(:mod:`service.api.predictors`)."""
+(:mod:`service.live.predictors`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from service.api import threads
-from service.api.audit import actor_of
 from service.api.deps import AdminPrincipal, Svc
 from service.api.responses import PredictorOut
+from service.live import threads
+from service.live.audit import actor_of
 
 router = APIRouter(tags=["predictors"])
 

@@ -6,13 +6,16 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query
 
-from service.api import intake, reports
-from service.api.deps import Principal, ReadPrincipal, SubmitPrincipal, Svc, scoped_tenant
+from service.api import intake as http_intake
+from service.api import reports
+from service.api.deps import ReadPrincipal, SubmitPrincipal, Svc
 from service.api.intake import Hints
-from service.api.records import STATUSES, LiveRequest
 from service.api.responses import AcceptedBatchOut, AcceptedOut, RequestOut
 from service.api.schemas import RequestBatchIn, RequestIn
 from service.domain.error import InvalidInputError, NotFoundError
+from service.domain.principal import Principal, scoped_tenant
+from service.live import intake
+from service.live.records import STATUSES, LiveRequest
 
 router = APIRouter(tags=["requests"])
 
@@ -29,7 +32,7 @@ async def submit(body: RequestIn, svc: Svc, p: SubmitPrincipal, hints: Hints,
     ``x-slo-*`` and ``x-priority`` headers give it targets and a priority of its own."""
     tenant_id = scoped_tenant(p, body.tenant_id)
     project_id = intake.project_of(svc, p, tenant_id, body.project_id or hints.project_id)
-    req = intake.new_request(svc, tenant_id, body, idempotency_key, hints, project_id)
+    req = http_intake.new_request(svc, tenant_id, body, idempotency_key, hints, project_id)
     (answer,) = await svc.accept_requests([req])
     return reports.accepted_public(answer)
 
@@ -45,7 +48,7 @@ async def submit_batch(body: RequestBatchIn, svc: Svc, p: SubmitPrincipal, hints
         try:
             tenant_id = scoped_tenant(p, item.tenant_id)
             project_id = intake.project_of(svc, p, tenant_id, item.project_id or hints.project_id)
-            reqs.append(intake.new_request(svc, tenant_id, item,
+            reqs.append(http_intake.new_request(svc, tenant_id, item,
                                            None if idempotency_key is None else f"{idempotency_key}#{i}", hints,
                                            project_id))
         except (InvalidInputError, NotFoundError) as exc:

@@ -7,10 +7,10 @@ from typing import Any
 from fastapi import APIRouter
 
 from service.api import reports
-from service.api.audit import actor_of
 from service.api.deps import AdminPrincipal, ReadPrincipal, Svc
 from service.api.responses import CandidateWhatIfOut, InspectOut, PolicyWhatIfOut, QueuePolicyOut
 from service.api.schemas import InspectIn, QueuePolicyIn, WhatIfIn
+from service.live.audit import actor_of
 
 router = APIRouter()
 

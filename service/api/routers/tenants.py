@@ -6,11 +6,13 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from service.api import registration, reports
-from service.api.audit import actor_of
-from service.api.deps import AdminPrincipal, ReadPrincipal, Svc, scoped_tenant
+from service.api import reports
+from service.api.deps import AdminPrincipal, ReadPrincipal, Svc
 from service.api.responses import TenantCreatedOut, TenantOut
 from service.api.schemas import TenantIn
+from service.domain.principal import scoped_tenant
+from service.live import registration
+from service.live.audit import actor_of
 
 router = APIRouter(tags=["tenants"])
 

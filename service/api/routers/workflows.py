@@ -1,5 +1,5 @@
 """Workflows: a DAG of a tenant's model calls and tool calls with one end-to-end SLO, run live
-(:mod:`service.api.workflows`; the document: :mod:`service.domain.workflow`)."""
+(:mod:`service.live.workflows`; the document: :mod:`service.domain.workflow`)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query
 
-from service.api import intake
-from service.api.audit import actor_of
-from service.api.deps import Principal, ReadPrincipal, SubmitPrincipal, Svc, scoped_tenant
+from service.api.deps import ReadPrincipal, SubmitPrincipal, Svc
 from service.api.responses import WorkflowOut
-from service.api.service import LiveService
-from service.api.workflows import WorkflowRun
 from service.domain.error import InvalidInputError, NotFoundError
+from service.domain.principal import Principal, scoped_tenant
 from service.domain.workflow import Workflow
+from service.live import intake
+from service.live.audit import actor_of
+from service.live.service import LiveService
+from service.live.workflows import WorkflowRun
 
 router = APIRouter(tags=["workflows"])
 WORKFLOW_STATES = ("running", "done", "failed", "cancelled")

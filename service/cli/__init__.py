@@ -1,0 +1,1 @@
+"""The ``slicesched`` command line (:func:`service.cli.main.main`)."""

@@ -1,0 +1,192 @@
+"""The live service's Neo4j gate: every call bounded and failing fast while Neo4j is down, the
+driver following the managed server when it moves, the GMG mirror's batched writes, readiness
+and the health metrics of the background loops."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from service.domain.error import DatabaseUnavailableError, Neo4jServerError
+from service.graph.connection import Neo4jSettings, open_driver
+from service.graph.repository import GraphRepository
+from service.live import threads
+from service.live.audit import AuditLog
+from service.live.metrics import LiveMetrics
+from service.live.records import Write
+from service.live.settings import ServiceSettings
+from service.live.state import LiveState
+from service.live.supervisor import Supervisor
+from service.live.writer import GmgWriter
+
+log = logging.getLogger("slicesched.service")
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """A call whose caller stopped waiting (503 past its bound) may still fail later: its error
+    is logged here, not left to asyncio's 'exception was never retrieved'."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("a Neo4j call failed after its caller was answered: %r", task.exception())
+
+
+def neo4j_down(exc: BaseException) -> bool:
+    from neo4j.exceptions import ServiceUnavailable, SessionExpired
+
+    return isinstance(exc, ServiceUnavailable | SessionExpired | ConnectionError | TimeoutError)
+
+
+class Neo4jGate:
+    """The Neo4j side of :class:`~service.live.service.LiveService` (a part of it: the attributes
+    below are set by its constructor)."""
+
+    settings: ServiceSettings
+    state: LiveState
+    metrics: LiveMetrics
+    supervisor: Supervisor
+    driver: Any
+    neo4j_uri: str | None
+    previous_neo4j_uri: str | None
+    repo: GraphRepository | None
+    writer: GmgWriter | None
+    audit: AuditLog
+    db_up: bool
+    db_error: str | None
+    unplaced: dict[str, str]  # model uid -> why the last re-plan found it no home
+
+    def _open_driver(self, start: bool, resolved: Neo4jSettings | None = None) -> Any:
+        """A verified driver to the configured server (the managed one: wherever its state says
+        it runs now, with its credentials), with timeouts that fail a call within about
+        ``db_timeout_s`` when it is down. :attr:`neo4j_uri` changes only once it answers."""
+        t = self.settings.db_timeout_s
+        resolved = resolved or self.settings.neo4j.resolved(start=start)
+        driver = open_driver(resolved, connection_timeout=t, connection_acquisition_timeout=t,
+                             max_transaction_retry_time=t)
+        self.previous_neo4j_uri, self.neo4j_uri = self.neo4j_uri, resolved.uri
+        return driver
+
+    async def db(self, fn: Any, *args: Any, bound_s: float | None = -1.0, **kwargs: Any) -> Any:
+        """Run a repository call in a worker thread, failing fast when Neo4j is down: a
+        :class:`DatabaseUnavailableError` (503 with ``Retry-After``) at once when the watcher
+        knows it is down, within ``db_timeout_s`` when it cannot be reached, or when the call
+        does not end within ``bound_s`` (default ``call_timeout_s``; None: no bound, for long
+        work such as tracing a model)."""
+        self._check_db()
+        task = self.in_thread(fn, *args, **kwargs)
+        task.add_done_callback(_retrieve)
+        return await self._bounded(task, self.settings.call_timeout_s if bound_s == -1.0 else bound_s)
+
+    def in_thread(self, fn: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        """``fn`` in a worker thread the stop waits for (:mod:`service.live.threads`)."""
+        return threads.run(fn, *args, **kwargs)
+
+    async def threads_done(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) for the worker threads still running."""
+        await threads.drain(timeout_s)
+
+    def _check_db(self) -> None:
+        if not self.db_up:
+            raise DatabaseUnavailableError(f"Neo4j is unreachable ({self.db_error or 'reconnecting'})",
+                                           retry_after_s=self.settings.db_timeout_s)
+
+    async def _bounded(self, task: asyncio.Future[Any], bound_s: float | None) -> Any:
+        """Await ``task`` for at most ``bound_s``; past that the caller gets a 503 while the
+        task runs on (its outcome is unknown to the caller)."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), bound_s)
+        except TimeoutError:
+            log.warning("a Neo4j call took longer than %.1f s; answered 503", bound_s)
+            raise DatabaseUnavailableError("Neo4j did not answer in time; the outcome is unknown (retry with the "
+                                           "same Idempotency-Key)", retry_after_s=self.settings.db_timeout_s) from None
+        except Exception as exc:
+            if neo4j_down(exc):
+                self._db_failed(f"{type(exc).__name__}: {exc}")
+                raise DatabaseUnavailableError(f"Neo4j is unreachable: {type(exc).__name__}",
+                                               retry_after_s=self.settings.db_timeout_s) from None
+            raise
+
+    def _db_failed(self, why: str) -> None:
+        if self.db_up:
+            log.warning("Neo4j unreachable (%s): failing fast until it answers again", why)
+        self.db_up, self.db_error = False, why[:300]
+
+    async def _watch_call(self, fn: Any) -> Any:
+        bound = 3 * self.settings.db_timeout_s + 2.0
+        try:
+            return await asyncio.wait_for(self.in_thread(fn), bound)
+        except TimeoutError:
+            raise DatabaseUnavailableError(f"the Neo4j watcher's {fn.__name__} took longer than {bound:.0f} s") from None
+
+    def _ping(self) -> bool:
+        try:
+            self.driver.verify_connectivity()
+            return True
+        except Exception as exc:
+            self.db_error = f"{type(exc).__name__}: {exc}"[:300]
+            return False
+
+    def _follow_managed(self) -> None:
+        try:
+            resolved = self.settings.neo4j.resolved(start=False)
+        except Neo4jServerError:  # not running (yet)
+            return
+        if resolved.uri == self.neo4j_uri:
+            return
+        try:
+            driver = self._open_driver(False, resolved)
+        except Exception as exc:
+            if not neo4j_down(exc):
+                raise
+            self.db_error = f"the managed Neo4j moved to {resolved.uri} and does not answer there yet"
+            return  # still starting: the next tick tries again
+        log.warning("the managed Neo4j now runs at %s (was %s): reconnected", resolved.uri, self.previous_neo4j_uri)
+        old, self.driver = self.driver, driver
+        assert self.repo is not None
+        self.repo.driver = self.driver
+        try:
+            old.close()
+        except Exception:  # the old server is gone; its sockets may already be closed
+            log.debug("closing the old driver failed", exc_info=True)
+
+    def persist(self, writes: Iterable[Write]) -> None:
+        """Soft state for the GMG mirror, batched (see :mod:`service.live.writer`)."""
+        assert self.writer is not None
+        self.writer.submit(writes)
+
+    def readiness(self) -> dict[str, Any]:
+        stuck = self.supervisor.stuck()
+        writer = self.writer
+        ready = self.db_up and not stuck and writer is not None
+        return {"ready": ready, "neo4j": {"reachable": self.db_up, "uri": self.neo4j_uri, "error": self.db_error},
+                "loops": self.supervisor.report(), "stuck_loops": stuck,
+                "gmg_pending_writes": writer.pending if writer else 0,
+                "gmg_dropped_writes": writer.rows_dropped if writer else 0,
+                "unplaced_models": dict(self.unplaced), "audit": self.audit.report()}
+
+    def _health_metrics(self) -> Iterator[Metric]:
+        failures = CounterMetricFamily("slicesched:loop_failures", "Failed ticks of a background loop", labels=["loop"])
+        since = GaugeMetricFamily("slicesched:loop_last_ok_age_seconds",
+                                  "Seconds since a background loop last ticked successfully", labels=["loop"])
+        now = time.monotonic()
+        for name, h in sorted(self.supervisor.loops.items()):
+            failures.add_metric([name], h.failures)
+            since.add_metric([name], now - (h.last_ok_at if h.last_ok_at is not None else h.started_at))
+        yield failures
+        yield since
+        yield GaugeMetricFamily("slicesched:neo4j_up", "1 when Neo4j answers", value=1.0 if self.db_up else 0.0)
+        writer = self.writer
+        yield GaugeMetricFamily("slicesched:gmg_writer_queue_depth", "GMG mirror rows waiting to be written "
+                                "(coalesced: one per changed object)", value=writer.pending if writer else 0)
+        yield CounterMetricFamily("slicesched:gmg_dropped_writes", "GMG mirror rows dropped past max_pending_writes",
+                                  value=writer.rows_dropped if writer else 0)
+        audit = self.audit
+        yield GaugeMetricFamily("slicesched:audit_pending_entries", "Audit entries waiting to be written",
+                                value=audit.pending)
+        yield CounterMetricFamily("slicesched:audit_entries_written", "Audit entries written by this process",
+                                  value=audit.entries_written)
+        yield CounterMetricFamily("slicesched:audit_dropped_entries", "Audit entries lost past the queue's bound "
+                                  "during an outage", value=audit.dropped)

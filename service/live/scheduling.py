@@ -1,0 +1,221 @@
+"""The live service's placement loop: the scheduler's step on a snapshot of the live state
+(guest replicas judged by the what-if simulator, with Cypher candidate slots), its decision
+applied, and the what-if answers of the admin API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from dataclasses import replace
+from typing import Any
+
+from service.core.cost import CostModel
+from service.core.placement import candidate_groups
+from service.core.policies import make_placement_policy
+from service.core.scheduler import ClusterView, Decision, DeviceInfo, ReplicaChange, ReplicaInfo, Scheduler
+from service.core.slot import InputDep, Slot, SlotQuery
+from service.domain.audit import SCHEDULER
+from service.domain.error import InvalidInputError, InvariantError
+from service.domain.request import RequestSpec, RequestStatus
+from service.live.audit import decision_details, replica_model
+from service.live.homes import HomePlanner
+from service.live.records import TERMINAL
+from service.live.view import LiveClusterView, LiveSnapshot, live_spec
+from service.sim.sla import SLA_CLASSES
+
+log = logging.getLogger("slicesched.service")
+MAX_WINDOW_S = 120.0  # how far back the what-if mirror replays arrivals, at most
+
+
+class SchedulingLoop(HomePlanner):
+    """``Scheduler.step`` on the live state (a part of :class:`~service.live.service.LiveService`)."""
+
+    started: float  # monotonic
+    scheduler: Scheduler
+    cost_model: CostModel  # the what-if mirror's
+    changed: asyncio.Event  # set on arrivals and completions (the scheduler's trigger)
+    decisions: list[str]
+    step_s: list[float]  # wall time of each scheduler step (what-ifs included)
+    _busy_mark: dict[str, tuple[float, float]]
+    _first_arrival: dict[str, float]  # model uid -> epoch seconds of its first request seen live (load forecasts)
+
+    def snapshot(self, window_s: float = 20.0) -> LiveSnapshot:
+        """The live state as the scheduler sees it. Compute units: an executor daemon runs one
+        iteration at a time, so all its devices share one compute stream; the scheduler sees one
+        device per executor (memory: its devices together) and a placement on it is put on the
+        executor's device with the most free memory."""
+        state = self.state
+        now_wall = time.time()
+        now = time.monotonic()
+        family = {uid: m.family for uid, m in state.models.items()}
+        unit_of = {d.device_id: d.executor_id for d in state.devices.values()}
+        replicas = []
+        first_home: dict[str, str] = {}
+        for r in sorted(state.replicas.values(), key=lambda r: (r.guest, r.replica_id)):
+            if not r.guest and not r.draining:
+                first_home.setdefault(r.model_uid, r.replica_id)
+        share = self._wait_slack_shares(now_wall)
+        for r in state.replicas.values():
+            first = first_home.get(r.model_uid) == r.replica_id
+            waiting = state.waiting(r.model_uid) if first else 0
+            idle = 0.0 if r.leases else now - r.last_active
+            units = tuple(dict.fromkeys(unit_of[d] for d in r.device_ids))
+            replicas.append(ReplicaInfo(r.replica_id, state.models[r.model_uid].tenant_id, r.model_uid,
+                                        family[r.model_uid], units, waiting, len(r.leases), r.guest, r.draining, idle,
+                                        share.get(r.model_uid, 1.0) if first else 1.0))
+        devices, rows, devices_of = [], [], {}
+        for e in state.executors.values():
+            members = [state.devices[d] for d in e.device_ids if d in state.devices]
+            if not members:
+                continue
+            devices_of[e.executor_id] = tuple(d.device_id for d in members)
+            hosting = tuple(r.replica_id for r in state.replicas.values() if set(r.device_ids) & set(e.device_ids))
+            devices.append(DeviceInfo(e.executor_id, e.executor_id, sum(state.free_bytes(d.device_id) for d in members),
+                                      self._utilisation(e.executor_id), hosting))
+            rows.append((e.executor_id, e.executor_id, members[0].kind, sum(d.mem_bytes for d in members)))
+        # The window reaches back to the oldest unfinished request (up to MAX_WINDOW_S), so that a
+        # backlog keeps its true age in the mirror: a request queued for a minute is late there too.
+        start = now_wall - window_s
+        unfinished = [req.arrival for req in state.requests.values() if req.status not in TERMINAL]
+        if unfinished:
+            start = max(now_wall - MAX_WINDOW_S, min(start, min(unfinished)))
+        window_s = now_wall - start
+        recent = []
+        pending: set[str] = set()
+        sla_classes = dict(SLA_CLASSES)  # and the targets of requests with their own (x-slo-* headers)
+        first_seen = self._first_arrival  # remembered: finished requests leave the state
+        for req in state.requests.values():
+            first_seen[req.model_uid] = min(first_seen.get(req.model_uid, math.inf), req.arrival)
+            if (req.status in TERMINAL and req.arrival < start) or req.status == RequestStatus.CANCELLED:
+                continue
+            sla = req.sla
+            sla_classes.setdefault(sla.name, sla)
+            recent.append(RequestSpec(req.request_id, req.model_uid, family[req.model_uid],
+                                      max(0.0, req.arrival - start), len(req.prompt), req.token_budget, sla.name))
+            if req.status not in TERMINAL:
+                pending.add(req.request_id)
+        return LiveSnapshot(now - self.started, live_spec(rows), tuple(replicas), tuple(devices),
+                            {r.replica_id: r.max_batch for r in state.replicas.values()}, tuple(recent), window_s,
+                            window_start_wall=start, iteration_s=dict(state.iteration_s), devices_of=devices_of,
+                            sla_classes=sla_classes, configs={m.family: m.config for m in state.models.values()},
+                            pending=frozenset(pending),
+                            seen_since={m: t - start for m, t in first_seen.items() if m in state.models})
+
+    def _wait_slack_shares(self, now_wall: float) -> dict[str, float]:
+        """Per model, the least TTFT allowance left among its queued requests, as a share of
+        their targets (what decides whether a guest must yield to the model's backlog)."""
+        shares: dict[str, float] = {}
+        for req in self.state.queued():
+            target = req.sla.ttft_target_s(len(req.prompt))
+            left = (target - (now_wall - req.arrival)) / target if target > 0 else -math.inf
+            shares[req.model_uid] = min(shares.get(req.model_uid, math.inf), left)
+        return shares
+
+    def _utilisation(self, executor_id: str) -> float:
+        """The executor's busy share since the last step: an executor runs one iteration at a
+        time whatever its devices, so its busy seconds over the wall time (not over its devices)."""
+        e = self.state.executors[executor_id]
+        now = time.monotonic()
+        t0, b0 = self._busy_mark.get(executor_id, (self.started, 0.0))
+        return min(1.0, (e.busy_s - b0) / (now - t0)) if now > t0 else 0.0
+
+    def cypher_slots(self, view: LiveClusterView, q: SlotQuery) -> list[Slot]:
+        """The Cypher candidate-slot search over the live devices in the GMG for a query of the
+        view's (compute units, mirror seconds): producers' units become their first device, the
+        query runs on real devices, and each answer counts for its unit (best first). The GMG's
+        live busy windows are epoch seconds (running leases: :mod:`service.domain.slice_state`),
+        so times cross at the snapshot's offset, ``window_start_wall``, both ways."""
+        if self.repo is None:
+            raise InvariantError("the Cypher candidate search needs the GMG")
+        devices_of = view.snap.devices_of
+        epoch = view.snap.window_start_wall
+        deps = tuple(InputDep(devices_of[d.device_id][0] if d.device_id in devices_of else d.device_id,
+                              d.end_s + epoch, d.bytes) for d in q.input_deps)
+        n_devices = sum(len(ds) for ds in devices_of.values())
+        slots = self.repo.find_candidate_slots(replace(q, now_s=q.now_s + epoch, input_deps=deps,
+                                                       k=max(q.k, n_devices)))
+        best: dict[str, Slot] = {}
+        for slot in slots:  # best first
+            unit = view.unit_of(slot.device_id)
+            if unit is not None and unit not in best:
+                best[unit] = replace(slot, device_id=unit, start_s=slot.start_s - epoch)
+        return list(best.values())[: q.k]
+
+    def _cypher_candidates(self, view: ClusterView, model_uid: str, k: int) -> list[tuple[str, ...]]:
+        """Candidate units for a guest replica from the Cypher candidate-slot search (:meth:`cypher_slots`)."""
+        if not isinstance(view, LiveClusterView):
+            raise InvariantError("the Cypher candidate search needs a live view")
+        return candidate_groups(view, model_uid, k, search=lambda q: self.cypher_slots(view, q))
+
+    async def _schedule_tick(self) -> None:
+        """Wait (up to a few seconds) for arrivals or completions, then step the replica policy."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), 5.0)
+        if not self.changed.is_set():
+            return
+        self.changed.clear()
+        if self.settings.placement == "replica" and self.state.replicas:
+            await self.step()
+
+    async def step(self) -> Decision:
+        """One ``Scheduler.step`` on a snapshot (in a worker thread), then apply its decision."""
+        snap = self.snapshot()
+        for eid, e in self.state.executors.items():
+            self._busy_mark[eid] = (time.monotonic(), e.busy_s)
+        started = time.perf_counter()
+        view = LiveClusterView(snap, cost_model=self.cost_model, target=self.state,
+                               on_what_if=self.metrics.what_if_timer("scheduler"))
+        decision = await self.in_thread(self.scheduler.step, snap.now_s, view)
+        self.step_s.append(time.perf_counter() - started)
+        self.metrics.step_done(self.scheduler.name, self.step_s[-1])
+        applied = view.apply(decision)  # on the event loop: the state is not shared with worker threads
+        replicas = self.state.replicas
+        self.metrics.placed(self.scheduler.name, "add", (replicas[rid] for rid in applied.added))
+        self.metrics.placed(self.scheduler.name, "drain", (replicas[rid] for rid in applied.drained))
+        if decision.add or decision.drain:  # a step that changes nothing is no decision to audit
+            self.audit.record(SCHEDULER, "placement.decision", "placement",
+                              details=decision_details(self.scheduler.name, decision, applied),
+                              models={*(c.model_uid for c in decision.add), *map(replica_model, decision.drain)})
+        return await self._applied(decision)
+
+    async def _applied(self, decision: Decision) -> Decision:
+        """Log an applied decision and publish what changed (leases, the GMG)."""
+        for note in decision.notes:
+            log.info("scheduler: %s", note)
+            self.decisions.append(note)
+        if decision.add or decision.drain:
+            self.work.notify()
+            await self._write_cluster()
+        return decision
+
+    def policy_what_if(self, horizon_s: float) -> dict[str, Any]:
+        """What one step of the replica policy would decide on the current state (nothing applied)."""
+        policy = make_placement_policy("replica", find_devices=self._cypher_candidates, horizon_s=horizon_s)
+        snap = self.snapshot()
+        decision = policy.step(snap.now_s, LiveClusterView(snap, cost_model=self.cost_model,
+                                                           on_what_if=self.metrics.what_if_timer("admin")))
+        return {"placement": "replica", "horizon_s": horizon_s, "whatifs": decision.num_whatifs,
+                "add": [{"model": c.model_uid, "compute_units": list(c.device_ids)} for c in decision.add],
+                "drain": decision.drain, "notes": decision.notes}
+
+    def what_if(self, model_uid: str, device_ids: tuple[str, ...], horizon_s: float) -> dict[str, Any]:
+        if model_uid not in self.state.models:
+            raise InvalidInputError(f"no model {model_uid!r}")
+        unknown = [d for d in device_ids if d not in self.state.devices]
+        if unknown or not device_ids:
+            raise InvalidInputError(f"unknown devices {unknown or 'none given'}")
+        view = LiveClusterView(self.snapshot(), cost_model=self.cost_model,
+                               on_what_if=self.metrics.what_if_timer("admin"))
+        units = tuple(dict.fromkeys(u for d in device_ids if (u := view.unit_of(d)) is not None))
+        baseline, changed = view.what_if(ReplicaChange(model_uid, self.state.models[model_uid].family, units),
+                                         horizon_s)
+
+        def plain(o: Any) -> dict[str, Any] | None:
+            return None if o is None else {"output_tokens": o.output_tokens, "violations_by_model": o.violations_by_tenant,
+                                           "memory_violations": o.memory_violations, "peak_bytes": o.peak_bytes}
+
+        return {"horizon_s": horizon_s, "compute_units": list(units), "baseline": plain(baseline),
+                "with_change": plain(changed), "feasible": changed is not None}

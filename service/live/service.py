@@ -1,0 +1,360 @@
+"""The live service: state, persistence and the scheduler loop behind the HTTP API.
+
+:class:`LiveService` owns the Neo4j driver, the :class:`~service.live.state.LiveState` mirror,
+the batched :class:`~service.live.writer.GmgWriter` and the supervised background loops: lease
+expiry, the scheduler (the same ``Scheduler.step`` as replay, run on arrivals and completions at
+most every ``schedule_interval_s``, in a worker thread on a snapshot), the GMG writer, retention
+and the Neo4j watcher. At start it rebuilds its state from Neo4j: tenants (with key hashes),
+models, and every request that was accepted and not finished, queued again (leases of the
+previous process are void); then the workflows, the running ones resumed
+(:meth:`~service.live.workflows.WorkflowBook.restore`).
+
+Its parts, one module each: the Neo4j gate (:mod:`service.live.neo4j_gate`), durable intake and
+completions (:mod:`service.live.durable`), home replicas (:mod:`service.live.homes`) and the
+scheduler loop with the what-ifs (:mod:`service.live.scheduling`); this module holds the
+lifecycle, the restart recovery and the background loops' ticks.
+
+Placement: ``container`` gives each served model whole devices in proportion to its tenant's
+weight (the same allocation as replay; when there are more models than devices, the extra ones
+share the least loaded device). ``slice`` starts from the same homes and adds guest replicas
+where the what-if simulator says it pays, found by the Cypher candidate-slot search on the GMG.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from learned.artifact import load_cost_model
+from service.core.policies import make_placement_policy
+from service.core.queue import QueuedRequest, QueuePolicy, make_queue_policy
+from service.core.scheduler import Scheduler
+from service.domain.audit import SYSTEM
+from service.domain.error import InvalidInputError
+from service.domain.quota import Quota
+from service.domain.request import RequestStatus
+from service.graph.catalog import QueryCatalog
+from service.graph.repository import GraphRepository
+from service.live.access import DEFAULT_PROJECT, AccessBook, ApiKeyRecord, LiveProject
+from service.live.audit import AuditLog
+from service.live.durable import DurableWrites
+from service.live.keys import ExecutorPools
+from service.live.metrics import PREFIX, LiveMetrics
+from service.live.notify import Signal
+from service.live.onboarding import AccessRequests
+from service.live.predictors import LivePredictors, PredictorSettings
+from service.live.quota import QuotaBook
+from service.live.records import TERMINAL, LiveModel, LiveRequest
+from service.live.registration import model_from_dir
+from service.live.scheduling import SchedulingLoop
+from service.live.settings import ServiceSettings
+from service.live.state import LiveState
+from service.live.streams import StreamBook
+from service.live.supervisor import Supervisor
+from service.live.workflows import WorkflowBook
+from service.live.writer import GmgWriter
+
+log = logging.getLogger("slicesched.service")
+
+RECOVER_FINISHED_S = 24 * 3600.0  # finished requests loaded at start (for status queries)
+
+
+class LiveService(DurableWrites, SchedulingLoop):
+    """The service layer behind the routers (see the module docstring)."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self.cost_model = load_cost_model(settings.cost_model).model  # the what-if mirror's; never a fallback
+        self.started = time.monotonic()
+        # the distributional predictor and the observations of finished workflow steps
+        self.predictors = LivePredictors(PredictorSettings(settings.predictor, settings.predictor_refit_s,
+                                                           settings.predictor_min_new, settings.predictor_window,
+                                                           settings.predictor_seed), settings.observations_path)
+        self.state = LiveState(self.queue_policy(settings.queue, {}), clock=time.monotonic, wall=time.time,
+                               lease_ttl_s=settings.lease_ttl_s, max_attempts=settings.max_attempts,
+                               max_batch=settings.max_batch)
+        self.metrics = LiveMetrics(self.state)
+        self.streams = StreamBook()  # tokens on their way to waiting clients (the OpenAI endpoints)
+        self.access = AccessBook()  # people's and services' keys, projects, tenant quotas
+        self.quotas = QuotaBook()  # usage against them
+        self.access_requests = AccessRequests()  # onboarding and later changes, awaiting approval
+        self.workflows = WorkflowBook(self, tool_slots=os.cpu_count() or 1)  # DAGs of model and tool calls
+        self.state.book.on_end = self._request_ended
+        self.state.book.on_lease_end = self._lease_ended
+        self.pools = ExecutorPools(settings.executor_key, settings.executor_kinds)  # executor keys
+        self.driver: Any = None
+        self.neo4j_uri: str | None = None
+        self.previous_neo4j_uri: str | None = None
+        self.repo: GraphRepository | None = None
+        self.writer: GmgWriter | None = None
+        self.audit = AuditLog(enabled=settings.audit, wait_s=settings.call_timeout_s)  # its store: at start
+        headroom = {"headroom_utilisation": settings.headroom_utilisation or None,
+                    "confirm_drains": settings.confirm_drains} if settings.placement == "replica" else {}
+        self.scheduler = Scheduler(make_placement_policy(settings.placement, find_devices=self._cypher_candidates,
+                                                         **headroom))
+        self.supervisor = Supervisor()
+        self.metrics.watch(self._health_metrics)
+        self.metrics.watch(self._quota_metrics)
+        self.metrics.watch(lambda: self.predictors.metrics(PREFIX))
+        self.work = Signal()  # notified when leases may be granted
+        self.changed = asyncio.Event()  # set on arrivals and completions (the scheduler's trigger)
+        self.decisions: list[str] = []
+        self.step_s: list[float] = []  # wall time of each scheduler step (what-ifs included)
+        self.unplaced: dict[str, str] = {}  # model uid -> why the last re-plan found it no home
+        self.db_up = False
+        self.db_error: str | None = None
+        self._gmg_dirty = False  # the cluster's devices and weights in the GMG await a re-write
+        self._busy_mark: dict[str, tuple[float, float]] = {}
+        self._first_arrival: dict[str, float] = {}
+        self._replan_lock = asyncio.Lock()  # one re-plan at a time: they rewrite the same devices
+        self._submitting: dict[tuple[str, str], asyncio.Future[None]] = {}  # idempotency keys in flight
+        self._unsettled: set[str] = set()  # requests whose end's write has no clear outcome yet
+        self._completion_batch: list[tuple[list[dict[str, Any]], Any, asyncio.Future[BaseException | None]]] = []
+        self._completion_flush: asyncio.Future[None] | None = None  # the group commit in flight
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.predictors.start()  # a predictor that cannot be loaded stops the start, with its reason
+        self.driver = await asyncio.to_thread(self._open_driver, True)
+        self.repo = GraphRepository(self.driver, QueryCatalog.load(), database=self.settings.neo4j.database)
+        self.db_up = True
+        await asyncio.to_thread(self.repo.apply_schema)
+        await self._recover()
+        self.pools.recover(await asyncio.to_thread(self.repo.live_executor_pools))
+        self.writer = GmgWriter(self.repo, on_lag=self.metrics.write_lag.observe,
+                                max_pending=self.settings.max_pending_writes)
+        await asyncio.to_thread(self.writer.warm_up)
+        self.audit.repo = self.repo
+        sup = self.supervisor
+        if self.audit.enabled:
+            await asyncio.to_thread(self.audit.recover)
+            sup.spawn("audit-writer", self.audit.tick, interval_s=0.0, stuck_after_s=60.0)
+            self.audit.record(SYSTEM, "service.start", "service", details={"audit_head_seq": self.audit.head[0]},
+                              after=self._public_settings())
+        sup.spawn("lease-expiry", self._expiry_tick, interval_s=min(0.5, self.settings.lease_ttl_s / 4),
+                  stuck_after_s=30.0)
+        sup.spawn("scheduler", self._schedule_tick, interval_s=self.settings.schedule_interval_s,
+                  stuck_after_s=300.0)
+        sup.spawn("gmg-writer", self.writer.tick, interval_s=0.0, stuck_after_s=60.0)
+        sup.spawn("retention", self._retention_tick, interval_s=600.0, stuck_after_s=1800.0)
+        sup.spawn("neo4j-watch", self._neo4j_tick, interval_s=1.0, stuck_after_s=60.0)
+        sup.spawn("usage", self._usage_tick, interval_s=self.settings.usage_interval_s, stuck_after_s=120.0)
+        sup.spawn("observations", self.predictors.flush, interval_s=1.0, stuck_after_s=120.0)
+        if self.predictors.enabled:
+            refit_s = self.settings.predictor_refit_s
+            sup.spawn("predictor-refit", self.predictors.refit_tick, interval_s=refit_s,
+                      stuck_after_s=max(3 * refit_s, 600.0))
+        # workflows last: a resumed model call asks for its request again (recovered above)
+        await self.workflows.restore(await asyncio.to_thread(self.repo.live_workflows, time.time() - RECOVER_FINISHED_S))
+
+    async def stop(self) -> None:
+        await self.workflows.stop()
+        await self.supervisor.stop()
+        try:
+            await self.predictors.flush()  # the last observations
+        except Exception:
+            log.exception("observations not written at stop")
+        if self.writer is not None:
+            await self.writer.close()
+        if self.repo is not None:
+            await self.audit.close()
+        await self.threads_done(30.0)  # a scheduler step or a call cancelled on its way still holds a session
+        if self.driver is not None:
+            await asyncio.to_thread(self.driver.close)
+
+    # ---- queue policies ----------------------------------------------------------------------------
+    def queue_policy(self, name: str, params: dict[str, Any]) -> QueuePolicy:
+        """The policy ``name`` with ``params``; ``slack`` with a predictor configured gets the
+        predicted latest start times (workflow steps and independent requests alike)."""
+        if "latest_start" in params:
+            raise InvalidInputError("slack's latest_start is the service's own (from --predictor), not a parameter")
+        if name == "slack" and self.predictors.enabled:
+            params = {**params, "latest_start": self.predictors.guarded(self._latest_start)}
+        return make_queue_policy(name, **params)
+
+    def _latest_start(self, q: QueuedRequest) -> float | None:
+        """The slack key of a request being queued (None: no prediction; the token estimate decides)."""
+        pred = self.predictors.predictor
+        model = self.state.models.get(q.model)
+        if pred is None or model is None:
+            return None
+        at = self.workflows.latest_start(q.request_id, pred)
+        return at if at is not None else self.predictors.request_latest_start(q, model)
+
+    def _public_settings(self) -> dict[str, Any]:
+        """The configuration a start runs with, as the audit log records it (no key; fixed for the
+        process's life: a change shows between two ``service.start`` entries)."""
+        s = self.settings
+        return {"placement": s.placement, "queue": s.queue, "cost_model": s.cost_model, "lease_ttl_s": s.lease_ttl_s,
+                "heartbeat_s": s.heartbeat_s, "max_attempts": s.max_attempts, "max_batch": s.max_batch,
+                "schedule_interval_s": s.schedule_interval_s, "slice_retention_s": s.slice_retention_s,
+                "executor_kinds": list(s.executor_kinds), "bootstrap_executor_pool": s.executor_key is not None,
+                "neo4j_uri": self.neo4j_uri, "predictor": s.predictor, "predictor_refit_s": s.predictor_refit_s}
+
+    async def _recover(self) -> None:
+        """Rebuild the live state from the GMG and reconcile what a previous process left: its
+        open Slices are closed (their leases died with it), every unfinished request is queued
+        again with the leases it was granted counted as attempts."""
+        repo = self.repo
+        assert repo is not None
+        closed = await asyncio.to_thread(repo.close_open_slices, time.time())
+        if closed:
+            log.info("closed %d slices left open by a previous process", closed)
+        for t in await asyncio.to_thread(repo.live_tenants):
+            self.state.add_tenant(t["tenant_id"], t["sla_class"] or "standard", float(t["weight"] or 1.0),
+                                  int(t["priority"] or 0), t["key_hash"])
+            self.access.tenant_quota[t["tenant_id"]] = quota_of_row(t)
+        for p in await asyncio.to_thread(repo.live_projects):
+            self.access.add_project(LiveProject(p["tenant_id"], p["project_id"], quota_of_row(p),
+                                                p["description"] or "", float(p["created_at"] or 0.0)))
+        for k in await asyncio.to_thread(repo.live_api_keys):
+            self.access.add_key(ApiKeyRecord.from_row(k))
+        self.access_requests.recover(await asyncio.to_thread(repo.access_requests))
+        for m in await asyncio.to_thread(repo.live_models):
+            replicas = int(m["replicas"] or 1)
+            if m.get("path"):  # a model directory: its config and tokenizer are read again
+                try:
+                    model = await asyncio.to_thread(model_from_dir, m["tenant_id"], m["model_id"], m["path"], replicas)
+                except InvalidInputError as exc:
+                    log.error("model %s/%s is not served: %s", m["tenant_id"], m["model_id"], exc)
+                    continue
+            else:
+                model = LiveModel(m["tenant_id"], m["model_id"], m["family"], int(m["seed"]), replicas)
+            model.created_at = float(m["created_at"] or model.created_at)
+            self.state.add_model(model)
+        rows = await asyncio.to_thread(repo.live_requests, time.time() - RECOVER_FINISHED_S)
+        requeued = 0
+        for row in rows:
+            req = LiveRequest(row["uid"], row["tenant_id"], row["model_id"], list(row["prompt"]),
+                              int(row["max_tokens"]), row["sla_class"], int(row["token_budget"]),
+                              float(row["arrival"]), status=RequestStatus(row["status"]),
+                              attempts=max(int(row.get("attempts") or 0), int(row.get("slices") or 0)),
+                              output_tokens=list(row.get("output_tokens") or []), queued_s=row.get("queued_s"),
+                              ttft_s=row.get("ttft_s"), e2e_s=row.get("e2e_s"), finished_at=row.get("finished_at"),
+                              error=row.get("error"), idempotency_key=row.get("idempotency_key"),
+                              body_sha=row.get("body_sha"), temperature=float(row.get("temperature") or 0.0),
+                              top_p=float(row.get("top_p") or 1.0), seed=row.get("seed"),
+                              slo_ttft_s=row.get("slo_ttft_s"), slo_tpot_s=row.get("slo_tpot_s"),
+                              priority=row.get("priority"), project_id=row.get("project_id") or DEFAULT_PROJECT)
+            if req.model_uid not in self.state.models:
+                continue
+            requeued += req.status not in TERMINAL
+            self.state.accept(req)
+        if rows:
+            log.info("recovered %d requests from Neo4j (%d queued again)", len(rows), requeued)
+        self.work.notify()
+
+    # ---- quotas (admission: DurableWrites.admit) --------------------------------------------------
+    def _request_ended(self, req: LiveRequest) -> None:
+        self.streams.end(req)
+        self.workflows.request_ended(req)
+        unused = max(0, req.max_tokens - len(req.output_tokens))
+        if unused:
+            self.quotas.refund(req.tenant_id, req.project_id, unused, self.state.wall())
+
+    def _lease_ended(self, req: LiveRequest, device_s: float) -> None:
+        self.quotas.charge_device_s(req.tenant_id, req.project_id, device_s, self.state.wall())
+
+    def usage_public(self, tenant_id: str, project_id: str | None) -> dict[str, Any]:
+        quota = self.access.quota_of(tenant_id) if project_id is None else self.access.project(tenant_id,
+                                                                                               project_id).quota
+        return self.quotas.of(tenant_id, project_id).public(quota, self.state.wall())
+
+    def _quota_metrics(self) -> Iterator[Metric]:
+        """Quota usage per tenant and project (``project`` empty: the tenant's own meter)."""
+        now = self.state.wall()
+        labels = ["tenant", "project"]
+        used = GaugeMetricFamily(f"{PREFIX}quota_tokens_used", "Tokens admitted (prompt + max_tokens) minus what "
+                                 "ended requests did not generate", labels=labels)
+        refused = CounterMetricFamily(f"{PREFIX}quota_requests_refused", "Submissions refused by a quota (429)",
+                                      labels=labels)
+        device = GaugeMetricFamily(f"{PREFIX}quota_device_seconds_last_hour", "Device-seconds charged over the last "
+                                   "hour", labels=labels)
+        limit = GaugeMetricFamily(f"{PREFIX}quota_tokens_per_second_limit", "The tokens/s quota (absent: none)",
+                                  labels=labels)
+        for (tenant_id, project_id), u in sorted(self.quotas.usage.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+            values = [tenant_id, project_id or ""]
+            used.add_metric(values, u.tokens_admitted - u.tokens_refunded)
+            refused.add_metric(values, u.refused)
+            device.add_metric(values, u.device_s.used(now))
+            if u.rate is not None:
+                limit.add_metric(values, u.rate)
+        yield from (used, refused, device, limit)
+
+    async def _usage_tick(self) -> None:
+        """Usage that changed since the last tick onto its Tenant and Project nodes."""
+        if not self.quotas.dirty or self.repo is None or not self.db_up:
+            return
+        dirty, self.quotas.dirty = self.quotas.dirty, set()
+        now = self.state.wall()
+        rows = []
+        for tenant_id, project_id in sorted(dirty, key=lambda s: (s[0], s[1] or "")):
+            u = self.quotas.of(tenant_id, project_id)
+            rows.append({"tenant_id": tenant_id, "project_id": project_id,
+                         "tokens_used": u.tokens_admitted - u.tokens_refunded, "requests_refused": u.refused,
+                         "device_s_last_hour": u.device_s.used(now), "device_s_total": u.device_s.total, "at": now})
+        try:
+            await self.db(self.repo.record_usage, rows)
+        except BaseException:
+            self.quotas.dirty |= dirty  # written with the next tick
+            raise
+
+    # ---- background loops ----------------------------------------------------------------------
+    async def _neo4j_tick(self) -> None:
+        """Check that Neo4j answers; when it does not, find where the managed server runs now
+        (a restart may have moved it to another port) and reconnect. Then bring the GMG's view
+        of the cluster up to date if a re-plan could not write it. Every call is bounded, so a
+        hung connection shows as a failed tick, never as a watcher that stopped watching."""
+        ok = await self._watch_call(self._ping)
+        if not ok and self.settings.neo4j.managed:
+            await self._watch_call(self._follow_managed)
+            ok = await self._watch_call(self._ping)
+        if ok and not self.db_up:
+            assert self.writer is not None
+            await self._watch_call(self.writer.warm_up)  # plan the hot queries before taking traffic
+            log.info("Neo4j answers again at %s", self.neo4j_uri)
+        if ok and self._unsettled:  # before taking traffic again: an executor's retry then meets a settled request
+            await self._reconcile()
+        self.db_up = ok
+        if ok:
+            self.db_error = None
+            if self._gmg_dirty:
+                await self._write_cluster()
+
+    async def _expiry_tick(self) -> None:
+        executors = set(self.state.executors)
+        writes = self.state.expire()
+        removed = self.state.remove_drained()
+        if writes:
+            self.persist(writes)
+            self.work.notify()
+        for executor_id in sorted(executors - set(self.state.executors)):
+            self.audit.record(SYSTEM, "executor.drop", "executor", executor_id,
+                              details={"reason": f"silent for {3 * self.settings.lease_ttl_s:.0f}s"})
+        if len(self.state.executors) != len(executors):  # a silent executor was dropped: new homes
+            log.warning("executor(s) silent for %.0fs dropped; re-planning homes", 3 * self.settings.lease_ttl_s)
+            await self.replan()
+        elif removed:
+            await self._write_cluster()
+        if writes or removed:
+            self.changed.set()
+
+    async def _retention_tick(self) -> None:
+        """Bounded retention: live Slices older than ``slice_retention_s`` go (every 10 minutes)."""
+        assert self.repo is not None
+        deleted = await self.db(self.repo.delete_old_live_slices, time.time() - self.settings.slice_retention_s)
+        if deleted:
+            log.info("retention: deleted %d live slices", deleted)
+
+
+def quota_of_row(row: dict[str, Any]) -> Quota:
+    """A Tenant's or Project's quota from its ``quota_*`` properties (null: no limit)."""
+    return Quota.from_dict({"tokens_per_s": row.get("quota_tokens_per_s"),
+                            "device_s_per_hour": row.get("quota_device_s_per_hour"),
+                            "mem_bytes": row.get("quota_mem_bytes")})

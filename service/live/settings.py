@@ -1,0 +1,170 @@
+"""Settings of the live service, from the environment (``SLICESCHED_*``)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from learned.choice import DEFAULT_KIND, kind_from
+from service.core.policies import PLACEMENT_POLICIES
+from service.core.queue import QUEUE_POLICIES
+from service.domain.error import InvalidInputError
+from service.graph.connection import Neo4jSettings
+
+LIVE_PLACEMENTS = ("container", "replica")  # what the executors can run: whole replicas
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("SLICESCHED_STATE") or Path.home() / ".local/state/slicesched")
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    admin_key: str
+    executor_key: str | None = None  # the bootstrap executor pool's key; None: executor pools only
+    executor_kinds: tuple[str, ...] = ()  # device kinds the bootstrap pool may register (): the catalogue's
+    queue: str = "fifo"
+    placement: str = "container"
+    lease_ttl_s: float = 10.0  # a lease not renewed within this expires
+    heartbeat_s: float = 2.0  # executors heartbeat this often
+    max_attempts: int = 3  # failed leases before a request fails
+    max_batch: int = 8  # leases per replica at once (its KV slots)
+    schedule_interval_s: float = 2.0  # the slice policy steps at most this often
+    # replica placement: a model whose home executor is this busy gets a guest ahead of a backlog
+    # where the what-if predicts no tenant worse off (0: only for backlogs; service.core.placement)
+    headroom_utilisation: float = 0.5
+    # replica placement: a guest is drained for a pressing owner only where the what-if predicts
+    # that keeping it makes the other tenants' requests late (False: every press drains)
+    confirm_drains: bool = True
+    slice_retention_s: float = 3600.0  # live Slices (leases) are kept this long after they end
+    db_timeout_s: float = 2.0  # a call that cannot reach Neo4j fails (503, Retry-After) within about this
+    call_timeout_s: float = 10.0  # a call that reached Neo4j but has no answer by then: 503, outcome unknown
+    max_pending_writes: int = 500_000  # GMG mirror rows kept during an outage (coalesced per object)
+    max_queued: int = 200_000  # requests waiting per model; beyond, a submission is refused (429)
+    neo4j: Neo4jSettings = field(default_factory=Neo4jSettings.from_env)
+    cost_model: str = DEFAULT_KIND  # the what-if mirror's iteration costs (learned.choice.KINDS)
+    audit: bool = True  # record the audit log (SLICESCHED_AUDIT=0: off; reading and verifying still work)
+    usage_interval_s: float = 5.0  # quota usage is written onto Tenant and Project nodes this often
+    max_pending_access_requests: int = 1000  # onboarding requests awaiting a decision; beyond, a 429
+    # the distributional predictor (service/live/predictors.py): None (none: the slack policy uses
+    # token_s per budgeted token), "naive", or a folder written by `slicesched predictors train`
+    predictor: str | None = None
+    predictor_refit_s: float = 300.0  # a refit is considered this often (with a predictor)
+    predictor_min_new: int = 50  # new call observations a scheduled refit waits for
+    predictor_window: int = 4000  # observations of each kind kept and trained on
+    predictor_seed: int = 0
+    observations_file: Path | None = None  # finished workflow steps (JSONL); None: <state>/predictor/observations.jsonl
+
+    def __post_init__(self) -> None:
+        kind_from(self.cost_model)  # a known kind, else InvalidInputError
+        if self.queue not in QUEUE_POLICIES:
+            raise InvalidInputError(f"unknown queue policy {self.queue!r} (known: {', '.join(QUEUE_POLICIES)})")
+        if self.placement not in LIVE_PLACEMENTS:
+            hint = (" (operator-level slices run in replay; live executors run whole replicas: use replica)"
+                    if self.placement in PLACEMENT_POLICIES else "")
+            raise InvalidInputError(f"unknown live placement policy {self.placement!r} "
+                                    f"(known: {', '.join(LIVE_PLACEMENTS)}){hint}")
+        if self.executor_key is not None and (len(self.executor_key) < 16 or self.executor_key == self.admin_key):
+            raise InvalidInputError("the executor key must have at least 16 characters and differ from the admin key "
+                                    "(executors get a key of their own: SLICESCHED_EXECUTOR_KEY or an executor pool)")
+        if not (self.lease_ttl_s > 0 and self.heartbeat_s > 0 and self.max_attempts >= 1 and self.max_batch >= 1):
+            raise InvalidInputError("lease_ttl_s, heartbeat_s must be > 0; max_attempts, max_batch >= 1")
+        if not (0 < self.db_timeout_s <= 60 and 0 < self.call_timeout_s <= 600 and self.max_pending_writes >= 1000):
+            raise InvalidInputError("db_timeout_s must be in (0, 60], call_timeout_s in (0, 600]; "
+                                    "max_pending_writes >= 1000")
+        if self.max_queued < 1:
+            raise InvalidInputError("max_queued must be >= 1")
+        if not 0.0 <= self.headroom_utilisation <= 1.0:
+            raise InvalidInputError(f"headroom_utilisation must be in [0, 1] (0: off), got {self.headroom_utilisation}")
+        self._check_predictor()
+
+    def _check_predictor(self) -> None:
+        p = self.predictor
+        if p is not None and p != "naive" and not (Path(p) / "meta.json").is_file():
+            why = "no such folder" if not Path(p).exists() else "no meta.json in it"
+            raise InvalidInputError(f"predictor {p!r}: {why}; give a folder written by `slicesched predictors train "
+                                    "RECORDS --out DIR`, or 'naive' (SLICESCHED_PREDICTOR, --predictor)", culprit=p)
+        if not (0.0 < self.predictor_refit_s <= 86_400.0):
+            raise InvalidInputError(f"predictor_refit_s must be in (0, 86400], got {self.predictor_refit_s} "
+                                    "(SLICESCHED_PREDICTOR_REFIT_S, --predictor-refit-s)")
+        if not (1 <= self.predictor_min_new <= 1_000_000):
+            raise InvalidInputError(f"predictor_min_new must be in [1, 1000000], got {self.predictor_min_new}")
+        if not (10 <= self.predictor_window <= 1_000_000):
+            raise InvalidInputError(f"predictor_window must be in [10, 1000000], got {self.predictor_window}")
+        if not (0 <= self.predictor_seed < 2**31):
+            raise InvalidInputError(f"predictor_seed must be in [0, 2^31), got {self.predictor_seed}")
+
+    @property
+    def observations_path(self) -> Path:
+        return self.observations_file or state_dir() / "predictor" / "observations.jsonl"
+
+    @staticmethod
+    def from_env(**overrides: object) -> ServiceSettings:
+        """Environment first, then ``overrides`` (the command line). Without
+        ``SLICESCHED_ADMIN_KEY`` a key is generated once and kept in ``<state>/admin.key``. The
+        executor key never defaults to the admin key: without ``SLICESCHED_EXECUTOR_KEY`` executors
+        need the key of an executor pool (``POST /v1/executor-pools``)."""
+        env = os.environ
+        admin = env.get("SLICESCHED_ADMIN_KEY") or _stored_admin_key()
+        values: dict[str, object] = {
+            "admin_key": admin,
+            "executor_key": env.get("SLICESCHED_EXECUTOR_KEY") or None,
+            "executor_kinds": tuple(k.strip() for k in env.get("SLICESCHED_EXECUTOR_KINDS", "").split(",") if k.strip()),
+            "queue": env.get("SLICESCHED_QUEUE", "fifo"),
+            "placement": env.get("SLICESCHED_PLACEMENT", "container"),
+            "lease_ttl_s": float(env.get("SLICESCHED_LEASE_TTL_S", "10")),
+            "heartbeat_s": float(env.get("SLICESCHED_HEARTBEAT_S", "2")),
+            "max_batch": int(env.get("SLICESCHED_MAX_BATCH", "8")),
+            "slice_retention_s": float(env.get("SLICESCHED_SLICE_RETENTION_S", "3600")),
+            "db_timeout_s": float(env.get("SLICESCHED_DB_TIMEOUT_S", "2")),
+            "call_timeout_s": float(env.get("SLICESCHED_CALL_TIMEOUT_S", "10")),
+            "max_pending_writes": int(env.get("SLICESCHED_MAX_PENDING_WRITES", "500000")),
+            "max_queued": int(env.get("SLICESCHED_MAX_QUEUED", "200000")),
+            "headroom_utilisation": _number("SLICESCHED_HEADROOM_UTILISATION", "0.5", float),
+            "confirm_drains": _flag("SLICESCHED_CONFIRM_DRAINS", True),
+            "cost_model": kind_from(None),
+            "audit": _flag("SLICESCHED_AUDIT", True),
+            "predictor": env.get("SLICESCHED_PREDICTOR") or None,
+            "predictor_refit_s": _number("SLICESCHED_PREDICTOR_REFIT_S", "300", float),
+            "predictor_min_new": _number("SLICESCHED_PREDICTOR_MIN_NEW", "50", int),
+            "predictor_window": _number("SLICESCHED_PREDICTOR_WINDOW", "4000", int),
+            "predictor_seed": _number("SLICESCHED_PREDICTOR_SEED", "0", int),
+            "observations_file": Path(env["SLICESCHED_OBSERVATIONS_FILE"]) if env.get("SLICESCHED_OBSERVATIONS_FILE")
+            else None,
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return ServiceSettings(**values)  # type: ignore[arg-type]
+
+
+def _number(name: str, default: str, kind: Callable[[str], float]) -> float:
+    raw = os.environ.get(name, "").strip() or default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise InvalidInputError(f"{name} must be a number, got {raw!r}") from None
+
+
+def _flag(name: str, default: bool) -> bool:
+    """A yes/no setting: 1/true/yes/on or 0/false/no/off (any case); anything else is refused."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise InvalidInputError(f"{name} must be 1 or 0 (or true/false, yes/no, on/off), got {raw!r}")
+
+
+def _stored_admin_key() -> str:
+    path = state_dir() / "admin.key"
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = f"admin_{secrets.token_urlsafe(24)}"
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    return key
