@@ -98,8 +98,8 @@ def install_error_handlers(app: FastAPI) -> None:
             retry = getattr(exc, "retry_after_s", None)
             headers = {"Retry-After": str(max(1, math.ceil(retry)))} if retry is not None else None
             return _error(request, exc.http_status, exc.kind, str(exc), headers, param=param)
-        log.error("unmapped domain error: %r", exc)
-        return _error(request, 400, "invalid_input", str(exc), param=param)
+        log.error("unmapped domain error: %r", exc, exc_info=exc)
+        return _error(request, 500, "internal", str(exc), param=param)
 
     async def validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

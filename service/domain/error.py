@@ -7,7 +7,7 @@ otherwise. The table, as the API (service/api/app.py) and the CLI (service/cli/m
 =========================  ===========  ===============  ====
 class                      HTTP status  kind             exit
 =========================  ===========  ===============  ====
-SliceschedError (other)    400 [1]      invalid_input    1
+SliceschedError (other)    500 [1]      internal         1
 InvalidInputError [3]      400          invalid_input    2
 CatalogError               400          invalid_input    2
 NotFoundError              404          not_found        2
@@ -18,17 +18,17 @@ ConflictError              409          conflict         2
 QueueFullError             429          overloaded       3
 QuotaExceededError [4]     429          quota_exceeded   3
 NotServedError             409          not_served       3
-InvariantError             400 [1]      invalid_input    1
+InvariantError             500          internal         1
 DatabaseUnavailableError   503          unavailable      3
-Neo4jServerError           400 [1]      invalid_input    3
+Neo4jServerError           503          unavailable      3
 ExecutorError [2]          --           --               1
 RegisterRefused [2]        --           --               2
 =========================  ===========  ===============  ====
 
 Exit codes: 1 an internal or otherwise unexpected failure, 2 a bad input (the caller can fix the
 call), 3 Neo4j cannot be reached or started; 130 (interrupted) is the CLI's own.
-[1] ``http_status`` None: the API has no answer of its own for it; it logs it as unmapped and
-answers 400 ``invalid_input``, as it always has. [2] Raised by the executor daemon, a client of
+[1] ``http_status`` None: the API has no answer of its own for it; it logs it with its traceback
+as unmapped and answers 500 ``internal``: a failure the caller cannot fix is never a 4xx. [2] Raised by the executor daemon, a client of
 the API, never by the service. [3] And its subclasses InvalidGraphError and InvalidClusterError.
 [4] The answer carries ``Retry-After`` (whole seconds) from ``retry_after_s``.
 """
@@ -74,6 +74,9 @@ class InvalidClusterError(InvalidInputError):
 
 class InvariantError(SliceschedError):
     """The program broke one of its own invariants (a bug, not bad input): the message says which."""
+
+    http_status = 500
+    kind = "internal"
 
 
 class NotFoundError(SliceschedError):
@@ -168,6 +171,8 @@ class DatabaseUnavailableError(SliceschedError):
 class Neo4jServerError(SliceschedError):
     """The managed Neo4j server could not be installed, started or reached."""
 
+    http_status = 503
+    kind = "unavailable"
     exit_code = EXIT_UNAVAILABLE
 
 

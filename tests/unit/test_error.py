@@ -7,7 +7,7 @@ import pytest
 from service.cli import main as cli
 from service.domain import error as e
 
-TABLE = [  # class, HTTP status (None: unmapped, answered 400 invalid_input), kind, exit code
+TABLE = [  # class, HTTP status (None: unmapped, answered 500 internal), kind, exit code
     (e.SliceschedError, None, "invalid_input", 1),
     (e.InvalidInputError, 400, "invalid_input", 2),
     (e.InvalidGraphError, 400, "invalid_input", 2),
@@ -21,9 +21,9 @@ TABLE = [  # class, HTTP status (None: unmapped, answered 400 invalid_input), ki
     (e.QueueFullError, 429, "overloaded", 3),
     (e.QuotaExceededError, 429, "quota_exceeded", 3),
     (e.NotServedError, 409, "not_served", 3),
-    (e.InvariantError, None, "invalid_input", 1),
+    (e.InvariantError, 500, "internal", 1),
     (e.DatabaseUnavailableError, 503, "unavailable", 3),
-    (e.Neo4jServerError, None, "invalid_input", 3),
+    (e.Neo4jServerError, 503, "unavailable", 3),
     (e.TransientError, None, "invalid_input", 1),
     (e.ApiError, None, "invalid_input", 1),
     (e.RegisterRefused, None, "invalid_input", 2),
@@ -68,3 +68,28 @@ def test_cli_exits_with_the_declared_code(monkeypatch: pytest.MonkeyPatch, capsy
     monkeypatch.setattr(cli, "build_parser", lambda: _Parser(fail))
     assert cli.main(["model", "list"]) == code
     assert capsys.readouterr().err == f"error: {exc}\n"
+
+
+@pytest.mark.parametrize(("exc", "status", "kind"), [
+    (e.InvariantError("a policy bug"), 500, "internal"),
+    (e.Neo4jServerError("not running"), 503, "unavailable"),
+    (e.TransientError("unmapped"), 500, "internal"),
+    (e.InvalidInputError("bad"), 400, "invalid_input"),
+], ids=["invariant", "neo4j-server", "unmapped", "bad-input"])
+def test_the_api_answers_internal_errors_as_5xx_and_bad_input_as_4xx(exc: e.SliceschedError, status: int,
+                                                                      kind: str) -> None:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from service.api.app import install_error_handlers
+
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise exc
+
+    answer = TestClient(app, raise_server_exceptions=False).get("/boom")
+    assert answer.status_code == status
+    assert answer.json()["error"]["kind"] == kind
