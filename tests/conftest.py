@@ -42,7 +42,20 @@ def data_absent(*names: str) -> list[str]:
 def needs_data(*names: str) -> pytest.MarkDecorator:
     """Skip unless the named data sets are present; the reason says how to fetch them."""
     missing = data_absent(*names)
-    return pytest.mark.skipif(bool(missing), reason=fetch_hint(*missing) if missing else "")
+    return pytest.mark.skipif(bool(missing), reason=fetch_hint(*missing) if missing else "", data_sets=names)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tiers by what a test needs, so ``-m`` can pick them (``make test-fast``): ``neo4j`` for every
+    test that reaches the session's server through its fixtures (directly or through another
+    fixture), ``browser`` for tests/browser, ``data`` for tests that read the public data sets."""
+    for item in items:
+        if "neo4j" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.neo4j)
+        if "tests/browser/" in item.nodeid:
+            item.add_marker(pytest.mark.browser)
+        if any("data_sets" in m.kwargs for m in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.data)
 
 
 def cli_in_process(*args: str) -> subprocess.CompletedProcess[str]:

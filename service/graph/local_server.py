@@ -20,6 +20,7 @@ to the new one with ``ALTER CURRENT USER``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -118,13 +119,23 @@ class LocalNeo4j:
         return (self.home / ".complete").exists()
 
     def install(self, *, log: bool = True) -> Path:
-        """Resolve the server jars from Maven Central once; later calls return at once."""
+        """Resolve the server jars from Maven Central once; later calls return at once. Processes
+        installing at the same time (the test workers on a fresh machine) take turns under a file
+        lock: the first resolves, the others find it complete."""
         if self.installed():
             return self.lib_dir
         if shutil.which("mvn") is None:
             raise Neo4jServerError("Maven ('mvn') is needed once to fetch the Neo4j jars; install Maven 3.8+")
         if shutil.which("java") is None:
             raise Neo4jServerError("Java 17 ('java') is needed to run the local Neo4j server")
+        self.home.mkdir(parents=True, exist_ok=True)
+        with (self.home / ".install.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not self.installed():
+                self._resolve(log=log)
+        return self.lib_dir
+
+    def _resolve(self, *, log: bool) -> None:
         work = self.home / "resolve"
         work.mkdir(parents=True, exist_ok=True)
         template = (resources.files("service.graph") / "neo4j-pom.xml").read_text()
@@ -144,7 +155,6 @@ class LocalNeo4j:
         tmp_lib.rename(self.lib_dir)
         (self.home / "plugins").mkdir(exist_ok=True)
         (self.home / ".complete").write_text(self.version)
-        return self.lib_dir
 
     # ---- lifecycle -------------------------------------------------------------------------------
     @property

@@ -122,6 +122,7 @@ def _records(n: int, seed: int = 0) -> tuple[list[CallRecord], list[ToolRecord]]
     return calls, tools
 
 
+@pytest.mark.slow
 def test_learned_quantiles_are_monotone_calibrated_and_persist(tmp_path: Path) -> None:
     from learned.distributional import DistributionalPredictor, OnlinePredictor, calibration, fit
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import cli_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,6 +22,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
                           cwd=ROOT, timeout=120)
 
 
+@pytest.mark.slow
 def test_listings() -> None:
     models = cli("model", "list")
     assert models.returncode == 0 and "llama2-70b" in models.stdout and "shape-only" in models.stdout
@@ -64,6 +67,7 @@ def test_malformed_cluster_yaml_is_one_line_with_line_and_column(tmp_path: Path)
     assert f"{spec}:5:" in r.stderr and "not valid YAML" in r.stderr
 
 
+@pytest.mark.slow
 def test_model_export_writes_a_graph_document(tmp_path: Path) -> None:
     out = tmp_path / "g.json"
     res = cli("model", "export", "tiny", "--phase", "decode", "--context", "16", "-o", str(out))
@@ -72,6 +76,7 @@ def test_model_export_writes_a_graph_document(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "tokens must be" in bad.stderr
 
 
+@pytest.mark.slow
 def test_model_export_traces_a_model_directory(hf_dirs: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "g.json"
     res = cli("model", "export", "--path", str(hf_dirs["gpt2"]), "--phase", "decode", "--context", "16",

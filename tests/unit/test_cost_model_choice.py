@@ -58,6 +58,7 @@ def test_kind_from_flag_env_and_default(monkeypatch: pytest.MonkeyPatch) -> None
         kind_from(None)
 
 
+@pytest.mark.slow
 def test_artifact_records_choice_evidence_and_overheads(tiny: tuple[TrainingInputs, Path, Path]) -> None:
     inputs, _, target = tiny
     assert target.name == f"learned-{inputs.key()}"
@@ -123,6 +124,7 @@ def test_missing_artifact_names_the_command(tmp_path: Path, tiny: tuple[Training
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_replay_report_names_its_cost_model(tmp_path: Path, tiny: tuple[TrainingInputs, Path, Path],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     inputs, cache, target = tiny
@@ -144,6 +146,7 @@ def test_replay_report_names_its_cost_model(tmp_path: Path, tiny: tuple[Training
         {"kind": "roofline", "artifact": None, "sha256": None}
 
 
+@pytest.mark.slow
 def test_train_command_makes_a_loadable_artifact(tmp_path: Path, tiny: tuple[TrainingInputs, Path, Path],
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     inputs, _, _ = tiny

@@ -54,6 +54,7 @@ def vidur_rows() -> list[OpTiming]:
 
 # -- readers -----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @needs_vidur
 def test_vidur_mlp_reader_row_counts_match_source(vidur_rows: list[OpTiming]) -> None:
     chains = layer_chains(vidur_rows)
@@ -132,6 +133,7 @@ def test_roofline_is_monotone_and_device_sensitive() -> None:
 
 # -- table -------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @needs_vidur
 def test_table_is_exact_on_a_profiled_point_and_interpolates(vidur_rows: list[OpTiming]) -> None:
     rows = [t for t in vidur_rows if t.model == "Llama-2-7b-hf" and t.device_kind == "H100-80GB"
@@ -174,6 +176,7 @@ def trained(small_split: tuple[list[OpTiming], list[OpTiming]]) -> GnnCostModel:
     return model
 
 
+@pytest.mark.slow
 @needs_vidur
 def test_gnn_beats_a_mean_predictor(trained: GnnCostModel,
                                     small_split: tuple[list[OpTiming], list[OpTiming]]) -> None:

@@ -166,6 +166,7 @@ def test_a_slice_interleaved_with_another_is_refused() -> None:
         cut_graph(dataclasses.replace(g, operators=ops), Granularity(1))
 
 
+@pytest.mark.slow
 def test_cut_model_is_cached_and_cuts_llama2_70b_on_the_meta_device() -> None:
     c = model_config("llama2-70b")
     with pytest.raises(InvalidInputError, match="granularity of 3 layers does not divide llama2-70b's 80 layers"):

@@ -305,6 +305,7 @@ def test_a_batcher_whose_kv_slots_are_all_taken_is_always_due() -> None:
     assert set(done) == {"own", "gst"}
 
 
+@pytest.mark.slow
 def test_a_request_waiting_for_its_prefill_goes_before_a_batch_ahead_of_its_pace() -> None:
     """A guest's new request waits for its prefill while the owner beside it, four of its eight
     KV slots taken (so always due), has the less virtual time: by time alone the owner's cheap

@@ -117,6 +117,7 @@ def test_prompt_tokens_outside_the_vocabulary_are_refused() -> None:
         batcher.submit(GenerationRequest("x", [1, 256], 2))
 
 
+@pytest.mark.slow
 def test_a_fresh_process_builds_its_first_model_without_torchs_python_references() -> None:
     """Building on meta and filling the weights must not run ops that lack a native meta kernel:
     their Python references import sympy and torch._dynamo on first use, seconds of every fresh

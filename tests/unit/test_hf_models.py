@@ -44,6 +44,7 @@ def until_stop(tokens: Sequence[int], stop_ids: Sequence[int]) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_config_maps_exactly_and_counts_the_parameters_of_the_checkpoint(hf_dirs: dict[str, Path],
                                                                               kind: str) -> None:
@@ -77,6 +78,7 @@ def test_the_loaded_model_has_the_logits_of_transformers(hf_dirs: dict[str, Path
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_decoding_in_the_batcher_equals_transformers_generate(hf_dirs: dict[str, Path], kind: str) -> None:
     tok, reference = HFTokenizer.load(hf_dirs[kind]), hf_model(hf_dirs[kind])
@@ -189,6 +191,7 @@ def test_llama3_rotary_scaling_matches_transformers() -> None:
     assert torch.equal(rope_inv_freq(ours), LlamaRotaryEmbedding(hf).inv_freq)
 
 
+@pytest.mark.slow
 def test_a_llama3_8b_config_traces_on_meta_and_sizes_from_its_config(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 

@@ -32,6 +32,7 @@ def analytic_matmul_flops(c: ModelConfig, phase: str, batch: int, tokens: int, c
     return 2 * rows * weights + rows * biases + attention
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MODEL_CONFIGS))
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
 def test_every_builtin_model_traces_with_expected_operators_and_flops(name: str, phase: str) -> None:
@@ -95,6 +96,7 @@ def test_decode_with_cache_equals_prefill_of_the_longer_sequence() -> None:
     assert torch.allclose(full[:, 8], step[:, 0], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_compile_backend_runs_the_model_and_records_the_same_graph() -> None:
     c = model_config("tiny-llama")
     model = build_model(c, seed=2)

@@ -78,6 +78,7 @@ def test_unknown_kv_mode_is_refused() -> None:
         SimConfig(kv="virtual")
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mem_gib=st.floats(min_value=15.0, max_value=24.0),
        lengths=st.lists(st.tuples(st.integers(1, 2500), st.integers(1, 1500)), min_size=1, max_size=40),

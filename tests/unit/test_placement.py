@@ -109,6 +109,7 @@ def test_draining_moves_queued_work_and_frees_memory() -> None:
     assert len(c.report().requests) == 200
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("placement", ["replica", "slice"])
 def test_replica_and_slice_policies_fill_an_idle_device_and_never_overflow_memory(placement: str) -> None:
     from service.sim.view import SimClusterView

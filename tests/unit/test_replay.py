@@ -28,6 +28,7 @@ def test_builtin_mixes_and_deterministic_workloads() -> None:
     assert 1.6 < double.num_requests / a.num_requests < 2.4
 
 
+@pytest.mark.slow
 @needs_data("servegen", "azure-llm-2023", "mooncake-synthetic")
 def test_the_headline_mix_reads_public_traces() -> None:
     w = build_workload(load_mix("a100-4tenants"), np.random.default_rng(0), duration_s=120)
@@ -53,6 +54,7 @@ def replay(*args: str) -> subprocess.CompletedProcess[str]:
                           cwd=ROOT, timeout=300)
 
 
+@pytest.mark.slow
 def test_replay_writes_a_report_and_plots(tmp_path: Path) -> None:
     out = tmp_path / "run"
     res = replay("--cluster", "local-cpu-4", "--tenants", "synthetic-3", "--duration", "20",
@@ -85,6 +87,7 @@ def test_bad_replay_input_is_a_message_and_writes_nothing(tmp_path: Path, args: 
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_the_replay_command_refuses_bad_input_as_a_process(tmp_path: Path) -> None:
     """The same refusal from a process of its own: exit code 2 and a message, no traceback."""
     out = tmp_path / "never"

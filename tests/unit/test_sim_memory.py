@@ -140,6 +140,7 @@ _slices = st.lists(st.tuples(st.floats(0.0, 0.05), st.integers(0, 1), st.integer
                              st.integers(0, 2 * MIB), st.booleans()), max_size=6)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests=_requests, slices=_slices, seed=st.integers(0, 3))
 def test_simulator_memory_equals_a_brute_force_recount_and_overflow_is_flagged(

@@ -78,6 +78,7 @@ plans = st.tuples(st.integers(0, 10_000), st.lists(st.integers(1, 39), min_size=
                   st.sampled_from([0.5, 2.0, 8.0]))
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(plans)
 def test_slices_respect_dependencies_memory_and_owner_priority(case: tuple[int, list[int], tuple[str, ...], float]
@@ -153,6 +154,7 @@ def test_bad_slice_plans_are_refused_with_nothing_allocated(stages: tuple[SliceS
     assert all(c.ledger.used_bytes(d.device_id) == 0 for d in A100.devices)
 
 
+@pytest.mark.slow
 def test_a_quantum_that_does_not_divide_the_layers_is_a_clear_error() -> None:
     with pytest.raises(InvalidInputError, match="does not divide llama2-13b's 40 layers"):
         slice_sizes(MODEL_CONFIGS["llama2-13b"], 3)

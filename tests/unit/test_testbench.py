@@ -90,6 +90,7 @@ def _metrics(tps: float, e2e: float, tokens: int = 100) -> RunMetrics:
     return RunMetrics(10, tokens, tokens / tps, tps, e2e / 4, e2e, e2e / 2, e2e * 2)
 
 
+@pytest.mark.slow
 def test_the_report_compares_each_prediction_with_the_measured_repeats(tmp_path: Path) -> None:
     measured = {"fifo": [_metrics(100.0, 2.0), _metrics(110.0, 2.4), _metrics(90.0, 2.2)],
                 "sjf": [_metrics(100.0, 1.0), _metrics(104.0, 1.2), _metrics(98.0, 1.1)],

@@ -147,6 +147,7 @@ def test_mix_sla_classes_and_old_yaml() -> None:
         _mix({"tenant_id": "a", "model": "tiny", "trace": {"source": "/tmp/x.csv"}})
 
 
+@pytest.mark.slow
 @needs_data("servegen", "azure-llm-2023", "mooncake-synthetic")
 def test_the_traces_mix_names_its_sources_relative_to_the_data_folder() -> None:
     mix = load_mix("a100-4tenants-traces")
@@ -163,6 +164,7 @@ def replay(*args: str) -> subprocess.CompletedProcess[str]:
                           cwd=ROOT, timeout=300)
 
 
+@pytest.mark.slow
 def test_replay_report_names_dealing_sources_context_and_classes(tmp_path: Path) -> None:
     trace = tmp_path / "t.csv"
     rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]

@@ -74,6 +74,7 @@ def test_read_azure_gives_the_documented_rows_and_ranges(path: Path, rows: int, 
         assert reqs[1].arrival_s == pytest.approx(0.052, abs=1e-7)
 
 
+@pytest.mark.slow
 @needs_azure
 def test_read_azure_conv_reads_every_row() -> None:
     """(Reading speed is measured by benchmarks/sim_speed.py, not asserted here.)"""
@@ -368,6 +369,7 @@ def _two_level_client(law: GapLaw, shape: float) -> ClientStats:
     return ClientStats("chunk-x", "test", 100.0, windows, 200.0, lengths)
 
 
+@pytest.mark.slow
 def test_servegen_workload_follows_rates_laws_and_window_lengths() -> None:
     client = _two_level_client("weibull", 0.5)
     wl = servegen_workload(np.random.default_rng(3), [client], tenant_ids=["a"], models="tiny",
