@@ -17,7 +17,7 @@ KUSTOMIZE_VERSION := v5.7.1
 KUSTOMIZE_HOME := $(SLICESCHED_CACHE)/tools/kustomize-$(KUSTOMIZE_VERSION)
 KUSTOMIZE := $(KUSTOMIZE_HOME)/kustomize
 
-.PHONY: venv kustomize browser neo4j data demo test lint typecheck bench clean
+.PHONY: venv kustomize browser neo4j data demo test test-fast lint typecheck bench clean
 
 # The environment: exactly uv.lock (--locked also fails if pyproject.toml changed without
 # `uv lock`), the dev extra included. A .venv of the old bootstrap layout is replaced.
@@ -81,6 +81,11 @@ demo: venv data
 TEST_WORKERS ?= 2
 test: venv kustomize browser data
 	@$(RUN) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The fast tier: the unit tests that need no Neo4j, no browser and no subprocess, and take no more
+# than a second or so each (markers set in tests/conftest.py and on the slow tests): under a minute.
+test-fast: venv
+	@$(RUN) -m pytest tests/unit -n $(TEST_WORKERS) -m "not neo4j and not slow and not browser" $(PYTEST_ARGS)
 
 lint: venv
 	@$(RUN) -m ruff check service executor learned tests benchmarks

@@ -219,9 +219,17 @@ def test_the_probe_sizes_container_homes_as_the_comparison_does() -> None:
     assert container_weights(DEMO_TENANTS) == pytest.approx(offered_work(record))
 
 
+def _cpu_s(pid: int) -> float:
+    """The CPU seconds a process has used (user + system), from ``/proc``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_the_cpu_meter_counts_the_cores_each_part_of_the_stack_kept_busy() -> None:
-    """A process spinning for the whole interval reads about one core; this process, waiting,
-    about none; a part whose process is gone is left out; the machine's total is there."""
+    """The meter's reading of a spinning process is the CPU time it used over the interval (read
+    independently here), whatever share of a core other work on the machine left it; this
+    process, waiting, reads about none; a part whose process is gone is left out; the machine's
+    total is at least the spinner's."""
     import subprocess
     import sys
     import time
@@ -232,14 +240,18 @@ def test_the_cpu_meter_counts_the_cores_each_part_of_the_stack_kept_busy() -> No
     try:
         time.sleep(0.3)  # past its start-up
         meter = CpuMeter({"spinner": spin.pid, "gone": 2**22 + 7})
+        used_s, t0 = _cpu_s(spin.pid), time.monotonic()
         meter.start()
         time.sleep(1.0)
         cores = meter.stop()
+        used_s, elapsed_s = _cpu_s(spin.pid) - used_s, time.monotonic() - t0
     finally:
         spin.kill()
         spin.wait()
     assert "gone" not in cores and cores["this process (clients)"] < 0.3
-    assert cores["spinner"] > 0.5 and cores["machine"] >= 0.5
+    assert used_s > 0
+    assert cores["spinner"] == pytest.approx(used_s / elapsed_s, abs=0.1)
+    assert cores["machine"] >= cores["spinner"] - 0.1
 
 
 def test_a_comparison_offers_both_placements_its_first_runs_pace(monkeypatch: pytest.MonkeyPatch,
