@@ -49,6 +49,16 @@ def _repository() -> Any:
 
 
 # ---- neo4j ---------------------------------------------------------------------------------------
+def _port(raw: str) -> int:
+    try:
+        port = int(raw)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port in 1..65535, got {raw!r}")
+    return port
+
+
 def cmd_neo4j(args: argparse.Namespace) -> int:
     from service.graph.connection import Neo4jSettings
     from service.graph.local_server import LocalNeo4j
@@ -58,8 +68,16 @@ def cmd_neo4j(args: argparse.Namespace) -> int:
         print(f"SLICESCHED_NEO4J_URI is set ({settings.uri}): the managed server is not used.", file=sys.stderr)
         return EXIT_BAD_INPUT if args.action != "status" else 0
     server = LocalNeo4j(Path(args.state_dir) if args.state_dir else settings.state_dir)
+    if args.port is not None and args.action != "start":
+        print("--port is for 'start' only", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.action == "start":
-        info = server.start()
+        running = server.status()
+        if running is not None and args.port is not None and running.port != args.port:
+            print(f"already running on port {running.port} ({running.uri}): stop it first to move it to {args.port}",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
+        info = server.start(port=args.port)
         print(f"running  {info.uri}  {server.server_version(info)}  pid {info.pid}  state {info.state_dir}")
         return 0
     if args.action == "stop":
@@ -323,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     neo = sub.add_parser("neo4j", help="manage the local Neo4j server (jars from Maven Central, Java 17)")
     neo.add_argument("action", choices=["start", "stop", "status"])
+    neo.add_argument("--port", type=_port, help="start: the Bolt port on 127.0.0.1 (default: a free one)")
     neo.add_argument("--state-dir", help="server state dir (default: $SLICESCHED_STATE/neo4j or ~/.local/state/slicesched/neo4j)")
     neo.set_defaults(func=cmd_neo4j)
 

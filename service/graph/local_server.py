@@ -253,6 +253,8 @@ class LocalNeo4j:
         running = self.status()
         if running is not None:
             return running
+        if port is not None and _port_open(port):
+            raise Neo4jServerError(f"port {port} on 127.0.0.1 is in use by another process: choose another --port")
         self.install(log=log)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.chmod(0o700)  # the store holds prompts and key hashes

@@ -87,3 +87,20 @@ def test_model_export_traces_a_model_directory(hf_dirs: dict[str, Path], tmp_pat
     assert neither.returncode == 2 and "--path DIR" in neither.stderr and "--graph" not in neither.stderr
     unsupported = cli_in_process("model", "export", "--path", str(tmp_path))
     assert unsupported.returncode == 2 and "no config.json" in unsupported.stderr and "Traceback" not in unsupported.stderr
+
+
+def test_neo4j_start_refuses_a_bad_port_and_a_port_in_use(tmp_path: Path) -> None:
+    import socket
+
+    from tests.conftest import cli_in_process
+
+    bad = cli_in_process("neo4j", "start", "--port", "70000", "--state-dir", str(tmp_path / "s"))
+    assert bad.returncode == 2 and "a TCP port in 1..65535" in bad.stderr
+    wrong_action = cli_in_process("neo4j", "stop", "--port", "7687", "--state-dir", str(tmp_path / "s"))
+    assert wrong_action.returncode == 2 and "--port is for 'start' only" in wrong_action.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = cli_in_process("neo4j", "start", "--port", str(port), "--state-dir", str(tmp_path / "s"))
+    assert busy.returncode == 3 and f"port {port} on 127.0.0.1 is in use" in busy.stderr
