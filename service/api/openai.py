@@ -2,8 +2,11 @@
 errors, and text from tokens as they come. The routes are :mod:`service.api.routers.openai`.
 
 Bodies follow OpenAI's Completions and Chat Completions; a field this service cannot honour is a
-400 naming it (``n`` > 1, ``stop`` sequences, penalties, ``logit_bias``, ``logprobs``, ``echo``,
-``best_of`` > 1, ``suffix``, tools: any unknown field), its default value is accepted.
+400 naming it (``n`` > 1, penalties, ``logit_bias``, ``logprobs``, ``echo``, ``best_of`` > 1,
+``suffix``, tools: any unknown field), its default value is accepted. ``stop`` sequences cut the
+text where the first one begins (finish reason ``stop``): a stream ends there and its request is
+cancelled; an answer waited for whole is cut when the request ends (the executor stops at the
+model's stop ids and ``max_tokens`` only, so usage counts the tokens it produced).
 ``return_token_ids: true`` (an extension, as vLLM's) adds the output token ids to each choice and
 chunk. Errors on these routes are OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
 """
@@ -26,6 +29,8 @@ COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
 MODELS_PATH = "/v1/models"
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions; chat's default is the rest of the context
+MAX_STOPS = 4  # as OpenAI allows
+MAX_STOP_CHARS = 256
 
 #: OpenAI's error ``type`` per status.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -52,8 +57,9 @@ class SamplingBody(OpenAIBody):
     n: int | None = Field(None, ge=1, le=1, description="only 1")
     stream: bool | None = Field(False, description="answer server-sent events, token by token")
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = Field(None, description="not supported (the model's own stop ids end "
-                                                           "generation): null or empty only")
+    stop: str | list[str] | None = Field(None, description=f"up to {MAX_STOPS} strings: the text ends before the "
+                                                           "first one produced (not included), finish_reason "
+                                                           "'stop'; a stream ends there")
     frequency_penalty: float | None = Field(None, description="only 0")
     presence_penalty: float | None = Field(None, description="only 0")
     logit_bias: dict[str, float] | None = Field(None, description="only empty")
@@ -62,7 +68,8 @@ class SamplingBody(OpenAIBody):
 
     def check_supported(self) -> None:
         """A 400 naming the first field set to something this service cannot do."""
-        for name, value, default in (("stop", self.stop or None, None), ("frequency_penalty", self.frequency_penalty or 0, 0),
+        self.stop_sequences()
+        for name, value, default in (("frequency_penalty", self.frequency_penalty or 0, 0),
                                      ("presence_penalty", self.presence_penalty or 0, 0),
                                      ("logit_bias", self.logit_bias or None, None), *self._only_defaults()):
             if value != default:
@@ -72,6 +79,18 @@ class SamplingBody(OpenAIBody):
 
     def _only_defaults(self) -> list[tuple[str, Any, Any]]:
         return []
+
+    def stop_sequences(self) -> tuple[str, ...]:
+        """The stop strings asked (none: ``()``); a 400 naming ``stop`` for more than
+        :data:`MAX_STOPS`, an empty one or one over :data:`MAX_STOP_CHARS` characters."""
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > MAX_STOPS:
+            raise InvalidInputError(f"stop: at most {MAX_STOPS} sequences, got {len(stops)}", culprit="stop")
+        for s in stops:
+            if not s or len(s) > MAX_STOP_CHARS:
+                raise InvalidInputError(f"stop: each sequence has 1 to {MAX_STOP_CHARS} characters, got {s!r}",
+                                        culprit="stop")
+        return tuple(stops)
 
 
 class CompletionIn(SamplingBody):
@@ -192,7 +211,7 @@ class OpenAIErrorOut(OpenAIOut):
 # ---- conversions -----------------------------------------------------------------------------------
 def is_openai_route(request: Request) -> bool:
     """Errors of this request answer in OpenAI's shape (``GET /v1/models``: OpenAI's listing;
-    ``POST /v1/models`` stays the project's registration)."""
+    ``POST /v1/models`` stays the deprecated alias of the project's registration)."""
     path = request.url.path
     return path in (COMPLETIONS_PATH, CHAT_PATH) or (
         request.method == "GET" and (path == MODELS_PATH or path.startswith(MODELS_PATH + "/")))
@@ -209,17 +228,54 @@ def finish_reason(tokens: Sequence[int], stop_ids: Sequence[int]) -> Literal["st
     return "stop" if tokens and tokens[-1] in stop_ids else "length"
 
 
-def usage(req: LiveRequest) -> dict[str, int]:
-    n = len(req.output_tokens)
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """``text`` up to the first occurrence of any stop sequence (not included), and whether one
+    occurred."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    return (text, False) if cut < 0 else (text[:cut], True)
+
+
+class StopMatcher:
+    """Stream text through the stop sequences: :meth:`push` answers the text that can be sent (a
+    tail that could begin a stop sequence is held back until the next text settles it) and
+    whether a stop sequence was produced (the stream ends there, the sequence not sent)."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self._held = ""
+        self._hold = max((len(s) for s in self.stops), default=1) - 1
+
+    def push(self, text: str) -> tuple[str, bool]:
+        held = self._held + text
+        cut, hit = cut_at_stop(held, self.stops)
+        if hit:
+            self._held = ""
+            return cut, True
+        keep = next((k for k in range(min(self._hold, len(held)), 0, -1)
+                     if any(s.startswith(held[-k:]) for s in self.stops)), 0)
+        self._held = held[len(held) - keep:] if keep else ""
+        return held[:len(held) - keep], False
+
+    def flush(self) -> str:
+        """The text held back at the stream's end (no stop sequence came)."""
+        held, self._held = self._held, ""
+        return held
+
+
+def usage(req: LiveRequest, completion_tokens: int | None = None) -> dict[str, int]:
+    """Token counts; ``completion_tokens`` None: the request's output (a stream cut at a stop
+    sequence counts the tokens it had produced)."""
+    n = len(req.output_tokens) if completion_tokens is None else completion_tokens
     return {"prompt_tokens": len(req.prompt), "completion_tokens": n, "total_tokens": len(req.prompt) + n}
 
 
-def answer(req: LiveRequest, model: str, tok: Tokenizer, *, chat: bool, token_ids: bool) -> dict[str, Any]:
-    """The whole answer of a finished request."""
+def answer(req: LiveRequest, model: str, tok: Tokenizer, *, chat: bool, token_ids: bool,
+           stops: Sequence[str] = ()) -> dict[str, Any]:
+    """The whole answer of a finished request (its text cut at the first stop sequence)."""
     out = req.output_tokens
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(out, tok.stop_ids),
+    text, stopped = cut_at_stop(tok.decode(out), stops)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": "stop" if stopped else finish_reason(out, tok.stop_ids),
                               "logprobs": None}
-    text = tok.decode(out)
     choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
     if token_ids:
         choice["token_ids"] = list(out)
@@ -249,9 +305,9 @@ def chunk(req: LiveRequest, model: str, *, chat: bool, text: str | None, finish:
             "created": int(req.arrival), "model": model, "choices": [choice]}
 
 
-def usage_chunk(req: LiveRequest, model: str, *, chat: bool) -> dict[str, Any]:
+def usage_chunk(req: LiveRequest, model: str, *, chat: bool, completion_tokens: int | None = None) -> dict[str, Any]:
     return {"id": answer_id(req, chat), "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": int(req.arrival), "model": model, "choices": [], "usage": usage(req)}
+            "created": int(req.arrival), "model": model, "choices": [], "usage": usage(req, completion_tokens)}
 
 
 def sse(data: Mapping[str, Any] | str) -> str:

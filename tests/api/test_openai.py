@@ -149,6 +149,20 @@ def test_streams_send_the_tokens_as_they_come(live: Setup) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in chat) == BYTES.decode(reference(live, BYTES.chat(messages), 20))
 
 
+def test_stop_sequences_cut_the_text_whole_and_streamed(live: Setup) -> None:
+    """The text ends where the first stop sequence begins (finish_reason "stop"), taken from the
+    model's own greedy output so that it occurs; a stream ends there too."""
+    client = live.client()
+    full = BYTES.decode(reference(live, BYTES.encode("Stop me"), 24))
+    stop = full[10:13]
+    want = full[:full.find(stop)]
+    whole = client.completions.create(model="m", prompt="Stop me", max_tokens=24, stop=[stop, "never-in-it"])
+    assert whole.choices[0].text == want and whole.choices[0].finish_reason == "stop"
+    chunks = list(client.completions.create(model="m", prompt="Stop me", max_tokens=24, stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
 def test_errors_raise_the_clients_exception_classes(live: Setup) -> None:
     client = live.client()
     with pytest.raises(openai.AuthenticationError) as auth:
@@ -161,15 +175,19 @@ def test_errors_raise_the_clients_exception_classes(live: Setup) -> None:
     with pytest.raises(openai.BadRequestError, match="n"):
         client.completions.create(model="m", prompt="x", max_tokens=1, n=2)
     with pytest.raises(openai.BadRequestError) as bad:
-        client.completions.create(model="m", prompt="x", max_tokens=1, stop=["\n"])
+        client.completions.create(model="m", prompt="x", max_tokens=1, stop=["a", "b", "c", "d", "e"])
     assert bad.value.param == "stop"
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], tools=[
             {"type": "function", "function": {"name": "f"}}])
     with pytest.raises(openai.BadRequestError, match="x-slo-ttft-ms"):
         client.completions.create(model="m", prompt="x", max_tokens=1, extra_headers={"x-slo-ttft-ms": "soon"})
-    with pytest.raises(openai.BadRequestError, match="context"):
+    with pytest.raises(openai.BadRequestError, match="context") as long:
         client.completions.create(model="m", prompt="x" * 600, max_tokens=1)
+    assert long.value.param == "max_tokens"
+    with pytest.raises(openai.BadRequestError, match="max_tokens") as over:
+        client.completions.create(model="m", prompt="x", max_tokens=100_000)
+    assert over.value.param == "max_tokens"
     executor_key = live.stack.executor_key
     with pytest.raises(openai.PermissionDeniedError):
         live.client(executor_key).models.list()

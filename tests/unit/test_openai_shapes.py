@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from service.api.intake import request_hints
-from service.api.openai import ChatCompletionIn, CompletionIn, IncrementalDecoder, finish_reason
+from service.api.openai import (
+    ChatCompletionIn,
+    CompletionIn,
+    IncrementalDecoder,
+    StopMatcher,
+    cut_at_stop,
+    finish_reason,
+)
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestStatus
 from service.domain.tokenizer import BYTES
@@ -112,7 +119,8 @@ def test_fields_the_service_cannot_honour_are_refused_by_name() -> None:
         ChatCompletionIn.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": []})
     CompletionIn.model_validate({"model": "m", "prompt": "x", "n": 1, "frequency_penalty": 0, "logit_bias": {},
                                  "best_of": 1, "echo": False, "stop": None}).check_supported()
-    for field, value in (("stop", ["\n"]), ("presence_penalty", 0.5), ("logprobs", 2), ("echo", True)):
+    for field, value in (("stop", ["a", "b", "c", "d", "e"]), ("stop", [""]), ("presence_penalty", 0.5),
+                         ("logprobs", 2), ("echo", True)):
         body = CompletionIn.model_validate({"model": "m", "prompt": "x", field: value})
         with pytest.raises(InvalidInputError) as caught:
             body.check_supported()
@@ -126,3 +134,32 @@ def test_the_finish_reason_is_stop_only_at_a_stop_id() -> None:
     assert finish_reason([3, 4], (4,)) == "stop"
     assert finish_reason([3, 4], ()) == "length"
     assert finish_reason([], (4,)) == "length"
+
+
+def test_stop_sequences_are_taken_as_a_string_or_a_list() -> None:
+    assert CompletionIn.model_validate({"model": "m", "prompt": "x", "stop": "\n"}).stop_sequences() == ("\n",)
+    body = CompletionIn.model_validate({"model": "m", "prompt": "x", "stop": ["END", "\n\n"]})
+    body.check_supported()
+    assert body.stop_sequences() == ("END", "\n\n")
+    assert cut_at_stop("one\n\ntwo END", body.stop_sequences()) == ("one", True)
+    assert cut_at_stop("no stop here", body.stop_sequences()) == ("no stop here", False)
+
+
+@given(st.text(alphabet="abc\n", max_size=40), st.lists(st.text(alphabet="abc\n", min_size=1, max_size=4),
+                                                        max_size=4),
+       st.lists(st.integers(min_value=0, max_value=40), max_size=8))
+def test_a_stream_through_the_stop_matcher_sends_what_the_whole_answer_would(text: str, stops: list[str],
+                                                                             splits: list[int]) -> None:
+    """Pushed in any pieces, the text sent is the whole text cut at its first stop sequence,
+    and the stream stops exactly when the whole answer has one."""
+    cuts = sorted({min(s, len(text)) for s in splits})
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    matcher, sent, stopped = StopMatcher(stops), "", False
+    for piece in pieces:
+        out, stopped = matcher.push(piece)
+        sent += out
+        if stopped:
+            break
+    if not stopped:
+        sent += matcher.flush()
+    assert (sent, stopped) == cut_at_stop(text, stops)

@@ -135,7 +135,8 @@ async def _run(svc: LiveService, request: Request, p: Principal, model: LiveMode
     headers = {"x-request-id": req.request_id}
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _events(svc, req, stream, body.model, model, chat=chat, ids=ids, usage=usage)
+        events = _events(svc, req, stream, body.model, model, chat=chat, ids=ids, usage=usage,
+                         stops=body.stop_sequences())
         return StreamingResponse(events, media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"})
     try:
         answered = await _answered_or_left(request, stream)
@@ -147,7 +148,8 @@ async def _run(svc: LiveService, request: Request, p: Principal, model: LiveMode
     if req.status != RequestStatus.DONE:
         status, kind, message = _failure(req)
         return JSONResponse(oa.error_body(status, kind, message), status_code=status, headers=headers)
-    return JSONResponse(oa.answer(req, body.model, model.tokenizer, chat=chat, token_ids=ids), headers=headers)
+    return JSONResponse(oa.answer(req, body.model, model.tokenizer, chat=chat, token_ids=ids,
+                                  stops=body.stop_sequences()), headers=headers)
 
 
 async def _answered_or_left(request: Request, stream: TokenStream) -> bool:
@@ -170,13 +172,16 @@ def _failure(req: LiveRequest) -> tuple[int, str, str]:
 
 
 async def _events(svc: LiveService, req: LiveRequest, stream: TokenStream, name: str, model: LiveModel, *, chat: bool,
-                  ids: bool, usage: bool) -> AsyncIterator[str]:
+                  ids: bool, usage: bool, stops: tuple[str, ...] = ()) -> AsyncIterator[str]:
     """The stream: a chunk per report of new tokens, a last chunk with the finish reason, the
-    usage (if asked), ``[DONE]``. When the client leaves before the end, the request is cancelled."""
+    usage (if asked), ``[DONE]``. When the client leaves before the end, or a stop sequence ends
+    the stream, the request is cancelled."""
     tok = model.tokenizer
     decoder = oa.IncrementalDecoder(tok)
+    matcher = oa.StopMatcher(stops)
     sent = 0
     ended = False
+    stopped = False
     try:
         if chat:
             yield oa.sse(oa.chunk(req, name, chat=True, text="", role=True))
@@ -185,9 +190,18 @@ async def _events(svc: LiveService, req: LiveRequest, stream: TokenStream, name:
             fresh = stream.tokens[sent:]
             sent += len(fresh)
             if fresh and not stream.diverged:
-                text = decoder.push(fresh)
+                text, stopped = matcher.push(decoder.push(fresh))
                 if text or ids:
                     yield oa.sse(oa.chunk(req, name, chat=chat, text=text, token_ids=fresh if ids else None))
+                if stopped:
+                    break
+        if stopped:
+            yield oa.sse(oa.chunk(req, name, chat=chat, text=None if chat else "", finish="stop",
+                                  token_ids=[] if ids else None))
+            if usage:
+                yield oa.sse(oa.usage_chunk(req, name, chat=chat, completion_tokens=sent))
+            yield oa.sse("[DONE]")
+            return  # the request is cancelled below: nobody reads the rest
         ended = True
         if stream.diverged or req.status != RequestStatus.DONE:
             status, kind, message = _failure(req) if not stream.diverged else (
@@ -195,8 +209,9 @@ async def _events(svc: LiveService, req: LiveRequest, stream: TokenStream, name:
                                  f"differ from those streamed; GET /v1/requests/{req.request_id} has its result")
             yield oa.sse(oa.error_body(status, kind, message))
         else:
-            finish = oa.finish_reason(req.output_tokens, tok.stop_ids)
-            tail = decoder.flush()
+            tail, stopped = matcher.push(decoder.flush())
+            tail += "" if stopped else matcher.flush()
+            finish = "stop" if stopped else oa.finish_reason(req.output_tokens, tok.stop_ids)
             yield oa.sse(oa.chunk(req, name, chat=chat, text=tail if tail or not chat else None, finish=finish,
                                   token_ids=[] if ids else None))
             if usage:
