@@ -75,18 +75,20 @@ class LeaseBook:
         model = self.registry.model(tenant_id, model_id)
         sla = sla_class or self.registry.tenant(tenant_id).sla_class
         if sla not in SLA_CLASSES:
-            raise InvalidInputError(f"unknown SLA class {sla!r} (known: {', '.join(SLA_CLASSES)})")
+            raise InvalidInputError(f"unknown SLA class {sla!r} (known: {', '.join(SLA_CLASSES)})", culprit="sla_class")
         config = model.config
         if not prompt:
-            raise InvalidInputError("the prompt is empty")
+            raise InvalidInputError("the prompt is empty", culprit="prompt")
         bad = [t for t in prompt if not (0 <= t < config.vocab_size)]
         if bad:
-            raise InvalidInputError(f"token id {bad[0]} is outside the model's vocabulary [0, {config.vocab_size})")
+            raise InvalidInputError(f"token id {bad[0]} is outside the model's vocabulary [0, {config.vocab_size})",
+                                    culprit="prompt")
         if not (1 <= max_tokens <= config.max_seq_len):
-            raise InvalidInputError(f"max_tokens must be in [1, {config.max_seq_len}], got {max_tokens}")
+            raise InvalidInputError(f"max_tokens must be in [1, {config.max_seq_len}], got {max_tokens}",
+                                    culprit="max_tokens")
         if len(prompt) + max_tokens > config.max_seq_len:
             raise InvalidInputError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the "
-                                    f"model's context of {config.max_seq_len} tokens")
+                                    f"model's context of {config.max_seq_len} tokens", culprit="max_tokens")
         rid = f"{tenant_id}-{secrets.token_hex(6)}"
         return LiveRequest(rid, tenant_id, model_id, list(prompt), max_tokens, sla,
                            self.calibrator.budget(model.uid, max_tokens), self.wall())
