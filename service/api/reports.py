@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 def tenant_public(svc: LiveService, tenant_id: str) -> dict[str, Any]:
     t = svc.state.tenant(tenant_id)
     return {"tenant_id": t.tenant_id, "sla_class": t.sla_class, "weight": t.weight, "priority": t.priority,
-            "models": sorted(m.model_id for m in svc.state.models.values() if m.tenant_id == tenant_id)}
+            "models": sorted(m.model_id for m in svc.state.models.values() if m.tenant_id == tenant_id),
+            "key": "active" if t.key_hash is not None else "revoked"}
 
 
 def model_public(m: LiveModel) -> dict[str, Any]:

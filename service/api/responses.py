@@ -108,6 +108,8 @@ class TenantOut(Out):
     weight: float
     priority: int
     models: list[str] = Field(description="its model ids, sorted")
+    key: Literal["active", "revoked"] = Field(description="the tenant's own key (a tenant admin's, all projects): "
+                                                          "rotate or revoke it at /v1/tenants/{tenant_id}/keys/...")
 
 
 class TenantCreatedOut(TenantOut):

@@ -302,6 +302,20 @@ def create_console(api_url: str, *, secure_cookies: bool = False, session_idle_s
         return page(request, "secret.html", what=f"Key {done['key_id']} ({done['role']}) for {done['name']}",
                     secret=done["api_key"], back=f"/tenants/{_seg(tenant_id)}")
 
+    @app.post("/tenants/{tenant_id}/tenant-key/{action}", response_class=HTMLResponse)
+    async def tenant_key_action(request: Request, tenant_id: str, action: str) -> Response:
+        """The tenant's own key (not a member's): rotate (its new secret shown once) or revoke."""
+        s = need(request, *MANAGERS)
+        await form(request)
+        if action not in ("rotate", "revoke"):
+            raise ApiError(404, f"no key action {action!r}")
+        done = await client.post(f"/v1/tenants/{_seg(tenant_id)}/keys/{action}", s.key)
+        if action == "rotate":
+            return page(request, "secret.html", what=f"New secret of tenant {tenant_id}'s own key",
+                        secret=done["api_key"], back=f"/tenants/{_seg(tenant_id)}")
+        s.flash("ok", f"Tenant {tenant_id}'s own key revoked: it is refused from now on (rotate to issue a new one).")
+        return RedirectResponse(f"/tenants/{_seg(tenant_id)}", status_code=303)
+
     @app.post("/tenants/{tenant_id}/keys/{key_id}/{action}", response_class=HTMLResponse)
     async def key_action(request: Request, tenant_id: str, key_id: str, action: str) -> Response:
         s = need(request, *MANAGERS)

@@ -84,7 +84,7 @@ def test_each_audited_action_has_its_entry(make_client: Callable[..., TestClient
     assert rotated["after"]["key_fingerprint"] == fingerprint(key)
     assert key not in str(audit(client))  # fingerprints only, never a key
 
-    assert client.post("/v1/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key)).status_code == 201
+    assert client.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key)).status_code == 201
     model = one(client, "model.register")
     assert (model["actor"], model["target_id"], model["tenant_id"]) == (tenant, f"{tenant}/m", tenant)
     assert model["after"]["family"] == "tiny" and model["after"]["replicas"] == 1
@@ -118,8 +118,10 @@ def test_each_audited_action_has_its_entry(make_client: Callable[..., TestClient
     assert client.delete(f"/v1/executors/f{uid}", headers=auth(EXECUTOR)).status_code == 200
     gone = one(client, "executor.deregister")
     assert gone["actor"] == f"f{uid}" and gone["before"]["host_id"] == "h" and gone["after"] is None
+    assert client.get(f"/v1/tenants/{tenant}", headers=auth(ADMIN)).json()["key"] == "active"
     client.post(f"/v1/tenants/{tenant}/keys/revoke", headers=auth(ADMIN))
     assert one(client, "tenant.key.revoke")["actor"] == "admin"
+    assert client.get(f"/v1/tenants/{tenant}", headers=auth(ADMIN)).json()["key"] == "revoked"
 
     entries = audit(client)
     assert [e["seq"] for e in entries] == list(range(1, len(entries) + 1))
@@ -159,7 +161,7 @@ def test_a_placement_decision_is_audited_with_its_notes_and_what_if_figures(
     a, b = f"a{uid}", f"b{uid}"
     for tenant in (a, b):
         key = new_tenant(client, tenant)
-        client.post("/v1/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key))
+        client.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key))
         register(client, EXECUTOR, f"e{tenant}")
     svc = client.app.state.service  # type: ignore[attr-defined]
     change = ReplicaChange(f"{a}/m", "tiny", (f"e{b}",))
@@ -205,7 +207,7 @@ def test_the_chain_goes_on_across_a_restart(make_client: Callable[..., TestClien
 def test_a_tenant_reads_its_own_entries_only(client: TestClient, uid: str) -> None:
     a_key, b_key = new_tenant(client, f"a{uid}"), new_tenant(client, f"b{uid}")
     for key in (a_key, b_key):
-        client.post("/v1/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key))
+        client.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key))
     a_key = client.post(f"/v1/tenants/a{uid}/keys/rotate", headers=auth(a_key)).json()["api_key"]
     register(client, EXECUTOR, f"e{uid}")  # platform entries: executor, re-plan
     seen = audit(client, a_key)

@@ -204,6 +204,8 @@ def test_a_viewer_cannot_reach_admin_pages(stack: LiveStack, console: str, brows
     sign_in(d, console, tenant_key)
     d.get(f"{console}/tenants")
     wait_for(d, lambda d: d.find_elements(By.ID, "key-form"))
+    own = d.find_element(By.ID, "tenant-key").text  # the tenant's own key is listed beside its members'
+    assert "(tenant key)" in own and "active" in own
     fill(d, {"key_id": "vera", "name": "Vera", "role-select": "viewer"})
     d.find_element(By.ID, "create-key").click()
     viewer_key = wait_for(d, lambda d: d.find_elements(By.ID, "new-secret"))[0].text
