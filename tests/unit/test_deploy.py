@@ -190,6 +190,20 @@ def test_executors_are_one_daemon_per_gpu_node_with_every_gpu(base: list[Obj],
         assert rule["ports"] == [{"port": "stage", "protocol": "TCP"}]
 
 
+def test_the_service_and_every_executor_read_models_from_disk_at_the_same_path(base: list[Obj]) -> None:
+    """A model from disk is registered by its path: the service (config, tokenizer) and each
+    executor (weights) mount the same read-only claim at /models."""
+    claim = one(base, "PersistentVolumeClaim", "slicesched-models")
+    assert claim["spec"]["accessModes"] == ["ReadOnlyMany"]
+    for kind, name in (("Deployment", "slicesched"), ("DaemonSet", "slicesched-executor")):
+        spec = one(base, kind, name)["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/models")
+        assert mount["readOnly"] is True
+        assert volumes[mount["name"]]["persistentVolumeClaim"] == {"claimName": "slicesched-models", "readOnly": True}
+
+
 # ---- secrets and configuration -------------------------------------------------------------------
 def test_every_secret_and_config_named_exists_and_no_secret_value_leaks(
         overlay: tuple[list[Obj], set[str]]) -> None:
