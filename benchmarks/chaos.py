@@ -819,7 +819,7 @@ def main() -> int:
                 r = admin.post("/v1/tenants", json={"tenant_id": tenant, "sla_class": "standard"})
                 r.raise_for_status()
                 tenant_keys[tenant] = r.json()["api_key"]
-                admin.post("/v1/models", json={"model_id": "m", "family": "tiny", "tenant_id": tenant}
+                admin.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny", "tenant_id": tenant}
                            ).raise_for_status()
         print(f"  tenants and models after {time.monotonic() - wall0:.0f} s", flush=True)
         stack.wait_devices(len(EXECUTORS), timeout_s=120.0)

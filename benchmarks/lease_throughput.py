@@ -66,7 +66,7 @@ async def run(url: str, key: str, executor_key: str, args: Any) -> dict[str, Any
         (await c.post("/v1/tenants", json={"tenant_id": "bench"})).raise_for_status()
         if args.quota_tokens_per_s is not None:  # admission then runs the quota path on every request
             (await c.put("/v1/tenants/bench/quota", json={"tokens_per_s": args.quota_tokens_per_s})).raise_for_status()
-        (await c.post("/v1/models", json={"model_id": "m", "family": "tiny", "tenant_id": "bench"})).raise_for_status()
+        (await c.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny", "tenant_id": "bench"})).raise_for_status()
         t = time.perf_counter()
         for i in range(0, args.requests, 1000):
             n = min(1000, args.requests - i)

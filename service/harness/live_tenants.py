@@ -25,7 +25,7 @@ def register(stack: LiveStack, loads: Sequence[TenantLoad], weights: Mapping[str
                 raise RuntimeError(f"tenant {load.tenant_id} already exists in this Neo4j: use a clean graph")
             r.raise_for_status()
             keys[load.tenant_id] = r.json()["api_key"]
-            admin.post("/v1/models", json={"model_id": "m", "family": load.model, "tenant_id": load.tenant_id}
+            admin.post("/v1/catalog/models", json={"model_id": "m", "family": load.model, "tenant_id": load.tenant_id}
                        ).raise_for_status()
     return keys
 

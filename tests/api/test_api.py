@@ -13,7 +13,7 @@ from tests.api.conftest import ADMIN, EXECUTOR, auth, new_tenant
 
 def setup_tenant_model(client: TestClient, tenant: str, family: str = "tiny") -> str:
     key = new_tenant(client, tenant)
-    r = client.post("/v1/models", json={"model_id": "m", "family": family}, headers=auth(key))
+    r = client.post("/v1/catalog/models", json={"model_id": "m", "family": family}, headers=auth(key))
     assert r.status_code == 201, r.text
     return key
 
@@ -129,8 +129,8 @@ def test_bad_input_is_4xx_with_a_message(client: TestClient, uid: str) -> None:
         client.post("/v1/requests", json={"model_id": "m", "prompt": "x", "max_tokens": 1, "sla_class": "gold"}, headers=h),
         client.post("/v1/requests", json={"model_id": "m", "prompt_tokens": [999], "max_tokens": 1}, headers=h),
         client.post("/v1/requests", json={"model_id": "m", "max_tokens": 1}, headers=h),
-        client.post("/v1/models", json={"model_id": "m2", "family": "llama2-70b"}, headers=h),
-        client.post("/v1/models", json={"model_id": "m", "family": "tiny"}, headers=h),
+        client.post("/v1/catalog/models", json={"model_id": "m2", "family": "llama2-70b"}, headers=h),
+        client.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny"}, headers=h),
     ]
     for r in cases:
         assert 400 <= r.status_code < 500, r.text
@@ -330,3 +330,12 @@ def test_openai_requests_for_a_model_no_executor_serves_are_refused_at_once(clie
     r = client.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 2}, headers=auth(key))
     assert r.status_code == 409 and r.json()["error"]["code"] == "not_served", r.text
     assert client.get("/v1/requests", headers=auth(key)).json() == []  # nothing was queued
+
+
+def test_the_deprecated_model_route_registers_and_names_its_successor(client: TestClient, uid: str) -> None:
+    key = new_tenant(client, f"d{uid}")
+    r = client.post("/v1/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key))
+    assert r.status_code == 201, r.text
+    assert r.headers["deprecation"] == "true" and "</v1/catalog/models>" in r.headers["link"]
+    listed = client.get("/v1/catalog/models", headers=auth(key)).json()
+    assert [m["model_id"] for m in listed] == ["m"]

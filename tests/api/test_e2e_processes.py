@@ -29,7 +29,7 @@ def stack(neo4j: Neo4jSettings) -> Iterator[LiveStack]:
 def setup(stack: LiveStack, c: httpx.Client) -> None:
     for tenant, family in TENANTS:
         assert c.post("/v1/tenants", json={"tenant_id": tenant}).status_code == 201
-        r = c.post("/v1/models", json={"model_id": "m", "family": family, "tenant_id": tenant})
+        r = c.post("/v1/catalog/models", json={"model_id": "m", "family": family, "tenant_id": tenant})
         assert r.status_code == 201, r.text
     stack.start_executor("ea", ["cpu:0", "cpu:1"])
     stack.start_executor("eb", ["cpu:0", "cpu:1"])

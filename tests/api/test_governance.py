@@ -94,7 +94,7 @@ def test_later_requests_go_through_the_same_approval(client: TestClient, uid: st
     assert usage["tenant"]["quota"]["tokens_per_s"] == 500.0
     # a memory quota bounds the weights its models hold
     assert client.put(f"/v1/tenants/t{uid}/quota", json={"mem_bytes": 2**20}, headers=auth(ADMIN)).status_code == 200
-    r = client.post("/v1/models", json={"model_id": "more", "family": "tiny"}, headers=auth(key))
+    r = client.post("/v1/catalog/models", json={"model_id": "more", "family": "tiny"}, headers=auth(key))
     assert r.status_code == 409 and "memory quota" in r.json()["error"]["message"]
     # another tenant sees none of it
     other = new_tenant(client, f"o{uid}")
@@ -107,7 +107,7 @@ def test_keys_have_roles_projects_expiry_rotation_and_revocation(make_client: Ca
     client = make_client()
     t = f"t{uid}"
     owner = new_tenant(client, t)
-    assert client.post("/v1/models", json={"model_id": "m", "family": "tiny"}, headers=auth(owner)).status_code == 201
+    assert client.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny"}, headers=auth(owner)).status_code == 201
     assert client.post(f"/v1/tenants/{t}/projects", json={"project_id": "research"},
                        headers=auth(owner)).status_code == 201
 
@@ -171,7 +171,7 @@ def test_quotas_refuse_with_retry_after_and_do_not_touch_a_tenant_within_its_own
     client = make_client(usage_interval_s=0.2)
     busy, calm = new_tenant(client, f"b{uid}"), new_tenant(client, f"c{uid}")
     for key in (busy, calm):
-        assert client.post("/v1/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key)).status_code == 201
+        assert client.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key)).status_code == 201
     # 5 tokens/s holds a 50-token burst: each request costs prompt (2) + max_tokens (8) = 10 tokens
     assert client.put(f"/v1/tenants/b{uid}/quota", json={"tokens_per_s": 5.0}, headers=auth(ADMIN)).status_code == 200
     assert client.put(f"/v1/tenants/b{uid}/quota", json={"tokens_per_s": 5.0}, headers=auth(busy)).status_code == 403

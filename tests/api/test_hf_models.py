@@ -37,7 +37,7 @@ def test_a_model_directory_is_registered_leased_decoded_and_restored(make_client
     (unsupported / "config.json").write_text(json.dumps({**raw, "model_type": "mistral"}))
     h = auth(ADMIN)
     refused = {
-        "a tenant key": (client.post("/v1/models", json={"model_id": "m", "path": path}, headers=auth(key)), 403,
+        "a tenant key": (client.post("/v1/catalog/models", json={"model_id": "m", "path": path}, headers=auth(key)), 403,
                          "admin key"),
         "missing": ({"model_id": "m", "path": str(tmp_path / "nope"), "tenant_id": tenant}, 400, "no model directory"),
         "relative": ({"model_id": "m", "path": "models/llama", "tenant_id": tenant}, 400, "absolute"),
@@ -48,12 +48,12 @@ def test_a_model_directory_is_registered_leased_decoded_and_restored(make_client
         "a seed": ({"model_id": "m", "path": path, "seed": 3, "tenant_id": tenant}, 400, "seed applies"),
     }
     for what, (body, status, text) in refused.items():
-        r = body if not isinstance(body, dict) else client.post("/v1/models", json=body, headers=h)
+        r = body if not isinstance(body, dict) else client.post("/v1/catalog/models", json=body, headers=h)
         assert r.status_code == status and text in r.json()["error"]["message"], (what, r.text)
     assert client.get("/v1/catalog/models/m", params={"tenant_id": tenant}, headers=h).status_code == 404
     assert repo.model_summary(tenant, "m", "decode")["operators"] == 0  # nothing written
 
-    r = client.post("/v1/models", json={"model_id": "m", "path": path, "tenant_id": tenant}, headers=h)
+    r = client.post("/v1/catalog/models", json={"model_id": "m", "path": path, "tenant_id": tenant}, headers=h)
     assert r.status_code == 201, r.text
     model = r.json()
     assert (model["path"], model["family"], model["max_context"], model["vocab_size"]) == (path, f"hf:{path}", 128, 64)
@@ -88,7 +88,7 @@ def test_served_from_disk_the_tokens_are_transformers_greedy_ones(stack: LiveSta
     with stack.client(timeout_s=300.0) as c:
         for kind, path in hf_dirs.items():
             assert c.post("/v1/tenants", json={"tenant_id": kind}).status_code == 201
-            r = c.post("/v1/models", json={"model_id": "m", "path": str(path), "tenant_id": kind})
+            r = c.post("/v1/catalog/models", json={"model_id": "m", "path": str(path), "tenant_id": kind})
             assert r.status_code == 201, r.text
         stack.start_executor("ea", ["cpu:0", "cpu:1"])
         stack.wait_devices(2)

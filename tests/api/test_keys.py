@@ -86,7 +86,7 @@ def test_a_pool_registers_only_allowed_devices_within_limits(client: TestClient,
 def test_executors_are_bound_to_their_pool(client: TestClient, uid: str) -> None:
     key_a, key_b = create_pool(client, f"a{uid}"), create_pool(client, f"b{uid}")
     tenant_key = new_tenant(client, f"t{uid}")
-    assert client.post("/v1/models", json={"model_id": "m", "family": "tiny"}, headers=auth(tenant_key)).status_code == 201
+    assert client.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny"}, headers=auth(tenant_key)).status_code == 201
     assert register(client, key_a, f"e{uid}", ("cpu:0", "cpu", 2 * GIB)).status_code == 200
     rid = client.post("/v1/requests", json={"model_id": "m", "prompt": "hi", "max_tokens": 2},
                       headers=auth(tenant_key)).json()["request_id"]
@@ -118,7 +118,7 @@ def test_tenant_keys_rotate_and_revoke_at_once_and_after_a_restart(make_client: 
     client = make_client()
     old = new_tenant(client, f"t{uid}")
     other = new_tenant(client, f"o{uid}")
-    assert client.post("/v1/models", json={"model_id": "m", "family": "tiny"}, headers=auth(old)).status_code == 201
+    assert client.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny"}, headers=auth(old)).status_code == 201
     # Another tenant cannot touch this tenant's key (404), the tenant itself and the admin can.
     assert client.post(f"/v1/tenants/t{uid}/keys/rotate", headers=auth(other)).status_code == 404
     assert client.post(f"/v1/tenants/nobody{uid}/keys/rotate", headers=auth(ADMIN)).status_code == 404

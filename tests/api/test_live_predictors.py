@@ -59,7 +59,7 @@ def test_steps_are_recorded_exported_and_a_scheduled_refit_swaps_in(stack: LiveS
     t = f"lp{uuid.uuid4().hex[:6]}"
     with stack.client() as admin:
         key = admin.post("/v1/tenants", json={"tenant_id": t}).json()["api_key"]
-        assert admin.post("/v1/models", json={"model_id": "m", "family": "tiny", "tenant_id": t}).status_code == 201
+        assert admin.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny", "tenant_id": t}).status_code == 201
         state = admin.get("/v1/predictors").json()
         assert (state["enabled"], state["kind"], state["version"], state["digest"]) == (True, "naive", 1, None)
         assert state["last_refit"] is None and state["calibration"] is None
@@ -155,7 +155,7 @@ def test_the_slack_policy_orders_live_requests_by_predicted_latest_start(
         client = make_client(queue="slack", predictor=predictor, observations_file=tmp_path / f"{predictor}.jsonl")
         t = f"s{uuid.uuid4().hex[:6]}"
         key = new_tenant(client, t)
-        assert client.post("/v1/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key)).status_code == 201
+        assert client.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key)).status_code == 201
         r = client.post("/v1/requests", json={"model_id": "m", "prompt": "hi", "max_tokens": 4}, headers=auth(key))
         assert r.status_code == 202, r.text
         alone = r.json()["request_id"]

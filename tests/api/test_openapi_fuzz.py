@@ -34,7 +34,7 @@ def live_app(neo4j: Neo4jSettings) -> Iterator[tuple[Any, str]]:
     app = create_app(service_settings(neo4j))
     with TestClient(app) as client:  # runs the lifespan: the service and its Neo4j driver
         key = new_tenant(client, "fuzz")
-        client.post("/v1/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key))
+        client.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key))
         yield app, key
 
 

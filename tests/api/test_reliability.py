@@ -66,7 +66,7 @@ def test_a_refused_registration_leaves_nothing_and_expiry_lives_on(client: TestC
 
 def test_a_model_with_no_home_is_reported_not_fatal(client: TestClient, uid: str) -> None:
     key = setup_tenant_model(client, f"s{uid}")  # tiny
-    big = client.post("/v1/models", json={"model_id": "big", "family": "gpt2-small"}, headers=auth(key))
+    big = client.post("/v1/catalog/models", json={"model_id": "big", "family": "gpt2-small"}, headers=auth(key))
     assert big.status_code == 201, big.text
     r = client.post("/v1/executors", json={"executor_id": f"e{uid}", "host_id": "h",
                                            "devices": [{"device_id": "cpu:0", "mem_bytes": 64 << 20}]},

@@ -42,7 +42,7 @@ class World:
         self.keys: dict[str, str | None] = {"admin": ADMIN, "executor": EXECUTOR, "no key": None}
         self.keys["tenant_admin"] = new_tenant(client, t)
         admin = auth(self.keys["tenant_admin"] or "")
-        assert client.post("/v1/models", json={"model_id": "m", "family": "tiny"}, headers=admin).status_code == 201
+        assert client.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny"}, headers=admin).status_code == 201
         assert client.post(f"/v1/tenants/{t}/projects", json={"project_id": "p1"}, headers=admin).status_code == 201
         for role in ("member", "viewer"):
             r = client.post(f"/v1/tenants/{t}/api-keys", json={"key_id": role, "name": role, "role": role},

@@ -40,7 +40,7 @@ def _tenant(stack: LiveStack, prefix: str) -> tuple[str, str]:
         r = admin.post("/v1/tenants", json={"tenant_id": t})
         assert r.status_code == 201, r.text
         key = str(r.json()["api_key"])
-        assert admin.post("/v1/models", json={"model_id": "m", "family": "tiny", "tenant_id": t}).status_code == 201
+        assert admin.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny", "tenant_id": t}).status_code == 201
     return t, key
 
 

@@ -42,7 +42,7 @@ def _wait(c: Any, key: str, wid: str, timeout_s: float = 60.0) -> dict[str, Any]
 def tenant(client: TestClient) -> tuple[str, str]:
     t = f"w{uuid.uuid4().hex[:6]}"
     key = new_tenant(client, t)
-    assert client.post("/v1/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key)).status_code == 201
+    assert client.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key)).status_code == 201
     return t, key
 
 
@@ -130,7 +130,7 @@ def test_a_code_generation_fan_out_end_to_end(stack: LiveStack) -> None:
     t = f"cg{uuid.uuid4().hex[:6]}"
     with stack.client() as admin:
         key = admin.post("/v1/tenants", json={"tenant_id": t}).json()["api_key"]
-        assert admin.post("/v1/models", json={"model_id": "m", "family": "tiny", "tenant_id": t}).status_code == 201
+        assert admin.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny", "tenant_id": t}).status_code == 201
     stack.wait_devices(1)
     coders = [f"coder{i}" for i in range(3)]
     wf = {"workflow_id": "codegen", "slo_s": 120, "shape": "code-generation", "inputs": {},

@@ -1,12 +1,13 @@
 """Models: register a built-in runnable model or a model directory (traced into the GMG), list, read.
-The project's model resource is ``/v1/catalog/models``; ``POST /v1/models`` registers too
-(``GET /v1/models`` is the OpenAI-compatible listing, :mod:`service.api.routers.openai`)."""
+The project's model resource is ``/v1/catalog/models``. ``POST /v1/models`` is a deprecated alias of
+its registration (answered with ``Deprecation`` and a ``Link`` to the successor): ``GET /v1/models``
+is the OpenAI-compatible listing (:mod:`service.api.routers.openai`), a different resource."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from service.api import reports
 from service.api.deps import ManagePrincipal, ReadPrincipal, Svc
@@ -20,8 +21,15 @@ from service.live.audit import actor_of
 router = APIRouter(tags=["models"])
 
 
+@router.post("/v1/models", status_code=201, response_model=ModelOut, deprecated=True)
+async def create_model_deprecated(body: ModelIn, svc: Svc, p: ManagePrincipal, response: Response) -> dict[str, Any]:
+    """Deprecated: ``POST /v1/catalog/models``, which this does the same as."""
+    response.headers["Deprecation"] = "true"
+    response.headers["Link"] = '</v1/catalog/models>; rel="successor-version"'
+    return await create_model(body, svc, p)
+
+
 @router.post("/v1/catalog/models", status_code=201, response_model=ModelOut)
-@router.post("/v1/models", status_code=201, response_model=ModelOut)
 async def create_model(body: ModelIn, svc: Svc, p: ManagePrincipal) -> dict[str, Any]:
     """Register one of the built-in runnable models, or (admin keys) a Hugging Face model directory
     by ``path``; its operator graph is traced into the GMG."""

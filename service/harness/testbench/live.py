@@ -82,7 +82,7 @@ class LiveBench:
                     raise RuntimeError(f"tenant {TENANT} already exists in this Neo4j: delete it first")
                 r.raise_for_status()
                 self.key = r.json()["api_key"]
-                admin.post("/v1/models", json={"model_id": "m", "family": self.model, "tenant_id": TENANT}
+                admin.post("/v1/catalog/models", json={"model_id": "m", "family": self.model, "tenant_id": TENANT}
                            ).raise_for_status()
                 found = self.stack.wait_devices(1)
             self.devices = tuple((d["device_id"], d["executor_id"], d["kind"], int(d["mem_bytes"])) for d in found)
