@@ -16,6 +16,7 @@ import torch
 from executor.daemon import ExecutorDaemon
 from executor.device import parse_device_ids, torch_device
 from executor.settings import GUEST_WEIGHT, Settings
+from service import environment as env
 from service.domain.error import EXIT_BAD_INPUT, RegisterRefused
 
 
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per heartbeat and poll
-    key = args.key or os.environ.get("SLICESCHED_EXECUTOR_KEY")
+    key = args.key or env.raw("SLICESCHED_EXECUTOR_KEY")
     if not key:
         print("error: no key: pass --key or set SLICESCHED_EXECUTOR_KEY (an executor pool's key; "
               "'slicesched keys create-pool POOL' makes one)", file=sys.stderr)

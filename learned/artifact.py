@@ -77,6 +77,7 @@ from learned.profile import (
 from learned.roofline import RooflineCostModel, device_of_kind
 from learned.slices import timed_slices, vidur_configs
 from learned.table import ProfileTableCostModel
+from service import environment as env
 from service.core.cost import (
     NO_OVERHEAD,
     CostModel,
@@ -109,8 +110,9 @@ class MissingArtifactError(InvalidInputError):
 
 
 def default_cache_dir() -> Path:
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
+    given = env.path(CACHE_ENV)
+    if given is not None:
+        return given
     base = Path(os.environ["XDG_CACHE_HOME"]) if os.environ.get("XDG_CACHE_HOME") else Path.home() / ".cache"
     return base / "slicesched" / "cost-models"
 
@@ -296,8 +298,7 @@ def default_inputs() -> TrainingInputs:
 
 def profiles_from_env() -> tuple[Path, ...]:
     """Own profiles named in ``$SLICESCHED_COST_MODEL_PROFILES`` (os.pathsep-separated)."""
-    raw = os.environ.get("SLICESCHED_COST_MODEL_PROFILES", "")
-    return tuple(Path(p) for p in raw.split(os.pathsep) if p)
+    return tuple(Path(p) for p in env.names("SLICESCHED_COST_MODEL_PROFILES", sep=os.pathsep))
 
 
 # ---- training -------------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ Light on purpose (no torch): the CLI builds its parsers from it. Loading is
 from __future__ import annotations
 
 import argparse
-import os
 
+from service import environment as env
 from service.domain.error import InvalidInputError
 
 KINDS: tuple[str, ...] = ("learned", "gnn", "table", "roofline")
@@ -19,7 +19,7 @@ TRAIN_COMMAND = "slicesched cost-model train"
 
 def kind_from(value: str | None) -> str:
     """The cost-model kind asked for (``value``, else ``$SLICESCHED_COST_MODEL``, else the default)."""
-    kind = value or os.environ.get(KIND_ENV) or DEFAULT_KIND
+    kind = value or env.raw(KIND_ENV) or DEFAULT_KIND
     if kind not in KINDS:
         raise InvalidInputError(f"unknown cost model {kind!r} (known: {', '.join(KINDS)}; "
                                 f"from --cost-model or ${KIND_ENV})", culprit=kind)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from service import environment as env
 from service.data.inventory import FileStatus, list_files
 from service.data.location import CACHE_ENV, MIRROR_ENV, DataRoots, find, is_present
 from service.data.manifest import load_manifest
@@ -31,7 +31,7 @@ def add_parser(sub: Any) -> None:
     f = actions.add_parser("fetch", help=f"download data sets into ${CACHE_ENV} (default ~/.cache/slicesched/data) "
                                          "and verify their SHA-256")
     f.add_argument("names", nargs="*", metavar="NAME", help="data sets to fetch (default: all; see 'data list')")
-    f.add_argument("--mirror", default=os.environ.get(MIRROR_ENV) or None,
+    f.add_argument("--mirror", default=env.text(MIRROR_ENV),
                    help=f"base URL replacing the upstream URLs: files at <mirror>/<data path>, e.g. "
                         f"file:///path/to/data (default ${MIRROR_ENV})")
     f.add_argument("--missing", action="store_true",

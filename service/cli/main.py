@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from service import environment as env
 from service.domain.error import EXIT_BAD_INPUT, EXIT_UNAVAILABLE, SliceschedError
 from service.harness.console import print_table
 
@@ -88,6 +88,23 @@ def cmd_neo4j(args: argparse.Namespace) -> int:
         print(f"not running (state dir {server.state_dir})")
         return 1
     print(f"running  {found.uri}  {server.server_version(found)}  pid {found.pid}  state {found.state_dir}")
+    return 0
+
+
+# ---- config --------------------------------------------------------------------------------------
+def cmd_config(args: argparse.Namespace) -> int:
+    """Every SLICESCHED_* variable with its default and the value in force (secrets masked); a
+    malformed value set in the environment is refused (exit 2) naming it."""
+    if args.markdown:
+        print(env.markdown(), end="")
+        return 0
+    env.check_all()
+    if args.json:
+        print(json.dumps(env.listing(), indent=1))
+        return 0
+    rows = [(r["name"], r["concern"], r["default"], r["value"], r["range"], r["help"]) for r in env.listing()]
+    print_table(["variable", "read by", "default", "set to", "allowed", "what it does"], rows,
+                title="Configuration (slicesched config --list; docs: Configuration)")
     return 0
 
 
@@ -243,7 +260,7 @@ def _admin_key() -> str:
     from service.domain.error import InvalidInputError
     from service.live.settings import state_dir
 
-    key = os.environ.get("SLICESCHED_ADMIN_KEY")
+    key = env.raw("SLICESCHED_ADMIN_KEY")
     if key:
         return key
     path = state_dir() / "admin.key"
@@ -339,6 +356,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="slicesched: operator-level scheduling of multi-tenant LLM serving")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    cfg = sub.add_parser("config", help="the SLICESCHED_* settings: defaults, values in force, checks")
+    cfg.add_argument("--list", action="store_true", help="list every variable (the default action)")
+    cfg.add_argument("--json", action="store_true", help="as JSON")
+    cfg.add_argument("--markdown", action="store_true", help="the docs' table (Markdown), without values")
+    cfg.set_defaults(func=cmd_config)
+
     neo = sub.add_parser("neo4j", help="manage the local Neo4j server (jars from Maven Central, Java 17)")
     neo.add_argument("action", choices=["start", "stop", "status"])
     neo.add_argument("--port", type=_port, help="start: the Bolt port on 127.0.0.1 (default: a free one)")
@@ -424,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             k.add_argument("--tenant", help="the tenant whose key to change")
             k.add_argument("--pool", help="the executor pool whose key to change")
-        k.add_argument("--server", default=os.environ.get("SLICESCHED_SERVER", "http://127.0.0.1:8000"),
+        k.add_argument("--server", default=env.text("SLICESCHED_SERVER"),
                        help="the service's URL (default: $SLICESCHED_SERVER or http://127.0.0.1:8000)")
         k.add_argument("--json", action="store_true", help="print the answer as JSON")
         k.set_defaults(func=cmd_keys)

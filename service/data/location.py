@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from service import environment as env
 from service.data.manifest import Manifest, load_manifest
 from service.domain.error import InvalidInputError
 
@@ -38,8 +39,9 @@ def fetch_hint(*names: str) -> str:
 
 def default_cache_dir() -> Path:
     """``$SLICESCHED_DATA``, else ``$XDG_CACHE_HOME/slicesched/data``, else ``~/.cache/slicesched/data``."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
+    given = env.path(CACHE_ENV)
+    if given is not None:
+        return given
     base = Path(os.environ["XDG_CACHE_HOME"]) if os.environ.get("XDG_CACHE_HOME") else Path.home() / ".cache"
     return base / "slicesched" / "data"
 

@@ -8,13 +8,13 @@ with its own generated password (``SLICESCHED_NEO4J_PASSWORD`` if set).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from neo4j import Driver, GraphDatabase
 
+from service import environment as env
 from service.domain.error import Neo4jServerError
 from service.graph.local_server import LocalNeo4j
 
@@ -29,13 +29,13 @@ class Neo4jSettings:
 
     @staticmethod
     def from_env() -> Neo4jSettings:
-        state = os.environ.get("SLICESCHED_STATE")
+        state = env.path("SLICESCHED_STATE")
         return Neo4jSettings(
-            uri=os.environ.get("SLICESCHED_NEO4J_URI") or None,
-            user=os.environ.get("SLICESCHED_NEO4J_USER") or None,
-            password=os.environ.get("SLICESCHED_NEO4J_PASSWORD") or None,
-            database=os.environ.get("SLICESCHED_NEO4J_DATABASE", "neo4j"),
-            state_dir=Path(state) / "neo4j" if state else None,
+            uri=env.raw("SLICESCHED_NEO4J_URI"),
+            user=env.raw("SLICESCHED_NEO4J_USER"),
+            password=env.raw("SLICESCHED_NEO4J_PASSWORD"),
+            database=env.text("SLICESCHED_NEO4J_DATABASE") or "neo4j",
+            state_dir=state / "neo4j" if state else None,
         )
 
     @property

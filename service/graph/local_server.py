@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
+from service import environment as env
 from service.domain.error import Neo4jServerError
 
 NEO4J_VERSION = "5.26.30"
@@ -52,11 +53,11 @@ _HASH_ITERATIONS = 1024  # Neo4j's credential: SHA-256 of salt + password, then 
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SLICESCHED_CACHE", Path.home() / ".cache" / "slicesched"))
+    return env.path("SLICESCHED_CACHE") or Path.home() / ".cache" / "slicesched"
 
 
 def default_state_dir() -> Path:
-    return Path(os.environ.get("SLICESCHED_STATE", Path.home() / ".local" / "state" / "slicesched")) / "neo4j"
+    return (env.path("SLICESCHED_STATE") or Path.home() / ".local" / "state" / "slicesched") / "neo4j"
 
 
 @dataclass(frozen=True)
@@ -168,9 +169,9 @@ class LocalNeo4j:
     def auth(self) -> tuple[str, str]:
         """``(user, password)`` of this server: ``SLICESCHED_NEO4J_PASSWORD`` if set, else the
         stored one. :class:`Neo4jServerError` if neither exists (the server never started here)."""
-        env = os.environ.get("SLICESCHED_NEO4J_PASSWORD")
-        if env:
-            return NEO4J_USER, env
+        given = env.raw("SLICESCHED_NEO4J_PASSWORD")
+        if given:
+            return NEO4J_USER, given
         try:
             return NEO4J_USER, self.password_path.read_text().strip()
         except FileNotFoundError:
@@ -180,7 +181,7 @@ class LocalNeo4j:
     def _ensure_password(self) -> str:
         """The password, created on the first start: the environment's, else a new random one;
         written to ``password`` with mode 0600 (created so, never widened)."""
-        password = os.environ.get("SLICESCHED_NEO4J_PASSWORD") or ""
+        password = env.raw("SLICESCHED_NEO4J_PASSWORD") or ""
         if not password and self.password_path.exists():
             return self.password_path.read_text().strip()
         password = password or secrets.token_urlsafe(24)
@@ -258,7 +259,7 @@ class LocalNeo4j:
         self.install(log=log)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.chmod(0o700)  # the store holds prompts and key hashes
-        had_password = self.password_path.exists() or bool(os.environ.get("SLICESCHED_NEO4J_PASSWORD"))
+        had_password = self.password_path.exists() or env.raw("SLICESCHED_NEO4J_PASSWORD") is not None
         fresh = not self._store_exists()
         password = self._ensure_password()
         if fresh:

@@ -1,14 +1,14 @@
-"""Settings of the live service, from the environment (``SLICESCHED_*``)."""
+"""Settings of the live service, from the environment (``SLICESCHED_*``, declared in
+:mod:`service.environment`) and the command line."""
 
 from __future__ import annotations
 
-import os
 import secrets
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from learned.choice import DEFAULT_KIND, kind_from
+from service import environment as env
 from service.core.policies import PLACEMENT_POLICIES
 from service.core.queue import QUEUE_POLICIES
 from service.domain.error import InvalidInputError
@@ -18,7 +18,7 @@ LIVE_PLACEMENTS = ("container", "replica")  # what the executors can run: whole 
 
 
 def state_dir() -> Path:
-    return Path(os.environ.get("SLICESCHED_STATE") or Path.home() / ".local/state/slicesched")
+    return env.path("SLICESCHED_STATE") or Path.home() / ".local/state/slicesched"
 
 
 @dataclass(frozen=True)
@@ -103,60 +103,39 @@ class ServiceSettings:
 
     @staticmethod
     def from_env(**overrides: object) -> ServiceSettings:
-        """Environment first, then ``overrides`` (the command line). Without
-        ``SLICESCHED_ADMIN_KEY`` a key is generated once and kept in ``<state>/admin.key``. The
-        executor key never defaults to the admin key: without ``SLICESCHED_EXECUTOR_KEY`` executors
-        need the key of an executor pool (``POST /v1/executor-pools``)."""
-        env = os.environ
-        admin = env.get("SLICESCHED_ADMIN_KEY") or _stored_admin_key()
+        """Environment first (:mod:`service.environment`: a malformed value is refused naming its
+        variable), then ``overrides`` (the command line). Without ``SLICESCHED_ADMIN_KEY`` a key is
+        generated once and kept in ``<state>/admin.key``. The executor key never defaults to the
+        admin key: without ``SLICESCHED_EXECUTOR_KEY`` executors need the key of an executor pool
+        (``POST /v1/executor-pools``)."""
+        env.check_all()
         values: dict[str, object] = {
-            "admin_key": admin,
-            "executor_key": env.get("SLICESCHED_EXECUTOR_KEY") or None,
-            "executor_kinds": tuple(k.strip() for k in env.get("SLICESCHED_EXECUTOR_KINDS", "").split(",") if k.strip()),
-            "queue": env.get("SLICESCHED_QUEUE", "fifo"),
-            "placement": env.get("SLICESCHED_PLACEMENT", "container"),
-            "lease_ttl_s": float(env.get("SLICESCHED_LEASE_TTL_S", "10")),
-            "heartbeat_s": float(env.get("SLICESCHED_HEARTBEAT_S", "2")),
-            "max_batch": int(env.get("SLICESCHED_MAX_BATCH", "8")),
-            "slice_retention_s": float(env.get("SLICESCHED_SLICE_RETENTION_S", "3600")),
-            "db_timeout_s": float(env.get("SLICESCHED_DB_TIMEOUT_S", "2")),
-            "call_timeout_s": float(env.get("SLICESCHED_CALL_TIMEOUT_S", "10")),
-            "max_pending_writes": int(env.get("SLICESCHED_MAX_PENDING_WRITES", "500000")),
-            "max_queued": int(env.get("SLICESCHED_MAX_QUEUED", "200000")),
-            "headroom_utilisation": _number("SLICESCHED_HEADROOM_UTILISATION", "0.5", float),
-            "confirm_drains": _flag("SLICESCHED_CONFIRM_DRAINS", True),
+            "admin_key": env.raw("SLICESCHED_ADMIN_KEY") or _stored_admin_key(),
+            "executor_key": env.raw("SLICESCHED_EXECUTOR_KEY"),
+            "executor_kinds": env.names("SLICESCHED_EXECUTOR_KINDS"),
+            "queue": env.text("SLICESCHED_QUEUE"),
+            "placement": env.text("SLICESCHED_PLACEMENT"),
+            "lease_ttl_s": env.number("SLICESCHED_LEASE_TTL_S", float),
+            "heartbeat_s": env.number("SLICESCHED_HEARTBEAT_S", float),
+            "max_batch": env.number("SLICESCHED_MAX_BATCH", int),
+            "slice_retention_s": env.number("SLICESCHED_SLICE_RETENTION_S", float),
+            "db_timeout_s": env.number("SLICESCHED_DB_TIMEOUT_S", float),
+            "call_timeout_s": env.number("SLICESCHED_CALL_TIMEOUT_S", float),
+            "max_pending_writes": env.number("SLICESCHED_MAX_PENDING_WRITES", int),
+            "max_queued": env.number("SLICESCHED_MAX_QUEUED", int),
+            "headroom_utilisation": env.number("SLICESCHED_HEADROOM_UTILISATION", float),
+            "confirm_drains": env.flag("SLICESCHED_CONFIRM_DRAINS"),
             "cost_model": kind_from(None),
-            "audit": _flag("SLICESCHED_AUDIT", True),
-            "predictor": env.get("SLICESCHED_PREDICTOR") or None,
-            "predictor_refit_s": _number("SLICESCHED_PREDICTOR_REFIT_S", "300", float),
-            "predictor_min_new": _number("SLICESCHED_PREDICTOR_MIN_NEW", "50", int),
-            "predictor_window": _number("SLICESCHED_PREDICTOR_WINDOW", "4000", int),
-            "predictor_seed": _number("SLICESCHED_PREDICTOR_SEED", "0", int),
-            "observations_file": Path(env["SLICESCHED_OBSERVATIONS_FILE"]) if env.get("SLICESCHED_OBSERVATIONS_FILE")
-            else None,
+            "audit": env.flag("SLICESCHED_AUDIT"),
+            "predictor": env.text("SLICESCHED_PREDICTOR"),
+            "predictor_refit_s": env.number("SLICESCHED_PREDICTOR_REFIT_S", float),
+            "predictor_min_new": env.number("SLICESCHED_PREDICTOR_MIN_NEW", int),
+            "predictor_window": env.number("SLICESCHED_PREDICTOR_WINDOW", int),
+            "predictor_seed": env.number("SLICESCHED_PREDICTOR_SEED", int),
+            "observations_file": env.path("SLICESCHED_OBSERVATIONS_FILE"),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return ServiceSettings(**values)  # type: ignore[arg-type]
-
-
-def _number(name: str, default: str, kind: Callable[[str], float]) -> float:
-    raw = os.environ.get(name, "").strip() or default
-    try:
-        return kind(raw)
-    except ValueError:
-        raise InvalidInputError(f"{name} must be a number, got {raw!r}") from None
-
-
-def _flag(name: str, default: bool) -> bool:
-    """A yes/no setting: 1/true/yes/on or 0/false/no/off (any case); anything else is refused."""
-    raw = os.environ.get(name, "").strip().lower()
-    if not raw:
-        return default
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise InvalidInputError(f"{name} must be 1 or 0 (or true/false, yes/no, on/off), got {raw!r}")
 
 
 def _stored_admin_key() -> str:

@@ -20,7 +20,7 @@ PACKAGES = ("service", "executor", "learned")
 
 #: Small modules the lower rooms share: the public data manifest, cluster specs, YAML documents
 #: and provenance hashes (files, no service state).
-SUPPORT = ("service.data", "service.cluster", "service.document", "service.provenance")
+SUPPORT = ("service.data", "service.cluster", "service.document", "service.provenance", "service.environment")
 
 #: room -> the rooms its modules may import (besides their own).
 MAY_IMPORT: dict[str, set[str]] = {
@@ -96,7 +96,9 @@ def _imports(module: str, is_package: bool, tree: ast.AST, modules: set[str]) ->
                 parts = package.split(".")
                 parts = parts[: len(parts) - (node.level - 1)]
                 base = ".".join([*parts, *([node.module] if node.module else [])])
-            names = [base, *(f"{base}.{a.name}" for a in node.names)]
+            subs = [f"{base}.{a.name}" for a in node.names]
+            # ``from pkg import module`` depends on the module; ``from pkg import name`` on pkg
+            names = [*subs, *([base] if not all(s in modules for s in subs) else [])]
         else:
             continue
         found |= {n for n in names if n in modules}
