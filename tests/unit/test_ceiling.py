@@ -98,7 +98,7 @@ def test_a_ceiling_point_takes_the_best_figure_of_each_run_at_one_load() -> None
     point, set_by = ceiling_result(pooled, [result("fifo/slice", 0.05, 90.0), result("fifo/replica", 0.3, 120.0)])
     assert (point.sla_violation_rate, point.token_throughput_tps) == (0.05, 120.0)
     assert set_by == {"sla_violation_rate": "fifo/slice", "token_throughput_tps": "fifo/replica"}
-    tie, by = ceiling_result(pooled, [result("fifo/container", 0.2, 100.0)])
+    _, by = ceiling_result(pooled, [result("fifo/container", 0.2, 100.0)])
     assert by == {"sla_violation_rate": "fifo/oracle-elastic", "token_throughput_tps": "fifo/oracle-elastic"}
     with pytest.raises(ValueError, match="one load"):
         ceiling_result(pooled, [result("fifo/slice", 0.0, 0.0, load=2.0)])
