@@ -200,19 +200,22 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
             workload, [(t.tenant_id, t.model) for t in config.mix.tenants], cluster=cluster,
             interval_s=config.interval_s, kv_reserve_tokens=config.batching.kv_reserve_tokens,
             max_num_seqs=config.batching.max_num_seqs,
-            chunk=lambda t, m, tp: chunk_tokens(config, m, config.mix.tenant(t).sla_class, tp))
+            chunk=lambda t, m, tp: chunk_tokens(config, m, config.mix.tenant(t).sla_class, tp), homes=homes)
     cluster.submit(workload)
     label = f"{policy} x{load_scale:g}"
     guests = whatifs = 0
     notes: list[str] = []
     t = 0.0
     if elastic is not None:
+        cluster.run(until=0.0)  # the oracle chooses with the arrivals at 0 in (its forks carry no arrivals)
         guests += elastic.step(0.0)
     while t < horizon:
         t = min(horizon, t + config.interval_s)
         cluster.run(until=t)
         if elastic is not None:
             guests += elastic.step(t)
+            if progress is not None:
+                progress(label, t / horizon)
             continue
         view.mark()
         decision, applied = scheduler.step_and_apply(t, view)
@@ -228,6 +231,8 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
     result.num_guest_replicas = guests
     result.num_whatifs = whatifs
     result.decisions = notes
+    if elastic is not None:  # how often each of its options won the step
+        result.decisions = ["oracle steps: " + ", ".join(f"{k} {v}" for k, v in elastic.choices.items())]
     result.horizon_tokens_per_s = produced / horizon
     result.wall_s = time.perf_counter() - started
     return result, spans.spans

@@ -6,7 +6,8 @@ A replica that loses its devices is evicted: its queued requests and its running
 to its tenant's replicas after the move (a running request keeps the tokens it produced and
 prefills its prompt plus those tokens again, as after a preemption by recompute); the iteration
 it was running is abandoned (its device stays busy until that iteration's end, its tokens are
-not counted). New replicas take requests at once.
+not counted). New replicas take requests at once: new arrivals, and an even share of their
+tenant's queued requests (as a guest replica does when it becomes ready).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def reallocate(cluster: SimulatedCluster, wanted: Sequence[ReplicaSpec]) -> tupl
             orphans += _evict(cluster, rid)
             evicted += 1
     added = 0
+    fresh: list[str] = []
     for spec in wanted:
         k = (spec.tenant_id, spec.model, spec.device_ids)
         if k in have:
@@ -50,6 +52,7 @@ def reallocate(cluster: SimulatedCluster, wanted: Sequence[ReplicaSpec]) -> tupl
         cluster._add_replica(ReplicaSpec(uid, spec.model, spec.device_ids, spec.max_batched_tokens,
                                          spec.max_num_seqs, tenant_id=spec.tenant_id))
         st.last_active_s[uid] = now
+        fresh.append(uid)
         added += 1
     wake: set[str] = set()
     for live in orphans:
@@ -60,6 +63,8 @@ def reallocate(cluster: SimulatedCluster, wanted: Sequence[ReplicaSpec]) -> tupl
         dest = min(peers, key=lambda r: (st.replicas[r].load(), r))
         st.replicas[dest].preempted.push(_UNKEYED, live)
         wake.add(dest)
+    for uid in fresh:  # after the orphans are placed: the share counts them
+        cluster._routing.steal(st.replicas[uid])
     for rid in sorted(wake | {r for r in st.replicas if st.replicas[r].waiting}):
         r = st.replicas[rid]
         if not r.busy and not r.step_pending:
