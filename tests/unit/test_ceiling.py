@@ -64,6 +64,7 @@ def figures(results: list[PolicyResult]) -> dict[str, float]:
     return {"sustained_load_9pct": load, "tokens_per_s_at_9pct": tokens}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [11, 14, 15])  # cases whose walks cross 9% within the grid
 def test_the_ceiling_is_at_or_above_every_placement(seed: int) -> None:
     cluster, mix = random_case(seed)
