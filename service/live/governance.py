@@ -7,7 +7,6 @@ restarts) and in the audit log before it is answered. The route-by-role matrix: 
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from service.domain.audit import Actor
@@ -35,7 +34,7 @@ async def create_key(svc: LiveService, p: Principal, tenant_id: str | None, key_
     svc.access.check_new_key(tenant_id, key_id, role, projects)
     if tenant_id is not None:
         svc.state.tenant(tenant_id)
-    now = time.time()
+    now = svc.state.wall()
     key = new_key(f"{tenant_id or 'platform'}-{key_id}")
     record = ApiKeyRecord(key_id, tenant_id, name, role, projects, hash_key(key),
                           None if expires_in_s is None else now + expires_in_s, now, actor_of(p).actor_id)
@@ -74,7 +73,7 @@ async def revoke_key(svc: LiveService, p: Principal, tenant_id: str | None, key_
     before = key_state(record.key_hash)
     revoked = ApiKeyRecord(**{**record.__dict__, "key_hash": None})
     assert svc.repo is not None
-    await svc.db(svc.repo.upsert_api_key, tenant_id, key_id, **{**_props(revoked), "revoked_at": time.time()})
+    await svc.db(svc.repo.upsert_api_key, tenant_id, key_id, **{**_props(revoked), "revoked_at": svc.state.wall()})
     svc.access.add_key(revoked)
     await svc.audit.append(actor_of(p), "key.revoke", "api_key", key_id, tenant_id, before=before,
                            after=key_state(None))
@@ -86,7 +85,7 @@ async def create_project(svc: LiveService, p: Principal, tenant_id: str, project
                          quota: Quota) -> LiveProject:
     svc.state.tenant(tenant_id)
     svc.access.check_new_project(tenant_id, project_id)
-    project = LiveProject(tenant_id, project_id, quota, description, time.time())
+    project = LiveProject(tenant_id, project_id, quota, description, svc.state.wall())
     assert svc.repo is not None
     await svc.db(svc.repo.upsert_project, tenant_id, project_id, description=description,
                  created_at=project.created_at, **quota_props(quota))
@@ -170,7 +169,7 @@ async def decide(svc: LiveService, p: Principal, uid: str, approve: bool, reason
     if approve:
         await _apply(svc, actor, req)  # a failure (a model that no longer fits, say) leaves it pending
     req.status = APPROVED if approve else REJECTED
-    req.decided_at = time.time()
+    req.decided_at = svc.state.wall()
     req.note(actor.actor_id, req.status, reason, at=req.decided_at)
     try:
         await _save(svc, req)

@@ -75,3 +75,17 @@ def new_tenant(client: TestClient, name: str, sla_class: str = "standard") -> st
     r = client.post("/v1/tenants", json={"tenant_id": name, "sla_class": sla_class}, headers=auth(ADMIN))
     assert r.status_code == 201, r.text
     return str(r.json()["api_key"])
+
+
+class FrozenWall:
+    """The service's wall clock (key expiry, quota buckets) held still and moved by the test, so a
+    check of "expired" or "refilled" depends on the time the test says passed, not on how long a
+    loaded machine took between two calls."""
+
+    def __init__(self, client: TestClient) -> None:
+        self.state = client.app.state.service.state  # type: ignore[attr-defined]
+        self.now = float(self.state.wall())
+        self.state.wall = lambda: self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

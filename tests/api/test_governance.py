@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tests.api.conftest import ADMIN, auth, new_tenant
+from tests.api.conftest import ADMIN, FrozenWall, auth, new_tenant
 
 
 def _onboard(client: TestClient, tenant_id: str, **extra: Any) -> dict[str, Any]:
@@ -117,6 +117,7 @@ def test_keys_have_roles_projects_expiry_rotation_and_revocation(make_client: Ca
         assert r.status_code == 201, r.text
         return str(r.json()["api_key"])
 
+    wall = FrozenWall(client)
     member = make_key("ann", "member", projects=["research"])
     viewer = make_key("bob", "viewer")
     short = make_key("tmp", "member", expires_in_s=1.0)
@@ -134,9 +135,10 @@ def test_keys_have_roles_projects_expiry_rotation_and_revocation(make_client: Ca
     assert client.get(f"/v1/requests/{owner_req}", headers=auth(member)).status_code == 404  # not its project
     assert client.post(f"/v1/tenants/{t}/api-keys", json={"key_id": "x", "name": "x", "role": "member"},
                        headers=auth(member)).status_code == 403  # only tenant admins manage keys
-    # an expired key is refused the moment it expires
+    # an expired key is refused the moment it expires (on the service's clock)
+    wall.advance(0.9)
     assert client.get("/v1/whoami", headers=auth(short)).status_code == 200
-    time.sleep(1.1)
+    wall.advance(0.2)
     r = client.get("/v1/whoami", headers=auth(short))
     assert r.status_code == 401 and "expired" in r.json()["error"]["message"]
     # rotation: the old secret is refused at once, the new one works
@@ -169,6 +171,7 @@ def test_keys_have_roles_projects_expiry_rotation_and_revocation(make_client: Ca
 def test_quotas_refuse_with_retry_after_and_do_not_touch_a_tenant_within_its_own(
         make_client: Callable[..., TestClient], uid: str, repo: Any) -> None:
     client = make_client(usage_interval_s=0.2)
+    FrozenWall(client)  # no bucket refills between the calls, however long they take
     busy, calm = new_tenant(client, f"b{uid}"), new_tenant(client, f"c{uid}")
     for key in (busy, calm):
         assert client.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny"}, headers=auth(key)).status_code == 201
