@@ -201,3 +201,13 @@ def test_a_replay_never_crashes_and_the_same_seed_gives_the_same_report(
     assert first.memory_violations == 0
     _assert_same_report(first, again)
 
+
+def test_replay_steps_end_at_multiples_of_the_interval_without_drift() -> None:
+    """Ten steps of 0.1 s end at 1.0: a running sum would reach 0.9999999999999999 after ten and
+    take an eleventh step of 1e-16 s."""
+    mix = parse_mix({"name": "p", "duration_s": 1.0, "tenants": [_tenant(0, "tiny", "standard", 5.0, 1.0, 32, 4)]})
+    config = ReplayConfig(_cluster_spec(1, 1), mix, RooflineCostModel(), seed=0, duration_s=1.0, interval_s=0.1)
+    workload = build_workload(mix, np.random.default_rng(0), duration_s=1.0)
+    seen: list[float] = []
+    run_policy(config, workload, PolicyName.parse("fifo/container"), progress=lambda _, done: seen.append(done))
+    assert len(seen) == 10 and seen[-1] == 1.0
