@@ -247,17 +247,21 @@ def run_agentic(config: AgenticConfig, workflows: Sequence[Workflow], *, router:
     t = 0.0
     replica_s = 0.0
     refits = 0
-    next_refit = config.refit_every_s
+    refit_rounds = 1  # the next refit is due at refit_rounds * refit_every_s (no running sum: no drift)
+    steps = 0
     while t < cutoff and (t < horizon or driver.runs or cluster.engine.peek() is not None):
-        step = min(config.interval_s, cutoff - t)
-        cluster.run_to(t + step)
-        t += step
+        # Step k ends at k * interval (a running sum of intervals drifts: see runner.run_policy).
+        steps += 1
+        end = min(cutoff, steps * config.interval_s)
+        step = end - t
+        cluster.run_to(end)
+        t = end
         replica_s += step * sum(len(cluster.replica_spec(r).device_ids) for r in cluster.replica_ids)
         if the_scaler is not None and t < horizon:
             _apply(config, cluster, the_scaler.decide(t, driver, _tenant_replicas(config, cluster), _num_free(cluster)))
-        if adaptive is not None and t >= next_refit:
+        if adaptive is not None and t >= refit_rounds * config.refit_every_s:
             refits += adaptive.refit()
-            next_refit += config.refit_every_s
+            refit_rounds += 1
         if t >= horizon and not driver.runs:
             break
     outcomes = sorted(driver.outcomes + driver.unfinished(cutoff), key=lambda o: o.arrival_s)

@@ -206,11 +206,15 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
     guests = whatifs = 0
     notes: list[str] = []
     t = 0.0
+    steps = 0
     if elastic is not None:
         cluster.run(until=0.0)  # the oracle chooses with the arrivals at 0 in (its forks carry no arrivals)
         guests += elastic.step(0.0)
     while t < horizon:
-        t = min(horizon, t + config.interval_s)
+        # Step k ends at k * interval, not at a running sum of intervals: a sum drifts (ten steps
+        # of 0.1 s end at 0.9999999999999999) and would add a step of 1e-16 s before the horizon.
+        steps += 1
+        t = min(horizon, steps * config.interval_s)
         cluster.run(until=t)
         if elastic is not None:
             guests += elastic.step(t)
