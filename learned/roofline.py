@@ -43,12 +43,15 @@ class RooflineCostModel:
     overhead_by_kind: Mapping[str, float] = field(default_factory=dict)  # overrides launch_overhead_s
     name: str = "roofline"
 
-    def op_seconds(self, op: OpFeatures, device: Device) -> float:
-        """Median seconds of one operator."""
+    def work_seconds(self, op: OpFeatures, device: Device) -> float:
+        """Seconds of one operator's work at the kind's efficiencies, without its launch overhead."""
         ce = self.compute_efficiency.get(op.kind, 0.2)
         me = self.memory_efficiency.get(op.kind, 0.7)
-        return max(op.flops / (device.peak_flops * ce), op.bytes_moved / (device.mem_bw_bytes_per_s * me)) \
-            + self.overhead_by_kind.get(op.kind, self.launch_overhead_s)
+        return max(op.flops / (device.peak_flops * ce), op.bytes_moved / (device.mem_bw_bytes_per_s * me))
+
+    def op_seconds(self, op: OpFeatures, device: Device) -> float:
+        """Median seconds of one operator."""
+        return self.work_seconds(op, device) + self.overhead_by_kind.get(op.kind, self.launch_overhead_s)
 
     def predict(self, ops: Sequence[OpFeatures], device: Device) -> Latency:
         p50 = math.fsum(self.op_seconds(op, device) for op in ops)
