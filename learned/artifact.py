@@ -81,10 +81,11 @@ from service.core.cost import (
     NO_OVERHEAD,
     CostModel,
     Edge,
+    FlooredCostModel,
     IterationOverhead,
     Latency,
     OpFeatures,
-    StackedCostModel,
+    floored,
     predict_slice,
 )
 from service.data import fetch_hint
@@ -180,14 +181,16 @@ class ArtifactCostModel:
     """Per device kind one of the artifact's models, plus its host overhead per iteration.
 
     ``choice`` answers :meth:`predict` and :meth:`predict_stack`; ``graph_choice`` (default:
-    ``choice``) answers :meth:`predict_graph`; a kind in neither gets ``default``.
+    ``choice``) answers :meth:`predict_graph`; a kind in neither gets ``default``. Each model
+    answers through :class:`~service.core.cost.FlooredCostModel`: never below the physical floor
+    of the operators it prices, whole iterations and slices alike.
     """
 
     def __init__(self, models: Mapping[str, CostModel], choice: Mapping[str, str], default: str,
                  overheads: Mapping[str, IterationOverhead], *, name: str,
                  graph_choice: Mapping[str, str] | None = None) -> None:
         self.name = name
-        self._models = dict(models)
+        self._models: dict[str, FlooredCostModel] = {k: floored(m) for k, m in models.items()}
         self._choice = dict(choice)
         self._graph_choice = dict(choice if graph_choice is None else graph_choice)
         self._default = default
@@ -208,12 +211,8 @@ class ArtifactCostModel:
 
     def predict_stack(self, prefix: Sequence[OpFeatures], block: Sequence[OpFeatures], repeats: int,
                       suffix: Sequence[OpFeatures], device: Device) -> Latency:
-        model = self.model_for(device)
-        if isinstance(model, StackedCostModel):
-            return model.predict_stack(prefix, block, repeats, suffix, device)
-        # The table (and the roofline) price each operator alone: the block's cost adds up.
-        return model.predict(prefix, device) + model.predict(block, device).scaled(repeats) \
-            + model.predict(suffix, device)
+        return self._models[self._choice.get(device.kind, self._default)].predict_stack(prefix, block, repeats,
+                                                                                        suffix, device)
 
     def iteration_overhead(self, device: Device) -> IterationOverhead:
         """The fitted overhead of the device's kind, else of the nearest fitted GPU kind (none on a CPU)."""
@@ -251,7 +250,7 @@ def load_cost_model(kind: str | None = None, *, cache_dir: Path | None = None,
     """The cost model of ``kind`` (see :func:`kind_from`); ``MissingArtifactError`` if untrained."""
     kind = kind_from(kind)
     if kind == "roofline":
-        return LoadedCostModel(kind, RooflineCostModel())
+        return LoadedCostModel(kind, floored(RooflineCostModel()))
     inputs = inputs or default_inputs()
     directory = (cache_dir or default_cache_dir()) / f"learned-{inputs.key()}"
     if not (directory / "meta.json").is_file():
