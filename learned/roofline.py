@@ -57,6 +57,11 @@ class RooflineCostModel:
         p50 = math.fsum(self.op_seconds(op, device) for op in ops)
         return Latency(p50, p50 * self.spread[0], p50 * self.spread[1])
 
+    def predict_stack(self, prefix: Sequence[OpFeatures], block: Sequence[OpFeatures], repeats: int,
+                      suffix: Sequence[OpFeatures], device: Device) -> Latency:
+        """:meth:`predict` of ``prefix + block * repeats + suffix`` without unrolling the block."""
+        return self.predict(prefix, device) + self.predict(block, device).scaled(repeats) + self.predict(suffix, device)
+
     def calibrated(self, samples: Iterable[tuple[OpFeatures, Device, float]]) -> RooflineCostModel:
         """A copy fitted to measured ``(op, device, seconds)`` samples.
 

@@ -173,6 +173,12 @@ class ProfileTableCostModel:
             total = total + lat
         return total
 
+    def predict_stack(self, prefix: Sequence[OpFeatures], block: Sequence[OpFeatures], repeats: int,
+                      suffix: Sequence[OpFeatures], device: Device) -> Latency:
+        """:meth:`predict` of ``prefix + block * repeats + suffix``: operators are priced alone,
+        so the block's price adds up ``repeats`` times (no unrolling on the simulator's hot path)."""
+        return self.predict(prefix, device) + self.predict(block, device).scaled(repeats) + self.predict(suffix, device)
+
     def _op(self, op: OpFeatures, device: Device) -> Latency:
         phase = _phase(op.kind, op.tokens, op.batch)
         kinds = {dev for dev, kind, ph in self._shapes if kind == op.kind and ph == phase}

@@ -252,3 +252,19 @@ def test_floored_keeps_what_the_inner_model_offers() -> None:
     assert table.overhead.seconds(1, 2) == 0.0  # the roofline has no host overhead
     assert table.exact_s(batch) == pytest.approx(RooflineCostModel().predict(iteration_ops(config, batch),
                                                                              device).p50_s, rel=1e-12)
+
+
+@needs_vidur
+def test_per_operator_models_price_a_stack_as_its_unrolled_operators() -> None:
+    """The table and the roofline price each operator alone: their stack (the simulator's hot
+    path, no unrolling) is the unrolled answer."""
+    from service.sim.iteration import iteration_parts
+
+    config, device = MODEL_CONFIGS["llama2-7b"], device_of_kind("A100-80GB")
+    batch = BatchFeatures.of([(300, 100)], [700, 90, 1200])
+    head, layer, tail = iteration_parts(config, batch)
+    for model in (a100_7b_table(), RooflineCostModel()):
+        stacked = model.predict_stack(head, layer, config.n_layers, tail, device)
+        unrolled = model.predict(iteration_ops(config, batch), device)
+        assert stacked.p50_s == pytest.approx(unrolled.p50_s, rel=1e-12)
+        assert stacked.p99_s == pytest.approx(unrolled.p99_s, rel=1e-12)
