@@ -5,12 +5,17 @@ operator profiles, the legacy A100 attention and CPU-overhead profiles, and any 
 own ``slicesched profile`` CSVs given with ``--profile``):
 
 1. evidence: the table and a GNN are fitted on the Vidur ``model`` split's training part (plus
-   75 % of each own profile) and scored on the held-out part, per device kind
-   (:func:`learned.evaluate.score`: MAPE of the median); the same on the held-out models'
-   traced operator slices is recorded beside it (``slice_evidence``);
-2. choice: per device kind, the GNN where its held-out MAPE is below the table's, else the table
-   (``choice`` for operator sequences and iterations, ``slice_choice`` for slices priced with
-   their real edges, each by its own evidence);
+   75 % of each own profile) and scored on the held-out part, per device kind: on held-out
+   *iterations* (``iteration_evidence``, :func:`learned.evaluate.score_iterations`: decodes of
+   1-256 sequences and prefills of up to 4,096 tokens at every measured token count, each
+   layer's operators as the simulator builds them and prices them, as a stack through the
+   physical floor), on the held-out operator chains as profiled (``evidence``,
+   :func:`learned.evaluate.score`) and on the held-out models' traced operator slices
+   (``slice_evidence``);
+2. choice: per device kind, the GNN where its held-out MAPE is below the table's, else the table:
+   ``choice`` (whole iterations) by the iteration evidence (a kind without iterations, such as
+   an own CPU profile of single operators, by its operator evidence), ``slice_choice`` (slices
+   priced with their real edges) by the slice evidence;
 3. the shipped models: the table and the GNN refitted on every row (the GNN also on traced
    operator slices with their real edges, :mod:`learned.slices`; its p90 and p99 on such
    slices shifted by the split-conformal offsets that make the evidence GNN cover the held-out
@@ -53,6 +58,8 @@ from learned.calibration import conformal_shift
 from learned.choice import TRAIN_COMMAND, kind_from
 from learned.evaluate import (
     ATTENTION_CSV,
+    MAX_DECODE_BATCH,
+    MAX_PREFILL_TOKENS,
     MODEL_TEST,
     VIDUR_DATASET,
     VIDUR_ROOT,
@@ -60,8 +67,10 @@ from learned.evaluate import (
     cpu_split,
     default_data_dir,
     held_out_cases,
+    held_out_iterations,
     load_vidur,
     score,
+    score_iterations,
     score_slices,
     training_samples,
 )
@@ -82,10 +91,11 @@ from service.core.cost import (
     NO_OVERHEAD,
     CostModel,
     Edge,
+    FlooredCostModel,
     IterationOverhead,
     Latency,
     OpFeatures,
-    StackedCostModel,
+    floored,
     predict_slice,
 )
 from service.data import fetch_hint
@@ -182,14 +192,16 @@ class ArtifactCostModel:
     """Per device kind one of the artifact's models, plus its host overhead per iteration.
 
     ``choice`` answers :meth:`predict` and :meth:`predict_stack`; ``graph_choice`` (default:
-    ``choice``) answers :meth:`predict_graph`; a kind in neither gets ``default``.
+    ``choice``) answers :meth:`predict_graph`; a kind in neither gets ``default``. Each model
+    answers through :class:`~service.core.cost.FlooredCostModel`: never below the physical floor
+    of the operators it prices, whole iterations and slices alike.
     """
 
     def __init__(self, models: Mapping[str, CostModel], choice: Mapping[str, str], default: str,
                  overheads: Mapping[str, IterationOverhead], *, name: str,
                  graph_choice: Mapping[str, str] | None = None) -> None:
         self.name = name
-        self._models = dict(models)
+        self._models: dict[str, FlooredCostModel] = {k: floored(m) for k, m in models.items()}
         self._choice = dict(choice)
         self._graph_choice = dict(choice if graph_choice is None else graph_choice)
         self._default = default
@@ -210,12 +222,8 @@ class ArtifactCostModel:
 
     def predict_stack(self, prefix: Sequence[OpFeatures], block: Sequence[OpFeatures], repeats: int,
                       suffix: Sequence[OpFeatures], device: Device) -> Latency:
-        model = self.model_for(device)
-        if isinstance(model, StackedCostModel):
-            return model.predict_stack(prefix, block, repeats, suffix, device)
-        # The table (and the roofline) price each operator alone: the block's cost adds up.
-        return model.predict(prefix, device) + model.predict(block, device).scaled(repeats) \
-            + model.predict(suffix, device)
+        return self._models[self._choice.get(device.kind, self._default)].predict_stack(prefix, block, repeats,
+                                                                                        suffix, device)
 
     def iteration_overhead(self, device: Device) -> IterationOverhead:
         """The fitted overhead of the device's kind, else of the nearest fitted GPU kind (none on a CPU)."""
@@ -253,7 +261,7 @@ def load_cost_model(kind: str | None = None, *, cache_dir: Path | None = None,
     """The cost model of ``kind`` (see :func:`kind_from`); ``MissingArtifactError`` if untrained."""
     kind = kind_from(kind)
     if kind == "roofline":
-        return LoadedCostModel(kind, RooflineCostModel())
+        return LoadedCostModel(kind, floored(RooflineCostModel()))
     inputs = inputs or default_inputs()
     directory = (cache_dir or default_cache_dir()) / f"learned-{inputs.key()}"
     if not (directory / "meta.json").is_file():
@@ -332,13 +340,15 @@ def _table(rows: Sequence[OpTiming]) -> ProfileTableCostModel:
 
 @dataclass(frozen=True)
 class Evidence:
-    """Held-out scores per device kind on operator chains (``per_device_kind``) and on the
-    held-out models' traced slices (``per_slice``), and the conformal shifts of the GNN's p90
-    and p99 on slices measured on the latter (``quantile_shift``, see :mod:`learned.calibration`)."""
+    """Held-out scores per device kind on operator chains (``per_device_kind``), on the held-out
+    models' iterations as the simulator prices them (``per_iteration``, :func:`score_iterations`)
+    and on their traced slices (``per_slice``), and the conformal shifts of the GNN's p90 and p99
+    on slices measured on the latter (``quantile_shift``, see :mod:`learned.calibration`)."""
 
     per_device_kind: dict[str, dict[str, Any]]
     per_slice: dict[str, dict[str, Any]]
     quantile_shift: tuple[float, float]
+    per_iteration: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def held_out_evidence(vidur: Sequence[OpTiming], own: Sequence[OpTiming], inputs: TrainingInputs,
@@ -359,14 +369,23 @@ def held_out_evidence(vidur: Sequence[OpTiming], own: Sequence[OpTiming], inputs
     for kind in sorted({c.device.kind for c in cases}):
         mine = [c for c in cases if c.device.kind == kind]
         out[kind] = {name: {k: round(v, 3) for k, v in score(m, mine).items()} for name, m in models.items()}
-    slices = timed_slices(test_vidur, vidur_configs(inputs.data_dir / VIDUR_ROOT / "compute"),
-                          tokens_per_model=inputs.slice_tokens_per_model)
+    configs = vidur_configs(inputs.data_dir / VIDUR_ROOT / "compute")
+    iterations = held_out_iterations(test_vidur, configs)
+    per_iteration: dict[str, dict[str, Any]] = {}
+    for kind in sorted({c.device.kind for c in iterations}):
+        its = [c for c in iterations if c.device.kind == kind]
+        per_iteration[kind] = {name: _rounded(score_iterations(m, its)) for name, m in models.items()}
+    slices = timed_slices(test_vidur, configs, tokens_per_model=inputs.slice_tokens_per_model)
     per_slice: dict[str, dict[str, Any]] = {}
     for kind in sorted({s.sample.device.kind for s in slices}):
         on_kind = [s for s in slices if s.sample.device.kind == kind]
         per_slice[kind] = {name: {k: round(score_slices(m, on_kind)[k], 3) for k in ("mape_pct", "p90_coverage", "n")}
                            for name, m in models.items()}
-    return Evidence(out, per_slice, conformal_shift(gnn, [s.sample for s in slices]))
+    return Evidence(out, per_slice, conformal_shift(gnn, [s.sample for s in slices]), per_iteration)
+
+
+def _rounded(scores: dict[str, Any]) -> dict[str, Any]:
+    return {k: _rounded(v) if isinstance(v, dict) else round(v, 3) for k, v in scores.items()}
 
 
 def _epoch_line(prefix: str, progress: Callable[[str], None]) -> Callable[[dict[str, float]], None]:
@@ -379,6 +398,8 @@ def _epoch_line(prefix: str, progress: Callable[[str], None]) -> Callable[[dict[
 def _choose(what: str, evidence: dict[str, dict[str, Any]], progress: Callable[[str], None]) -> dict[str, str]:
     """Per device kind the GNN where its held-out MAPE is below the table's, else the table."""
     chosen = {k: "gnn" if e["gnn"]["mape_pct"] < e["table"]["mape_pct"] else "table" for k, e in evidence.items()}
+    if not chosen:
+        return chosen
     progress(f"{what} per device kind: " + ", ".join(f"{k} {v} (gnn {evidence[k]['gnn']['mape_pct']:.2f}% vs "
                                                      f"table {evidence[k]['table']['mape_pct']:.2f}%)"
                                                      for k, v in chosen.items()))
@@ -399,7 +420,11 @@ def train_artifact(inputs: TrainingInputs, cache_dir: Path, *, force: bool = Fal
     progress(f"read {len(vidur)} Vidur and {len(own)} own profile rows in {time.perf_counter() - started:.0f}s")
     found = held_out_evidence(vidur, own, inputs, progress)
     evidence = found.per_device_kind
-    choice, slice_choice = _choose("choice", evidence, progress), _choose("slice choice", found.per_slice, progress)
+    # whole iterations by the held-out iterations; a kind without any (own CPU profiles are single
+    # operators) by its operator evidence
+    choice = _choose("choice (operators)", {k: e for k, e in evidence.items() if k not in found.per_iteration},
+                     progress) | _choose("choice (iterations)", found.per_iteration, progress)
+    slice_choice = _choose("slice choice", found.per_slice, progress)
     rows = [*vidur, *own]
     table = _table(rows)
     gnn, report = train_gnn(_samples(rows, inputs), inputs.config, progress=_epoch_line("final", progress),
@@ -424,6 +449,13 @@ def train_artifact(inputs: TrainingInputs, cache_dir: Path, *, force: bool = Fal
                                            "metric": "MAPE of the median, per device kind", "per_device_kind": evidence},
             "slice_evidence": {"split": f"traced operator slices of {', '.join(MODEL_TEST)} (Vidur, TP 1)",
                                "per_device_kind": found.per_slice},
+            "iteration_evidence": {
+                "split": f"iterations of {', '.join(MODEL_TEST)} (Vidur, TP 1): decodes of 1-{MAX_DECODE_BATCH} "
+                         f"sequences and prefills of up to {MAX_PREFILL_TOKENS} tokens at every measured token count, "
+                         "each layer's non-attention operators as the simulator builds them, priced as a stack "
+                         "through the physical floor",
+                "metric": "MAPE of the median per layer, the mean of decode's and prefill's; the choice for whole "
+                          "iterations", "per_device_kind": found.per_iteration},
             "gnn_quantile_shift": {"p90_p99_log": list(found.quantile_shift),
                                    "from": "split conformal on the evidence GNN's held-out slices"},
             "overheads": {k: asdict(v) for k, v in overheads.items()},

@@ -38,6 +38,7 @@ import numpy as np
 from learned.calibration import cross_conformal_shift, group_folds
 from learned.gnn import GnnConfig, GnnCostModel, GraphSample, train_gnn
 from learned.profile import (
+    LAYER_CHAIN,
     OpTiming,
     ProfileStore,
     layer_chains,
@@ -48,7 +49,7 @@ from learned.profile import (
 from learned.roofline import RooflineCostModel, device_of_kind
 from learned.slices import SLICE_KINDS, TimedSlice, timed_slices, vidur_configs
 from learned.table import ProfileTableCostModel
-from service.core.cost import CostModel, Latency, OpFeatures
+from service.core.cost import CostModel, Latency, OpFeatures, floored
 from service.data import locate, resolve
 from service.domain.cluster import Device
 from service.domain.model_config import ModelConfig
@@ -165,6 +166,73 @@ def score(model: CostModel, cases: Sequence[Case]) -> dict[str, float]:
     else:
         preds = [model.predict(c.ops, c.device) for c in cases]
     return _metrics(np.asarray([c.observed_ms for c in cases]), preds)
+
+
+# The engines' caps the simulator runs: sequences per decode iteration, tokens per prefill.
+MAX_DECODE_BATCH = 256
+MAX_PREFILL_TOKENS = 4096
+NOMINAL_LAYERS = 32  # the stack depth an iteration case is priced at (answers are per layer)
+
+
+@dataclass(frozen=True, slots=True)
+class IterationCase:
+    """One held-out iteration of a profiled model as the simulator prices it.
+
+    ``layer``: one layer's non-attention operators as :func:`service.sim.iteration.iteration_parts`
+    builds them for the iteration (q, k and v apart, the rotary elementwise operators, both
+    residual adds; a decode of ``tokens`` sequences has ``batch = tokens``, a prefill one sequence
+    of ``tokens``). ``observed_ms``: that layer's measured time, the Vidur layer chain of the same
+    model, device and token count with its residual add counted twice (Vidur times one per layer).
+    Attention is left out of both: its only profile is one shape, no held-out model's.
+    """
+
+    phase: str
+    model: str
+    tokens: int
+    device: Device
+    layer: tuple[OpFeatures, ...]
+    observed_ms: float
+
+
+def held_out_iterations(rows: Sequence[OpTiming], configs: dict[str, ModelConfig]) -> list[IterationCase]:
+    """Decode iterations of 1 .. :data:`MAX_DECODE_BATCH` sequences and prefills of up to
+    :data:`MAX_PREFILL_TOKENS` tokens, at every token count the TP-1 layer chains of ``rows``
+    (of models in ``configs``) were measured at."""
+    from service.sim.iteration import BatchFeatures, iteration_parts
+
+    devices: dict[str, Device] = {}
+    out: list[IterationCase] = []
+    for chain in layer_chains([t for t in rows if t.tp == 1 and t.model in configs]):
+        if tuple(t.op for t in chain) != LAYER_CHAIN:
+            continue
+        first = chain[0]
+        observed = math.fsum(t.p50_ms for t in chain) + next(t.p50_ms for t in chain if t.op == "add")
+        shapes = [("prefill", BatchFeatures.of([(first.tokens, 0)], []))] if first.tokens <= MAX_PREFILL_TOKENS else []
+        if first.tokens <= MAX_DECODE_BATCH:
+            shapes.append(("decode", BatchFeatures.of([], [first.tokens] * first.tokens)))
+        for phase, batch in shapes:
+            _, layer, _ = iteration_parts(configs[first.model], batch)
+            out.append(IterationCase(phase, first.model, first.tokens, _device(first.device_kind, devices),
+                                     tuple(op for op in layer if op.kind != "attention"), observed))
+    return out
+
+
+def score_iterations(model: CostModel, cases: Sequence[IterationCase]) -> dict[str, Any]:
+    """Per phase :func:`score`'s metrics of ``model`` priced as the simulator prices an iteration
+    (a stack of :data:`NOMINAL_LAYERS` layers through the physical floor, per layer), and
+    ``mape_pct``: the mean of the phases' MAPEs (decode and prefill weigh the same, however many
+    token counts each has)."""
+    priced = floored(model)
+    out: dict[str, Any] = {}
+    for phase in ("decode", "prefill"):
+        mine = [c for c in cases if c.phase == phase]
+        if mine:
+            preds = [priced.predict_stack([], c.layer, NOMINAL_LAYERS, [], c.device).scaled(1 / NOMINAL_LAYERS)
+                     for c in mine]
+            out[phase] = _metrics(np.asarray([c.observed_ms for c in mine]), preds)
+    out["mape_pct"] = float(np.mean([out[p]["mape_pct"] for p in ("decode", "prefill") if p in out])) if out \
+        else math.nan
+    return out
 
 
 def slice_predictions(model: CostModel, slices: Sequence[TimedSlice]) -> list[Latency]:

@@ -43,16 +43,24 @@ class RooflineCostModel:
     overhead_by_kind: Mapping[str, float] = field(default_factory=dict)  # overrides launch_overhead_s
     name: str = "roofline"
 
-    def op_seconds(self, op: OpFeatures, device: Device) -> float:
-        """Median seconds of one operator."""
+    def work_seconds(self, op: OpFeatures, device: Device) -> float:
+        """Seconds of one operator's work at the kind's efficiencies, without its launch overhead."""
         ce = self.compute_efficiency.get(op.kind, 0.2)
         me = self.memory_efficiency.get(op.kind, 0.7)
-        return max(op.flops / (device.peak_flops * ce), op.bytes_moved / (device.mem_bw_bytes_per_s * me)) \
-            + self.overhead_by_kind.get(op.kind, self.launch_overhead_s)
+        return max(op.flops / (device.peak_flops * ce), op.bytes_moved / (device.mem_bw_bytes_per_s * me))
+
+    def op_seconds(self, op: OpFeatures, device: Device) -> float:
+        """Median seconds of one operator."""
+        return self.work_seconds(op, device) + self.overhead_by_kind.get(op.kind, self.launch_overhead_s)
 
     def predict(self, ops: Sequence[OpFeatures], device: Device) -> Latency:
         p50 = math.fsum(self.op_seconds(op, device) for op in ops)
         return Latency(p50, p50 * self.spread[0], p50 * self.spread[1])
+
+    def predict_stack(self, prefix: Sequence[OpFeatures], block: Sequence[OpFeatures], repeats: int,
+                      suffix: Sequence[OpFeatures], device: Device) -> Latency:
+        """:meth:`predict` of ``prefix + block * repeats + suffix`` without unrolling the block."""
+        return self.predict(prefix, device) + self.predict(block, device).scaled(repeats) + self.predict(suffix, device)
 
     def calibrated(self, samples: Iterable[tuple[OpFeatures, Device, float]]) -> RooflineCostModel:
         """A copy fitted to measured ``(op, device, seconds)`` samples.

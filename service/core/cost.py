@@ -3,7 +3,9 @@
 Pure (no I/O). A cost model sees operators as :class:`OpFeatures` (shape-level facts, not fx
 nodes) and a :class:`~service.domain.cluster.Device`; it answers a :class:`Latency` with
 quantiles. Implementations live in ``learned/`` (roofline, profile table, GNN); the simulator
-only depends on this protocol.
+only depends on this protocol. :func:`physical_floor_s` is the one physical lower bound every
+answer must respect (memory bandwidth and peak FLOP/s); :class:`FlooredCostModel` holds any
+model to it, and the simulator prices through one.
 """
 
 from __future__ import annotations
@@ -168,6 +170,81 @@ class HostOverheadModel(Protocol):
     """A cost model that also knows the host-side time per iteration on a device."""
 
     def iteration_overhead(self, device: Device) -> IterationOverhead: ...
+
+
+def floor_work(ops: Sequence[OpFeatures]) -> tuple[float, float]:
+    """(bytes, FLOPs) no kernel can avoid for ``ops``: each operator's stated bytes (weights read
+    once, the KV of every sequence's context, activations in and out) and FLOPs, except that a
+    prefill attention's FLOPs count half: its full score matrix is stated, and a causal kernel
+    skips at most the upper triangle (decode queries see every key: counted whole)."""
+    moved = flops = 0.0
+    for op in ops:
+        moved += op.bytes_moved
+        causal = op.kind == "attention" and op.tokens > op.batch
+        flops += op.flops / 2 if causal else op.flops
+    return moved, flops
+
+
+def physical_floor_s(ops: Sequence[OpFeatures], device: Device, *, block: Sequence[OpFeatures] = (),
+                     repeats: int = 0) -> float:
+    """The fewest seconds ``ops`` plus ``repeats`` runs of ``block`` can take on ``device``:
+    ``max(bytes / memory bandwidth, FLOPs / peak FLOP/s)`` over their :func:`floor_work`, at the
+    datasheet numbers (no device beats them; nothing overlaps a device's memory with itself).
+    A lower bound for any cost model's median."""
+    moved, flops = floor_work(ops)
+    if repeats and block:
+        block_moved, block_flops = floor_work(block)
+        moved, flops = moved + repeats * block_moved, flops + repeats * block_flops
+    return max(moved / device.mem_bw_bytes_per_s, flops / device.peak_flops)
+
+
+def floored(model: CostModel) -> FlooredCostModel:
+    """``model`` clamped at the physical floor (itself when it already is)."""
+    return model if isinstance(model, FlooredCostModel) else FlooredCostModel(model)
+
+
+def at_least(latency: Latency, floor_s: float) -> Latency:
+    """``latency`` with every quantile raised to ``floor_s`` where below it (order kept)."""
+    if latency.p50_s >= floor_s:
+        return latency
+    return Latency(floor_s, max(latency.p90_s, floor_s), max(latency.p99_s, floor_s))
+
+
+class FlooredCostModel:
+    """A cost model whose answers never fall below :func:`physical_floor_s` of the work priced.
+
+    Wraps any :class:`CostModel` and keeps what it offers: :meth:`predict_graph` goes through
+    :func:`predict_slice` of the inner model (its real edges where it reads them),
+    :meth:`predict_stack` through its stack pricing where it has one (else the unrolled
+    :meth:`predict`, the same answer), :meth:`iteration_overhead` is the inner model's (none when
+    it has none). Each answer is clamped at the floor of exactly the operators it prices: a whole
+    iteration (weights once, every sequence's KV, activations) or a slice (its operators' share).
+    The name is the inner model's.
+    """
+
+    def __init__(self, inner: CostModel) -> None:
+        self.inner = inner
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def predict(self, ops: Sequence[OpFeatures], device: Device) -> Latency:
+        return at_least(self.inner.predict(ops, device), physical_floor_s(ops, device))
+
+    def predict_graph(self, ops: Sequence[OpFeatures], edges: Sequence[Edge], device: Device) -> Latency:
+        return at_least(predict_slice(self.inner, ops, edges, device), physical_floor_s(ops, device))
+
+    def predict_stack(self, prefix: Sequence[OpFeatures], block: Sequence[OpFeatures], repeats: int,
+                      suffix: Sequence[OpFeatures], device: Device) -> Latency:
+        if isinstance(self.inner, StackedCostModel):
+            lat = self.inner.predict_stack(prefix, block, repeats, suffix, device)
+        else:
+            lat = self.inner.predict([*prefix, *(list(block) * repeats), *suffix], device)
+        return at_least(lat, physical_floor_s([*prefix, *suffix], device, block=block, repeats=repeats))
+
+    def iteration_overhead(self, device: Device) -> IterationOverhead:
+        return self.inner.iteration_overhead(device) if isinstance(self.inner, HostOverheadModel) else NO_OVERHEAD
 
 
 def features_of(op: OperatorSpec, graph: OperatorGraph) -> OpFeatures:

@@ -27,7 +27,7 @@ from service.core.cost import (
     HostOverheadModel,
     IterationOverhead,
     OpFeatures,
-    StackedCostModel,
+    floored,
 )
 from service.core.cut import Granularity, cut_model
 from service.core.scheduler import SliceSize
@@ -221,7 +221,9 @@ class IterationCostTable:
     degree and adds two ring all-reduces of the residual stream per layer over ``link``.
     ``overhead`` adds the host-side time per iteration that operator profiles do not see; None
     takes it from the cost model when it is a :class:`HostOverheadModel`, else none.
-    ``num_queries`` and ``num_misses`` count lookups and cost-model calls.
+    ``num_queries`` and ``num_misses`` count lookups and cost-model calls. Every pass is priced
+    through :func:`~service.core.cost.floored` ``cost_model``: never below the physical floor of
+    its operators (the weights once, every sequence's KV, activations).
     """
 
     def __init__(self, config: ModelConfig, cost_model: CostModel, device: Device, *,
@@ -229,6 +231,7 @@ class IterationCostTable:
         if tp_degree > 1 and link is None:
             raise ValueError("tp_degree > 1 needs the link between the devices")
         self.config, self.cost_model, self.device = config, cost_model, device
+        self._priced = floored(cost_model)
         if overhead is None:
             overhead = cost_model.iteration_overhead(device) if isinstance(cost_model, HostOverheadModel) \
                 else NO_OVERHEAD
@@ -284,7 +287,5 @@ class IterationCostTable:
     def _pass_s(self, batch: BatchFeatures) -> float:
         """Median seconds of one forward pass on one device (layers priced as a stack when the
         cost model can)."""
-        if isinstance(self.cost_model, StackedCostModel):
-            head, layer, tail = iteration_parts(self.config, batch)
-            return self.cost_model.predict_stack(head, layer, self.config.n_layers, tail, self.device).p50_s
-        return self.cost_model.predict(iteration_ops(self.config, batch), self.device).p50_s
+        head, layer, tail = iteration_parts(self.config, batch)
+        return self._priced.predict_stack(head, layer, self.config.n_layers, tail, self.device).p50_s

@@ -65,7 +65,10 @@ def test_artifact_records_choice_evidence_and_overheads(tiny: tuple[TrainingInpu
     meta = json.loads((target / "meta.json").read_text())
     evidence = meta["evidence"]["per_device_kind"]["A100-80GB"]
     assert set(evidence) == {"gnn", "table", "roofline"} and evidence["gnn"]["n"] > 0
-    better = "gnn" if evidence["gnn"]["mape_pct"] < evidence["table"]["mape_pct"] else "table"
+    # whole iterations are chosen by the held-out iterations (decodes and prefills as the simulator prices them)
+    iterations = meta["iteration_evidence"]["per_device_kind"]["A100-80GB"]
+    assert set(iterations) == {"gnn", "table", "roofline"} and iterations["gnn"]["decode"]["n"] > 0
+    better = "gnn" if iterations["gnn"]["mape_pct"] < iterations["table"]["mape_pct"] else "table"
     assert meta["choice"] == {"A100-80GB": better}
     # the held-out model's traced slices (6 kinds on each row of 3 token counts), priced by each model
     on_slices = meta["slice_evidence"]["per_device_kind"]["A100-80GB"]

@@ -150,9 +150,14 @@ def test_table_is_exact_on_a_profiled_point_and_interpolates(vidur_rows: list[Op
     assert min(lo.p50_ms, point.p50_ms) <= p <= max(lo.p50_ms, point.p50_ms)
     lat = table.predict([timing_features(point)], dev)
     assert lat.p50_s <= lat.p90_s <= lat.p99_s
-    # an unprofiled shape scales the nearest one by FLOPs; a kind with no data falls back
+    # an unprofiled shape: the nearest one's fixed overhead kept, the rest scaled by the two shapes'
+    # roofline work (FLOPs and bytes, each of its own layout); a kind with no data falls back
     wider = OpFeatures("linear", 0.0, 0.0, tokens=point.tokens, dim_in=point.dim_in, dim_out=2 * point.dim_out)
-    assert table.predict([wider], dev).p50_s == pytest.approx(2 * point.p50_ms / 1e3, rel=1e-9)
+    roofline, fixed = RooflineCostModel(), min(point.p50_ms / 1e3, RooflineCostModel().launch_overhead_s)
+    ratio = roofline.work_seconds(timing_features(replace(point, dim_out=2 * point.dim_out)), dev) \
+        / roofline.work_seconds(timing_features(point), dev)
+    assert 1.9 < ratio <= 2.0
+    assert table.predict([wider], dev).p50_s == pytest.approx(fixed + (point.p50_ms / 1e3 - fixed) * ratio, rel=1e-9)
     soft = OpFeatures("softmax", 1e6, 1e6, tokens=8)
     assert table.predict([soft], dev) == RooflineCostModel().predict([soft], dev)
 
