@@ -313,6 +313,16 @@ HEADLINES: dict[str, list[Figure]] = {
 }
 
 
+#: A line under a benchmark's heading (results page and its own page), in words, no figures.
+NOTES: dict[str, str] = {
+    "peer_agreement": "The peer's figures (`results.per_figure.*.peer`) are typed into the script and attributed "
+    "to Vidur; what is known of their source, and what is not: "
+    "[How benchmarks work: the peer's figures](benchmarks/index.md#the-peers-figures).",
+    "replay_headline": "Why slices trail whole guest replicas on these mixes, and what the queue-policy figures mean: "
+    "[How benchmarks work: reading the figures](benchmarks/index.md#reading-the-figures).",
+}
+
+
 def figures(record: Record) -> list[tuple[str, str, str]]:
     """``(label, value, key)`` of the record's headline figures; for a benchmark without
     :data:`HEADLINES`, or a record holding none of them, its scalar results (two levels deep)."""
@@ -405,7 +415,7 @@ def load_benchmarks(folder: Path = BENCHMARKS) -> list[Benchmark]:
 
 def run_help(name: str) -> str:
     """``benchmarks/<name>.py --help`` as it prints (argparse exits before anything runs)."""
-    env = {**os.environ, "COLUMNS": "100"}
+    env = {**os.environ, "COLUMNS": "80"}
     out = subprocess.run(
         [sys.executable, f"benchmarks/{name}.py", "--help"],
         cwd=ROOT,
@@ -490,6 +500,8 @@ def results_page(records: list[Record], benchmarks: list[Benchmark]) -> str:
         recs = sorted(by_name[name], key=lambda r: (r.path != f"{name}.json", r.path))
         title = f"[{name}](benchmarks/{name}.md)" if name in known else name
         out += [f"## {title}", ""]
+        if name in NOTES:
+            out += [NOTES[name], ""]
         for r in recs:
             out += [f"### {r.ref}", "", _record_header(r), ""]
             out += _figure_table(r)
@@ -520,6 +532,7 @@ def benchmark_page(bench: Benchmark, records: list[Record], help_text: str, resu
         "",
         rest.strip(),
         "",
+        *([NOTES[bench.name].replace("](benchmarks/", "]("), ""] if bench.name in NOTES else []),
         "## Run it",
         "",
         "```sh",
