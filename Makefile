@@ -17,7 +17,7 @@ KUSTOMIZE_VERSION := v5.7.1
 KUSTOMIZE_HOME := $(SLICESCHED_CACHE)/tools/kustomize-$(KUSTOMIZE_VERSION)
 KUSTOMIZE := $(KUSTOMIZE_HOME)/kustomize
 
-.PHONY: venv kustomize browser neo4j data demo test test-fast lint typecheck bench clean
+.PHONY: venv kustomize browser neo4j data demo test test-fast lint typecheck docs bench clean
 
 # The environment: exactly uv.lock (--locked also fails if pyproject.toml changed without
 # `uv lock`), the dev extra included. A .venv of the old bootstrap layout is replaced.
@@ -93,8 +93,14 @@ lint: venv
 typecheck: venv
 	@$(RUN) -m mypy
 
+# The docs site (mkdocs, Material theme) into site/, --strict: a broken link, an unknown record or
+# key in a {{rec:...}} figure, or a benchmark whose --help fails stops the build. docs/hooks.py
+# generates the results page and a page per benchmark from benchmarks/results/*.json.
+docs: venv
+	@NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
+
 bench: venv
 	@for b in benchmarks/[a-z]*.py; do echo "== $$b"; $(RUN) $$b --quick || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache site
