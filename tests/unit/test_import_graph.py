@@ -47,6 +47,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("service.core.cut", "service.models.trace"):
         "cut_model traces the phase's graph on first use; the simulator should be handed traced graphs",
     ("learned.slices", "service.models.trace"): "the slice-cost training rows trace prefill graphs",
+    ("learned.evaluate", "service.sim.iteration"):
+        "held-out iterations are priced from the simulator's operator breakdown (iteration_parts belongs in core)",
     ("learned.distributional", "service.sim.workflow"): "the predictor's training records are the simulator's",
     ("learned.distributional", "service.replay.agentic"): "its training set is recorded by agentic replays",
     ("learned.distributional", "service.workload.workflows"): "trace lengths of the recorded workflows",
