@@ -156,6 +156,7 @@ def test_keys_have_roles_projects_expiry_rotation_and_revocation(make_client: Ca
     listed = {k["key_id"]: k["status"] for k in client.get(f"/v1/tenants/{t}/api-keys", headers=auth(owner)).json()}
     assert listed == {"ann": "revoked", "bob": "active", "tmp": "expired"}
     restarted = make_client()
+    FrozenWall(restarted).now = wall.now  # the same clock after the restart: past the short key's expiry
     assert restarted.get("/v1/whoami", headers=auth(member)).status_code == 401
     assert restarted.get("/v1/whoami", headers=auth(short)).status_code == 401
     assert restarted.get("/v1/whoami", headers=auth(new_viewer)).status_code == 200

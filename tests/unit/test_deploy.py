@@ -115,7 +115,7 @@ def both(base: list[Obj], overlay: tuple[list[Obj], set[str]]) -> list[list[Obj]
 # ---- what renders --------------------------------------------------------------------------------
 def test_the_base_renders_every_part_and_names_but_holds_no_secret(base: list[Obj]) -> None:
     assert sorted(o["kind"] for o in base) == sorted(["Namespace", "ConfigMap", "Deployment", "Service", "Service",
-                                                      "DaemonSet", "NetworkPolicy", "ServiceMonitor"])
+                                                      "DaemonSet", "NetworkPolicy", "ServiceMonitor", "PersistentVolumeClaim"])
     named = {e["valueFrom"]["secretKeyRef"]["name"] for _, spec in pod_specs(base) for c in spec["containers"]
              for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})}
     assert named == SECRET_NAMES  # made by an overlay, from files outside git
