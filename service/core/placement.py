@@ -30,7 +30,7 @@ a what-if and the weights' load after the burst began), and the burst it came fo
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -147,35 +147,10 @@ class ReplicaPlacementPolicy:
         replicas = list(state.replicas())
         # Owners first: a guest leaves a device as soon as the device's owner has a backlog that
         # presses (a batch tenant's requests may wait their long TTFT allowance for it to finish).
-        verdicts: dict[str, str | None] = {}  # guest -> why to drain it (one drain what-if per guest)
-
-        def drain_reason(guest: ReplicaInfo, owner: ReplicaInfo, device: str) -> str | None:
-            why = owner_pressed(owner, self.min_backlog, self.yield_share)
-            if why is None or not self.confirm_drains:
-                return why
-            if guest.replica_id not in verdicts:
-                verdicts[guest.replica_id] = confirmed_drain(state, guest, why, self.horizon_s, decision)
-            return verdicts[guest.replica_id]
-
-        drain_guests(replicas, self.idle_drain_s, decision, drain_reason)
-        # ... and no guest goes where an owner presses now, or pressed within the what-if's horizon:
-        # the what-if judges a guest that stays for the horizon, and an owner whose backlog comes
-        # and goes would drain it at its next surge (measured live: a batch tenant's guest on the
-        # saturated tenant's executor was added and drained five times in a minute).
-        for r in replicas:
-            if not r.guest and not r.draining and owner_pressed(r, self.min_backlog, self.yield_share):
-                self._pressed_at.update(dict.fromkeys(r.device_ids, now_s))
-        closed = {d for d, at in self._pressed_at.items()
-                  if 0.0 <= now_s - at < self.horizon_s}  # a clock that restarted forgets
-        # ... nor on the home of a model that has a guest elsewhere: it needs its home and more, and
-        # a guest there swaps time between two homes (measured live: acme's guest on the light
-        # tenants' executor made their backlog, and their guests on acme's home took its time back).
-        closed |= spilled_homes(replicas)
+        drain_guests(replicas, self.idle_drain_s, decision, self.drain_reason(state, decision))
+        closed = self.closed_devices(now_s, replicas)
         pressing, family_of = pressing_models(replicas, self.min_backlog, self.max_guests_per_tenant)
-        best = best_by_what_if(state, (ReplicaChange(model, family_of[model], group) for model in pressing
-                                       for group in self.find_devices(state, model, self.max_candidates)
-                                       if not closed.intersection(group)),
-                               self.horizon_s, decision)
+        best = best_by_what_if(state, self.guest_changes(state, pressing, family_of, closed), self.horizon_s, decision)
         ahead = ""
         if best is None and self.headroom_utilisation is not None:
             busy = {d.device_id: d.utilisation for d in state.devices()}
@@ -192,6 +167,43 @@ class ReplicaPlacementPolicy:
             decision.notes.append(f"add {best.change.model_uid} on {','.join(best.change.device_ids)}{ahead}: "
                                   f"{best.gain:+.0f} tokens in {self.horizon_s:.0f}s, {best.sla_note()}")
         return decision
+
+    def drain_reason(self, state: ClusterView, decision: Decision) -> Callable[[ReplicaInfo, ReplicaInfo, str], str | None]:
+        """Why a guest leaves a device of ``owner`` (:func:`drain_guests`' ``owner_reason``): the
+        owner's backlog presses (confirmed by a drain what-if with ``confirm_drains``)."""
+        verdicts: dict[str, str | None] = {}  # guest -> why to drain it (one drain what-if per guest)
+
+        def reason(guest: ReplicaInfo, owner: ReplicaInfo, device: str) -> str | None:
+            why = owner_pressed(owner, self.min_backlog, self.yield_share)
+            if why is None or not self.confirm_drains:
+                return why
+            if guest.replica_id not in verdicts:
+                verdicts[guest.replica_id] = confirmed_drain(state, guest, why, self.horizon_s, decision)
+            return verdicts[guest.replica_id]
+        return reason
+
+    def closed_devices(self, now_s: float, replicas: Sequence[ReplicaInfo]) -> set[str]:
+        """Devices no guest goes to now (and the record of pressing owners, updated)."""
+        # No guest goes where an owner presses now, or pressed within the what-if's horizon:
+        # the what-if judges a guest that stays for the horizon, and an owner whose backlog comes
+        # and goes would drain it at its next surge (measured live: a batch tenant's guest on the
+        # saturated tenant's executor was added and drained five times in a minute).
+        for r in replicas:
+            if not r.guest and not r.draining and owner_pressed(r, self.min_backlog, self.yield_share):
+                self._pressed_at.update(dict.fromkeys(r.device_ids, now_s))
+        closed = {d for d, at in self._pressed_at.items()
+                  if 0.0 <= now_s - at < self.horizon_s}  # a clock that restarted forgets
+        # ... nor on the home of a model that has a guest elsewhere: it needs its home and more, and
+        # a guest there swaps time between two homes (measured live: acme's guest on the light
+        # tenants' executor made their backlog, and their guests on acme's home took its time back).
+        return closed | spilled_homes(replicas)
+
+    def guest_changes(self, state: ClusterView, pressing: Sequence[str], family_of: dict[str, str],
+                      closed: set[str]) -> Iterator[ReplicaChange]:
+        """The whole guest replicas this policy judges for the ``pressing`` models, in order."""
+        return (ReplicaChange(model, family_of[model], group) for model in pressing
+                for group in self.find_devices(state, model, self.max_candidates)
+                if not closed.intersection(group))
 
 
 def confirmed_drain(state: ClusterView, guest: ReplicaInfo, why: str, horizon_s: float,

@@ -44,6 +44,9 @@ class ReplicaInfo:
     # The least TTFT allowance left among its waiting requests, as a share of their targets (1:
     # just arrived, 0: due now, below 0: late); -inf where unknown: every backlog then counts.
     wait_slack_share: float = -math.inf
+    # A sliced guest that yields to its devices' owners at slice boundaries (owner priority); a
+    # whole guest, or a sliced one that takes turns, shares its devices first come first served.
+    yields_to_owners: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +75,17 @@ class ReplicaChange:
 
     ``stages`` (operator-level slices): ``(device_id, first_layer, last_layer)`` per slice, in
     execution order, covering every layer; ``device_ids`` are then their distinct devices in
-    order. Empty: a whole replica, tensor parallel over ``device_ids``."""
+    order. Empty: a whole replica, tensor parallel over ``device_ids``.
+
+    ``turns`` (sliced only): the slices take turns with the owners' iterations first come first
+    served, as a whole guest's iterations do; else they yield to the owners at slice boundaries
+    (owner priority, :mod:`service.sim.pipeline`)."""
 
     model_uid: str
     family: str
     device_ids: tuple[str, ...]
     stages: tuple[tuple[str, int, int], ...] = ()
+    turns: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
-"""The ``slice`` placement policy: operator-level slices of backlogged tenants' iterations in
-other tenants' idle windows.
+"""The ``slice-fixed`` placement policy (a named baseline: the ``slice`` policy, one placement
+over every granularity, is :mod:`service.core.granularity`): operator-level slices of backlogged
+tenants' iterations in other tenants' idle windows, cut at one fixed quantum.
 
 At every step, for each model with a backlog, the policy plans where the slices of its coming
 iterations run: it cuts the model at a quantum it chooses (the most layers per slice whose
@@ -51,16 +52,30 @@ def quantum(iteration_s: float, num_layers: int, budget_s: float) -> int:
 def slice_plans(state: ClusterView, model_uid: str, k: int, budget_s: float,
                 search: SlotSearch | None = None) -> list[tuple[Stage, ...]]:
     """Up to ``k`` dependency- and memory-safe plans for one sliced replica of ``model_uid``
-    (see the module doc); two rankings of the slots: least utilised first, most headroom first.
-    ``search`` answers the slot queries: in memory over ``state.slot_state()`` by default
-    (replay), the Cypher query over the GMG live."""
+    at the quantum :func:`quantum` chooses for ``budget_s`` (see the module doc)."""
+    mine = [r for r in state.replicas() if r.model_uid == model_uid and not r.draining]
+    if not mine:
+        return []
+    family = mine[0].family
+    num_layers = len(state.slice_sizes(family, 1))
+    return plans_at_quantum(state, model_uid, quantum(state.iteration_s(family, 1), num_layers, budget_s), k, search)
+
+
+def plans_at_quantum(state: ClusterView, model_uid: str, layers_per_slice: int, k: int,
+                     search: SlotSearch | None = None) -> list[tuple[Stage, ...]]:
+    """Up to ``k`` dependency- and memory-safe plans for one sliced replica of ``model_uid`` cut
+    into slices of ``layers_per_slice`` layers (a divisor of its layers); two rankings of the
+    slots: least utilised first, most headroom first. A slice stays on the previous slice's
+    device while its memory lasts, so one plan may hold the whole model on one device or spread
+    its layers over the free memory of several. ``search`` answers the slot queries: in memory
+    over ``state.slot_state()`` by default (replay), the Cypher query over the GMG live."""
     mine = [r for r in state.replicas() if r.model_uid == model_uid and not r.draining]
     if not mine:
         return []
     family = mine[0].family
     num_layers = len(state.slice_sizes(family, 1))
     it_s = state.iteration_s(family, 1)
-    q = quantum(it_s, num_layers, budget_s)
+    q = layers_per_slice
     sizes = state.slice_sizes(family, q)
     if search is None:
         slots_state = state.slot_state()
@@ -77,6 +92,8 @@ def slice_plans(state: ClusterView, model_uid: str, k: int, budget_s: float,
         lambda s: (-s.headroom_bytes, s.start_s),
     )
     for rank in rankings:
+        if len(plans) >= k:
+            break
         plan = _plan(state, mine[0], sizes, kv_reserve, slice_s, taken, search, rank)
         if plan and plan not in plans:
             plans.append(plan)
@@ -122,7 +139,7 @@ class SlicePlacementPolicy:
     max_guests_per_tenant: int = 4  # sliced replicas per served model
     slice_budget_s: float = 0.02  # the quantum: a slice's typical run time stays within this
     find_plans: PlanFinder = slice_plans
-    name: str = "slice"
+    name: str = "slice-fixed"
 
     def step(self, now_s: float, state: ClusterView) -> Decision:
         decision = Decision()
@@ -152,7 +169,8 @@ class SlicePlacementPolicy:
 
 def slice_policy(*, find_plans: PlanFinder | None = None, horizon_s: float = 20.0, max_candidates: int = 2, min_backlog: int = 2, idle_drain_s: float = 30.0,
                  max_guests_per_tenant: int = 4, slice_budget_s: float = 0.02) -> SlicePlacementPolicy:
-    """The slice policy; ``find_plans`` is the plan search (default: in memory)."""
+    """The fixed-quantum slice policy (``slice-fixed``); ``find_plans`` is the plan search
+    (default: in memory)."""
     policy = SlicePlacementPolicy(horizon_s=horizon_s, max_candidates=max_candidates, min_backlog=min_backlog,
                                   idle_drain_s=idle_drain_s, max_guests_per_tenant=max_guests_per_tenant,
                                   slice_budget_s=slice_budget_s)

@@ -177,7 +177,7 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
                ) -> tuple[PolicyResult, dict[str, list[tuple[float, float, str]]]]:
     started = time.perf_counter()
     queue = make_queue_policy(policy.queue)
-    params = config.slice_params if policy.placement in ("replica", "slice") else {}
+    params = config.slice_params if policy.placement in ("replica", "slice", "slice-fixed") else {}
     oracle = policy.placement == ORACLE_ELASTIC
     scheduler = Scheduler(make_placement_policy("container" if oracle else policy.placement, **params))
     horizon = config.horizon_s

@@ -7,12 +7,13 @@ See :mod:`service.sim.replica` for the model: what a replica and a request in it
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from service.core.admission import admit
 from service.core.memory import MemoryLedger
-from service.core.queue import QueuedRequest
+from service.core.queue import QueuedRequest, WaitingQueue
 from service.domain.request import RequestSpec
 from service.sim.engine import IterationFinished, StageReady
 from service.sim.iteration import weight_bytes
@@ -57,10 +58,13 @@ class Batcher:
             return live.target + self.block_tokens
         return live.spec.prompt_tokens + live.spec.output_tokens
 
-    def start_iteration(self, r: Replica, now: float) -> IterationFinished | StageReady | None:
-        """Admit what fits and start the replica's next iteration; ``None`` when it has no work."""
+    def start_iteration(self, r: Replica, now: float, also_from: Sequence[WaitingQueue[Live]] = ()
+                        ) -> IterationFinished | StageReady | None:
+        """Admit what fits and start the replica's next iteration; ``None`` when it has no work.
+        After its own queues, admission takes from ``also_from`` (other replicas' waiting queues,
+        each head-of-line) what fits now: a sliced guest's share of its tenant's queue."""
         if r.spec.prefill_first:
-            return self._start_prefill_first(r, now)
+            return self._start_prefill_first(r, now, also_from)
         budget = r.spec.max_batched_tokens - r.num_decodes
         chunks: list[tuple[Live, int]] = []
         p = pairs = kv_p = 0
@@ -81,7 +85,7 @@ class Batcher:
             return (budget > 0 and num_seqs < r.spec.max_num_seqs
                     and self.resize_kv(r, r.kv_tokens + self.kv_need(live), now, force=False, watermark=True))
 
-        for queue in (r.preempted, r.waiting):  # preempted requests first, as vLLM does
+        for queue in _queues(r, also_from):  # preempted requests first, as vLLM does
             for live in admit(queue, served, fits):
                 target = self._admitted(r, live, now)
                 num_seqs += 1
@@ -107,7 +111,8 @@ class Batcher:
         r.prefilling.append(live)
         return target
 
-    def _start_prefill_first(self, r: Replica, now: float) -> IterationFinished | StageReady | None:
+    def _start_prefill_first(self, r: Replica, now: float, also_from: Sequence[WaitingQueue[Live]] = ()
+                             ) -> IterationFinished | StageReady | None:
         """vLLM v0's scheduling: whole prompts of the requests that fit (token budget, sequence
         limit, KV), in an iteration of their own; a decode iteration when none does."""
         budget = r.spec.max_batched_tokens
@@ -120,7 +125,7 @@ class Batcher:
             return (live.target <= budget and num_seqs < r.spec.max_num_seqs
                     and self.resize_kv(r, r.kv_tokens + self.kv_need(live), now, force=False, watermark=True))
 
-        for queue in (r.preempted, r.waiting):
+        for queue in _queues(r, also_from):
             for live in admit(queue, served, fits):
                 target = self._admitted(r, live, now)
                 num_seqs += 1
@@ -340,3 +345,13 @@ def _kv_sizes(r: Replica, tokens: int) -> list[int]:
     return [math.ceil(tokens * r.kv_bytes_per_token)] * len(r.device_ids)
 
 
+def _queues(r: Replica, also_from: Sequence[WaitingQueue[Live]]) -> Iterator[WaitingQueue[Live]]:
+    """The queues admission takes from, in order: preempted, waiting, then ``also_from`` only
+    once the replica's own queues are empty (a head of its own that does not fit is not
+    overtaken by another replica's)."""
+    yield r.preempted
+    yield r.waiting
+    for queue in also_from:
+        if r.preempted or r.waiting:
+            return
+        yield queue

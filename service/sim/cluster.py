@@ -323,7 +323,7 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas, SharedDevices):
         dev = self._executor_device(r)
         if dev is not None:  # it waits its pick there (service.sim.sharing)
             return self._want(r, dev, now)
-        ev = self._batcher.start_iteration(r, now)
+        ev = self._batcher.start_iteration(r, now, self._routing.pull_from(r, now))
         if ev is None:  # idle: an owner gives its devices to the guest slices waiting there
             return self._serve_guests(r.device_ids, now) if not r.spec.guest else []
         return [ev]

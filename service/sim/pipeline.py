@@ -16,6 +16,18 @@ Owner priority, at slice boundaries
     owner's decoding requests. Hence the stated bound: an owner iteration is delayed by at most
     one guest slice (its actual duration), whether it was queued or arrived while the slice ran.
 
+Turns (``ReplicaSpec.turns``)
+    A slice takes the first window on its device that is free for its whole duration, behind the
+    work already committed there (first come first served, as the iterations of replicas that
+    share a device do): the owners neither wait for it at a boundary nor hold it back while they
+    are busy. A whole model on one device under turns is a guest replica cut into slices.
+
+Admission
+    A sliced guest admits only what it can start now: at each iteration it takes, after its own
+    queue, the heads of its tenant's other replicas' queues while they fit its batch and KV, and
+    an arriving request is routed to it only when its own queue is empty and it has a free batch
+    slot (:mod:`service.sim.routing`), so its requests never wait behind a slower pipeline.
+
 A slice's duration is its share of the iteration (its layers over the model's) of the
 iteration's single-device latency from the replica's cost table; its p90 is that times the
 cost model's p90/p50 ratio for the model. Memory: each device holds its slices' weights and
@@ -63,7 +75,10 @@ class SlicedReplicas:
         if r is None:
             return []
         dev = r.spec.stages[ev.stage].device_id
-        if self._device_free(dev, ev.time_s) and not self._owner_wants(dev):
+        duration = self.stage_s(r, ev.stage)
+        if r.spec.turns:  # behind what is committed there, first come first served
+            return [self._start_stage(r, ev.stage, self.state.timelines.earliest_window((dev,), ev.time_s, duration))]
+        if self._device_free(dev, ev.time_s, duration) and not self._owner_wants(dev):
             return [self._start_stage(r, ev.stage, ev.time_s)]
         self.state.guest_waiting[dev].append((ev.replica_id, ev.iteration, ev.stage))
         return []
@@ -93,6 +108,8 @@ class SlicedReplicas:
         return out
 
     def _start_stage(self, r: Replica, stage: int, now: float) -> StageFinished:
+        """Run slice ``stage`` of the current iteration from ``now`` (the present, or under turns
+        the start of the first free window)."""
         dev = r.spec.stages[stage].device_id
         end = now + self.stage_s(r, stage)
         self.state.timelines.reserve(dev, now, end, _slice_id(r, stage))
@@ -105,8 +122,9 @@ class SlicedReplicas:
         return r.iteration_s * r.stage_share[stage]
 
     # ---- owners and their devices -----------------------------------------------------------
-    def _device_free(self, dev: str, now: float) -> bool:
-        return self.state.timelines.earliest_window((dev,), now, _NOW_EPS_S) <= now
+    def _device_free(self, dev: str, now: float, duration_s: float = _NOW_EPS_S) -> bool:
+        """Free from ``now`` for ``duration_s`` (a slice under turns may hold a later window)."""
+        return self.state.timelines.earliest_window((dev,), now, max(duration_s, _NOW_EPS_S)) <= now
 
     def _owner_wants(self, dev: str) -> bool:
         st = self.state
@@ -120,9 +138,12 @@ class SlicedReplicas:
         out: list[Event] = []
         for dev in device_ids:
             queue = st.guest_waiting.get(dev)
-            if queue and self._device_free(dev, now) and not self._owner_wants(dev):
-                rid, _, stage = queue.pop(0)
-                out.append(self._start_stage(st.replicas[rid], stage, now))
+            if queue and not self._owner_wants(dev):
+                rid, _, stage = queue[0]
+                guest = st.replicas[rid]
+                if self._device_free(dev, now, self.stage_s(guest, stage)):
+                    queue.pop(0)
+                    out.append(self._start_stage(guest, stage, now))
         return out
 
     def _guest_in_gap(self, owner: Replica, now: float) -> list[Event]:
@@ -133,14 +154,16 @@ class SlicedReplicas:
         tbt = math.inf
         for dev in owner.device_ids:
             queue = st.guest_waiting.get(dev)
-            if not queue or not self._device_free(dev, now):
+            if not queue:
+                continue
+            rid, _, stage = queue[0]
+            guest = st.replicas[rid]
+            if not self._device_free(dev, now, self.stage_s(guest, stage)):
                 continue
             if tbt == math.inf:
                 tbt = self._tightest_tbt(owner)
                 if not owner.num_decodes or tbt == math.inf:
                     return out
-            rid, _, stage = queue[0]
-            guest = st.replicas[rid]
             p90 = self.stage_s(guest, stage) * guest.p90_ratio
             if (now - owner.current_start_s) + p90 <= self.config.guest_slack_fraction * tbt:
                 queue.pop(0)

@@ -82,6 +82,9 @@ class ReplicaSpec:
     # Operator-level slices: each iteration runs as these slices in order, each on its device
     # (``device_ids`` are their distinct devices); empty: whole iterations on ``device_ids``.
     stages: tuple[SliceStage, ...] = ()
+    # Sliced only: its slices take turns with the owners' iterations first come first served (as
+    # a whole guest replica's iterations do) instead of yielding to them at slice boundaries.
+    turns: bool = False
 
 
 class OutputEstimator(Protocol):

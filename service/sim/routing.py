@@ -8,6 +8,13 @@ requests in it, ties broken by the state's ``rng``. A request that could never f
 own, else its tenant's), its tenant's weight and its deadline (arrival plus its SLA class's
 finish-by target for that budget), what the queue policy orders by. Run-time replicas move queued requests:
 a draining replica hands its queue to its peers, a new one takes an even share of its tenant's.
+
+A sliced guest (operator-level slices, :mod:`service.sim.pipeline`) keeps no queue of its own:
+an arriving request goes to it only when its queue is empty and it has a free batch slot (it
+can start the request at its next iteration), and at each iteration it admits, after its own
+queue, what fits from the heads of its tenant's other replicas' queues (:meth:`Routing.pull_from`);
+it takes no share at start, and when drained hands back its preempted requests as well as its
+queue. Its requests thus never wait behind a pipeline slower than the replica they came from.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-from service.core.queue import QueuedRequest, QueuePolicy
+from service.core.queue import QueuedRequest, QueuePolicy, WaitingQueue
 from service.domain.request import RequestSpec
 from service.sim.batcher import Batcher
 from service.sim.replica import Live, OutputEstimator, Replica
@@ -59,6 +66,11 @@ class Routing:
         return any(self.batcher.fits_ever(req, self.state.replicas[rid]) for rid in candidates)
 
     def route(self, req: RequestSpec, candidates: Sequence[str]) -> str:
+        if len(candidates) > 1:
+            replicas = self.state.replicas
+            # a sliced guest takes an arrival only when it can start it at its next iteration
+            ready = [c for c in candidates if not _pulls(replicas[c]) or _can_start(replicas[c])]
+            candidates = ready or candidates
         if len(candidates) == 1:
             return candidates[0]
         if self.choose is not None:
@@ -91,7 +103,10 @@ class Routing:
         r.waiting.push(q, live)
 
     def steal(self, r: Replica) -> None:
-        """A new replica takes an even share of its tenant's queued requests."""
+        """A new replica takes an even share of its tenant's queued requests (a sliced guest
+        takes none: it admits from its peers' queues what it can start, see :meth:`pull_from`)."""
+        if _pulls(r):
+            return
         st = self.state
         tenant = r.spec.tenant_id
         peers = [st.replicas[x] for x in st.by_model.get(r.spec.model, [])
@@ -104,12 +119,28 @@ class Routing:
                 self.push(r, live)
             share -= take
 
+    def pull_from(self, r: Replica, now: float) -> list[WaitingQueue[Live]]:
+        """The queues a sliced guest admits from after its own: those of its tenant's other
+        replicas of the model that take requests now, longest first (none for other replicas)."""
+        if not _pulls(r):
+            return []
+        st = self.state
+        rid = r.spec.replica_id
+        peers = [st.replicas[x] for x in st.by_model.get(r.spec.model, []) if x != rid
+                 and st.replicas[x].spec.tenant_id == r.spec.tenant_id and x not in st.draining
+                 and st.ready_at.get(x, 0.0) <= now]
+        return [p.waiting for p in sorted(peers, key=lambda p: (-len(p.waiting), p.spec.replica_id)) if p.waiting]
+
     def hand_off(self, r: Replica, now: float) -> list[str]:
-        """Move a draining replica's queue to its peers (a request with nowhere else to go stays);
-        returns the idle peers that now need a step, in the order they became so."""
+        """Move a draining replica's queue to its peers (a request with nowhere else to go stays;
+        a sliced guest's preempted requests go too: they hold no KV); returns the idle peers that
+        now need a step, in the order they became so."""
         st = self.state
         wake: list[str] = []
-        for live in r.waiting.take(len(r.waiting), st.served):
+        unstarted = r.waiting.take(len(r.waiting), st.served)
+        if _pulls(r):
+            unstarted += r.preempted.take(len(r.preempted), st.served)
+        for live in unstarted:
             others = self.routable(live.spec, now)
             if not others:
                 self.push(r, live)  # nowhere else: it stays and is served before removal
@@ -120,3 +151,13 @@ class Routing:
                 dest.step_pending = True
                 wake.append(dest.spec.replica_id)
         return wake
+
+
+def _pulls(r: Replica) -> bool:
+    """A sliced guest: it admits from its peers' queues rather than keep one (module doc)."""
+    return r.spec.guest and bool(r.spec.stages)
+
+
+def _can_start(r: Replica) -> bool:
+    """Nothing queued on it and a free batch slot: an arrival would start at its next iteration."""
+    return not r.waiting and not r.preempted and len(r.prefilling) + r.num_decodes < r.spec.max_num_seqs

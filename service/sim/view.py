@@ -79,7 +79,8 @@ class SimClusterView:
             waiting, running, draining, idle = self.cluster.replica_state(rid)
             tenant = spec.tenant_id or rid.split("/")[0]
             out.append(ReplicaInfo(rid, tenant, self.model_uid(tenant, spec.model), spec.model, spec.device_ids,
-                                   waiting, running, spec.guest, draining, idle))
+                                   waiting, running, spec.guest, draining, idle,
+                                   yields_to_owners=bool(spec.stages) and not spec.turns))
         return out
 
     def devices(self) -> Sequence[DeviceInfo]:
@@ -173,7 +174,7 @@ class SimClusterView:
         chunk = self.tenant_chunks.get(tenant, self.batching.max_batched_tokens)
         return ReplicaSpec(rid, change.family, change.device_ids, max_batched_tokens=chunk,
                            max_num_seqs=self.batching.max_num_seqs, tenant_id=tenant, guest=True,
-                           stages=tuple(SliceStage(*st) for st in change.stages))
+                           stages=tuple(SliceStage(*st) for st in change.stages), turns=change.turns)
 
     def _source(self, homes: Sequence[str], change: ReplicaChange) -> str | None:
         """The home device to copy weights from: one with a link to the first target device."""

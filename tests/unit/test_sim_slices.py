@@ -1,7 +1,9 @@
 """Operator-level slices in the simulator: a sliced replica runs each iteration as slices of
-layers on other tenants' devices. Properties over random workloads and cuts: no slice starts
-before its input has arrived, no device exceeds its memory, an owner is never delayed by more
-than one guest slice; and bad plans are refused with nothing allocated."""
+layers on other tenants' devices. Properties over random workloads, cuts and sharing modes: no
+slice starts before its input has arrived, no device runs two pieces of work at once or exceeds
+its memory, under owner priority an owner is never delayed by more than one guest slice, and the
+sliced guest never holds more than one request it cannot start; and bad plans are refused with
+nothing allocated."""
 
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def _stages(layers: int, devices: tuple[str, ...], cuts: list[int]) -> tuple[Sli
 
 
 def _cluster(seed: int, stages: tuple[SliceStage, ...], owner_rate: float, guest_rate: float,
-             ) -> tuple[SimulatedCluster, Spans]:
+             turns: bool = False) -> tuple[SimulatedCluster, Spans]:
     """Owners: a 7B on gpu1 and gpu2; the busy 13B tenant at home on gpu0 plus a sliced replica."""
     spans = Spans()
     homes = [ReplicaSpec("own1/1", "llama2-7b", ("node0/gpu1",), tenant_id="own1"),
@@ -64,8 +66,8 @@ def _cluster(seed: int, stages: tuple[SliceStage, ...], owner_rate: float, guest
     c = SimulatedCluster(A100, homes, RooflineCostModel(), rng=np.random.default_rng(seed), observers=[spans],
                          record_log=True)
     devices = tuple(dict.fromkeys(s.device_id for s in stages))
-    assert c.add_replica(ReplicaSpec(GUEST, "llama2-13b", devices, tenant_id="busy", guest=True, stages=stages),
-                         weights_from="node0/gpu0") is not None
+    assert c.add_replica(ReplicaSpec(GUEST, "llama2-13b", devices, tenant_id="busy", guest=True, stages=stages,
+                                     turns=turns), weights_from="node0/gpu0") is not None
     rng = np.random.default_rng(seed)
     work = (_requests(rng, "own1", "llama2-7b", 40, owner_rate) + _requests(rng, "own2", "llama2-7b", 40, owner_rate)
             + _requests(rng, "busy", "llama2-13b", 120, guest_rate))
@@ -75,18 +77,26 @@ def _cluster(seed: int, stages: tuple[SliceStage, ...], owner_rate: float, guest
 
 plans = st.tuples(st.integers(0, 10_000), st.lists(st.integers(1, 39), min_size=0, max_size=6, unique=True),
                   st.sampled_from([("node0/gpu1",), ("node0/gpu1", "node0/gpu2"), ("node0/gpu2", "node0/gpu1")]),
-                  st.sampled_from([0.5, 2.0, 8.0]))
+                  st.sampled_from([0.5, 2.0, 8.0]), st.booleans())
 
 
 @pytest.mark.slow
 @settings(max_examples=8, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(plans)
-def test_slices_respect_dependencies_memory_and_owner_priority(case: tuple[int, list[int], tuple[str, ...], float]
-                                                               ) -> None:
-    seed, cuts, devices, owner_rate = case
+def test_slices_respect_dependencies_memory_and_owner_priority(
+        case: tuple[int, list[int], tuple[str, ...], float, bool]) -> None:
+    seed, cuts, devices, owner_rate, turns = case
     stages = _stages(40, devices, sorted(cuts))
-    c, spans = _cluster(seed, stages, owner_rate, 20.0)
-    c.run(until=8.0)
+    c, spans = _cluster(seed, stages, owner_rate, 20.0, turns)
+    # The sliced guest admits only what it can start: at most the one arrival routed to it.
+    for t in np.arange(0.5, 8.01, 0.5):
+        c.run(until=float(t))
+        assert c.replica_state(GUEST)[0] <= 1
+    # One piece of work at a time on every device, whoever's it is.
+    for d, xs in spans.by_device.items():
+        ordered = sorted(xs)
+        for (_, e0, _), (s1, _, _) in itertools.pairwise(ordered):
+            assert s1 >= e0 - 1e-9, d
     link = A100.link("node0/gpu1", "node0/gpu2")
     assert link is not None
     # Dependency safety: within an iteration the slices run in stage order, and a slice on another
@@ -105,6 +115,8 @@ def test_slices_respect_dependencies_memory_and_owner_priority(case: tuple[int, 
         assert s1 >= e0 + (link.latency_us * 1e-6 if d1 != d0 else 0.0) - 1e-12
     # Memory safety: nothing was ever forced over a device's limit.
     assert c.report().violations == []
+    if turns:  # first come first served: owners are not given priority
+        return
     # Owner priority: an owner iteration waits for at most one guest slice after it wanted the
     # device (its previous iteration's end, or the step request that woke it).
     wanted: dict[str, float] = {}
@@ -201,3 +213,26 @@ class _Fixed:
 
     def step(self, now_s: float, state: object) -> Decision:
         return Decision(add=[self.change])
+
+
+def test_a_sliced_guest_takes_no_share_of_the_queue_and_admits_from_its_tenants() -> None:
+    """Where a whole guest takes an even share of its tenant's queue when it starts, a sliced
+    one takes none and admits at each iteration what fits from the home's queue head."""
+    homes = [ReplicaSpec("busy/1", "llama2-13b", ("node0/gpu0",), tenant_id="busy")]
+    c = SimulatedCluster(A100, homes, RooflineCostModel(), rng=np.random.default_rng(0))
+    c.submit([RequestSpec(f"busy:{i}", "busy", "llama2-13b", 0.0, 1000, 50) for i in range(400)])
+    c.run(until=0.5)
+    stages = _stages(40, ("node0/gpu1", "node0/gpu2"), [20])
+    ready = c.add_replica(ReplicaSpec(GUEST, "llama2-13b", ("node0/gpu1", "node0/gpu2"), tenant_id="busy", guest=True,
+                                      stages=stages), weights_from="node0/gpu0")
+    assert ready is not None
+    c.run(until=ready + 1e-9)
+    waiting, running, _, _ = c.replica_state(GUEST)
+    assert waiting == 0 and running > 0  # admitted from the home's queue, nothing parked on it
+    c.run(until=ready + 2.0)
+    c.drain_replica(GUEST)
+    assert c.replica_state(GUEST)[0] == 0
+    c.run()
+    report = c.report()
+    assert len(report.requests) == 400 and all(not o.dropped for o in report.requests)
+    assert any(o.replica_id == GUEST for o in report.requests) and report.violations == []

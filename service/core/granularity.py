@@ -1,0 +1,159 @@
+"""The ``slice`` placement policy: one placement over every granularity.
+
+At every step, for each model with a backlog, the policy judges with the what-if simulator
+plans at every granularity it can place, and commits the one that does most good over the
+horizon (:func:`~service.core.placement.best_by_what_if`: SLAs first, then output tokens, no
+tenant predicted worse, no memory violation):
+
+- the whole model as a guest replica (tensor parallel on one host where it needs several
+  devices), taking turns with the owners iteration by iteration: exactly the guest replicas
+  the ``replica`` policy judges, under its rules (no
+  guest where an owner pressed within the horizon, nor on the home of a model that has a guest
+  elsewhere; :class:`~service.core.placement.ReplicaPlacementPolicy`);
+- the model cut into slices of consecutive layers, from one slice (the whole model on one
+  device) through a quarter of its layers to the fixed quantum of ``slice-fixed`` (the most
+  layers whose share of a typical iteration fits ``slice_budget_s``), each slice kept on the
+  previous slice's device while its memory lasts (:func:`~service.core.slicing.plans_at_quantum`),
+  so a model no single device holds (the 70B case) spreads its layers over the free memory of
+  several; each plan under owner priority (its slices yield to the devices' owners at slice
+  boundaries) and, where it spans several devices none of which is closed to guests, also
+  taking turns with them (a whole model on one device taking turns is a guest replica, judged
+  above).
+
+The guest replicas come first and a later plan must score strictly better to be chosen, so on
+the what-if's own score the step never does worse than ``replica`` would from the same state.
+
+Drains: a guest that takes turns leaves under ``replica``'s rules (idle ``idle_drain_s``, or an
+owner of one of its devices whose backlog presses); a guest that yields to owners leaves when
+idle, or when an owner of one of its devices has a backlog and the device lacks the memory
+for the owner's KV reserve (``slice-fixed``'s rule: owner priority already keeps the owner's
+iterations first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+
+from service.core.placement import (
+    DeviceFinder,
+    ReplicaPlacementPolicy,
+    best_by_what_if,
+    candidate_groups,
+    drain_guests,
+    pressing_models,
+)
+from service.core.scheduler import ClusterView, Decision, ReplicaChange, ReplicaInfo
+from service.core.slicing import Stage, plans_at_quantum, quantum
+
+__all__ = ["GranularPlacementPolicy", "QuantumPlanFinder", "granular_policy", "quanta"]
+
+QuantumPlanFinder = Callable[[ClusterView, str, int, int], list[tuple[Stage, ...]]]
+"""``(state, model_uid, layers_per_slice, k) -> plans, best first``: where a model's slices may go."""
+
+
+def quanta(num_layers: int, fixed: int) -> list[int]:
+    """Layers per slice to try, coarsest first: the whole model, the largest divisor of
+    ``num_layers`` within a quarter of it, and ``fixed`` (each once)."""
+    quarter = max((q for q in range(1, num_layers // 4 + 1) if num_layers % q == 0), default=1)
+    return list(dict.fromkeys((num_layers, quarter, fixed)))
+
+
+@dataclass
+class GranularPlacementPolicy:
+    """Plans at every granularity for each backlogged model, judged by the what-if (module
+    doc). ``find_devices`` answers the whole replicas' device groups (:func:`candidate_groups`
+    by default), ``find_plans`` the sliced plans at a quantum (:func:`plans_at_quantum`)."""
+
+    horizon_s: float = 20.0  # what-if look-ahead
+    max_candidates: int = 3  # whole guest replicas judged per backlogged model and step (as ``replica``)
+    max_slice_plans: int = 4  # sliced plans judged per backlogged model and step
+    min_backlog: int = 2  # waiting requests before a model looks for more room
+    idle_drain_s: float = 30.0  # a guest idle this long is drained
+    max_guests_per_tenant: int = 4  # guests (whole or sliced) per served model
+    yield_share: float = 0.5  # an owner presses once a waiting request has this share of its TTFT allowance left
+    slice_budget_s: float = 0.02  # the finest quantum: a slice's typical run time stays within this
+    find_devices: DeviceFinder = field(default_factory=lambda: candidate_groups)
+    find_plans: QuantumPlanFinder = field(default_factory=lambda: plans_at_quantum)
+    name: str = "slice"
+    _replica: ReplicaPlacementPolicy = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # The whole-replica half is replica's own code and state (its record of pressing owners).
+        self._replica = ReplicaPlacementPolicy(
+            horizon_s=self.horizon_s, max_candidates=self.max_candidates, min_backlog=self.min_backlog,
+            idle_drain_s=self.idle_drain_s, max_guests_per_tenant=self.max_guests_per_tenant,
+            yield_share=self.yield_share, find_devices=self.find_devices)
+
+    def step(self, now_s: float, state: ClusterView) -> Decision:
+        decision = Decision()
+        replicas = list(state.replicas())
+        self._drains(state, replicas, decision)
+        closed = self._replica.closed_devices(now_s, replicas)
+        pressing, family_of = pressing_models(replicas, self.min_backlog, self.max_guests_per_tenant)
+        changes = chain(self._replica.guest_changes(state, pressing, family_of, closed),
+                        (c for model in pressing for c in self.sliced_changes(state, model, family_of[model], closed)))
+        best = best_by_what_if(state, changes, self.horizon_s, decision)
+        if best is not None:
+            decision.add.append(best.change)
+            decision.notes.append(f"{describe(best.change)}: {best.gain:+.0f} tokens in {self.horizon_s:.0f}s, "
+                                  f"{best.sla_note()}")
+        return decision
+
+    def sliced_changes(self, state: ClusterView, model_uid: str, family: str, closed: set[str]
+                       ) -> Iterator[ReplicaChange]:
+        """Up to ``max_slice_plans`` sliced plans for ``model_uid``, coarsest quantum first, each
+        under owner priority and (several devices, none closed) under turns."""
+        num_layers = len(state.slice_sizes(family, 1))
+        fixed = quantum(state.iteration_s(family, 1), num_layers, self.slice_budget_s)
+        seen: set[tuple[Stage, ...]] = set()
+        made = 0
+        for q in quanta(num_layers, fixed):
+            for plan in self.find_plans(state, model_uid, q, 1):
+                if plan in seen:
+                    continue
+                seen.add(plan)
+                devices = tuple(dict.fromkeys(d for d, _, _ in plan))
+                modes = [False] + ([True] if len(devices) > 1 and not closed.intersection(devices) else [])
+                for turns in modes:
+                    if made >= self.max_slice_plans:
+                        return
+                    made += 1
+                    yield ReplicaChange(model_uid, family, devices, plan, turns=turns)
+
+    def _drains(self, state: ClusterView, replicas: Sequence[ReplicaInfo], decision: Decision) -> None:
+        free = {d.device_id: d.free_bytes for d in state.devices()}
+        pressed = self._replica.drain_reason(state, decision)
+
+        def reason(guest: ReplicaInfo, owner: ReplicaInfo, device: str) -> str | None:
+            if not guest.yields_to_owners:  # it takes turns: replica's rule
+                return pressed(guest, owner, device)
+            if owner.waiting >= self.min_backlog and free[device] < state.kv_reserve_bytes(owner.family):
+                return f"owner {owner.model_uid} has {owner.waiting} waiting and {device} lacks its KV reserve"
+            return None
+        drain_guests(replicas, self.idle_drain_s, decision, reason)
+
+
+def describe(change: ReplicaChange) -> str:
+    """A change in a line, for a decision's note."""
+    where = ",".join(change.device_ids)
+    if not change.stages:
+        return f"add {change.model_uid} on {where} (whole, turns)"
+    sizes = sorted({b - a + 1 for _, a, b in change.stages})
+    layers = "/".join(str(n) for n in sizes)
+    mode = "turns" if change.turns else "owner priority"
+    return f"slice {change.model_uid}: {len(change.stages)} slices of {layers} layers on {where} ({mode})"
+
+
+def granular_policy(*, find_devices: DeviceFinder | None = None, horizon_s: float = 20.0, max_candidates: int = 3,
+                    max_slice_plans: int = 4, min_backlog: int = 2, idle_drain_s: float = 30.0,
+                    max_guests_per_tenant: int = 4, yield_share: float = 0.5,
+                    slice_budget_s: float = 0.02) -> GranularPlacementPolicy:
+    """The ``slice`` policy; ``find_devices`` is the whole replicas' device search (default: in
+    memory)."""
+    return GranularPlacementPolicy(horizon_s=horizon_s, max_candidates=max_candidates,
+                                   max_slice_plans=max_slice_plans, min_backlog=min_backlog,
+                                   idle_drain_s=idle_drain_s, max_guests_per_tenant=max_guests_per_tenant,
+                                   yield_share=yield_share, slice_budget_s=slice_budget_s,
+                                   find_devices=find_devices or candidate_groups)
