@@ -69,7 +69,7 @@ def test_a_benchmark_without_a_record_reports_no_figure() -> None:
     records = [r for r in hooks.load_records() if r.name != "gmg_load"]
     bench = next(b for b in hooks.load_benchmarks() if b.name == "gmg_load")
     assert "None: this benchmark has no record" in hooks.benchmark_page(bench, records, "usage: x")
-    assert "[gmg_load](benchmarks/gmg_load.md)." in hooks.results_page(records, hooks.load_benchmarks())
+    assert "[gmg_load](benchmarks/gmg_load.md)" in hooks.results_page(records, hooks.load_benchmarks())
 
 
 def test_placeholders_resolve_in_every_hand_written_page_and_unknown_keys_fail() -> None:
