@@ -82,10 +82,10 @@ TEST_WORKERS ?= 2
 test: venv kustomize browser data
 	@$(RUN) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-# The fast tier: the unit tests that need no Neo4j, no browser and no subprocess, and take no more
-# than a second or so each (markers set in tests/conftest.py and on the slow tests): under a minute.
+# The fast tier: the unit tests that need no Neo4j, no browser and no process of their own, and take
+# no more than a second or so each (markers: tests/conftest.py and pyproject.toml): under a minute.
 test-fast: venv
-	@$(RUN) -m pytest tests/unit -n $(TEST_WORKERS) -m "not neo4j and not slow and not browser" $(PYTEST_ARGS)
+	@TEST_TIER=fast $(RUN) -m pytest tests/unit -n $(TEST_WORKERS) -m "not neo4j and not slow and not browser and not subprocess" $(PYTEST_ARGS)
 
 lint: venv
 	@$(RUN) -m ruff check service executor learned tests benchmarks

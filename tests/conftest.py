@@ -45,6 +45,19 @@ def needs_data(*names: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(bool(missing), reason=fetch_hint(*missing) if missing else "", data_sets=names)
 
 
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``make test-fast`` (``TEST_TIER=fast``) a test that starts a process fails, saying
+    which marker it lacks: the tier's "no subprocess" is checked, not hoped for."""
+    if os.environ.get("TEST_TIER") != "fast":
+        return
+
+    def refuse(self: object, args: object, *rest: object, **kwargs: object) -> None:
+        raise AssertionError(f"this test starts a process ({args!r}): mark it subprocess (or slow)")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tiers by what a test needs, so ``-m`` can pick them (``make test-fast``): ``neo4j`` for every
     test that reaches the session's server through its fixtures (directly or through another

@@ -225,6 +225,7 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@pytest.mark.subprocess
 def test_the_cpu_meter_counts_the_cores_each_part_of_the_stack_kept_busy() -> None:
     """The meter's reading of a spinning process is the CPU time it used over the interval (read
     independently here), whatever share of a core other work on the machine left it; this

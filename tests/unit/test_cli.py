@@ -58,6 +58,7 @@ def test_trace_stats_skips_a_line_that_is_not_utf8(tmp_path: Path) -> None:
     assert lenient.returncode == 0 and "line 2: not UTF-8" in lenient.stdout, lenient.stdout + lenient.stderr
 
 
+@pytest.mark.subprocess
 def test_malformed_cluster_yaml_is_one_line_with_line_and_column(tmp_path: Path) -> None:
     spec = tmp_path / "broken.yaml"
     spec.write_text("name: c\nhosts:\n  - host_id: h0\n    devices: [a, b\n  - host_id: h1\n")

@@ -23,6 +23,8 @@ import yaml
 
 from executor.command import _parser as executor_parser
 
+pytestmark = pytest.mark.subprocess  # every test renders deploy/ with the kustomize binary
+
 ROOT = Path(__file__).resolve().parents[2]
 SECRET_NAMES = {"slicesched-admin", "slicesched-neo4j", "slicesched-executor"}
 SECRET_FILES = {"admin.env": "admin-key", "neo4j.env": "password", "executor.env": "key"}

@@ -21,6 +21,7 @@ mkdir -p "$d" && echo jar > "$d/neo4j.jar"
 """
 
 
+@pytest.mark.subprocess
 def test_concurrent_installs_resolve_the_jars_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bin_dir, runs = tmp_path / "bin", tmp_path / "mvn-runs"
     bin_dir.mkdir()
