@@ -31,7 +31,6 @@ verifying what is there still work).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -47,6 +46,7 @@ from service.domain.error import InvariantError
 from service.domain.principal import Principal
 from service.graph.audit_store import AuditStore
 from service.live import threads
+from service.live.write_loop import gather_and_write, write_all
 
 log = logging.getLogger("slicesched.audit")
 
@@ -219,24 +219,12 @@ class AuditLog:
         """One round of the writer loop (run under the service's supervisor): wait up to a second
         for entries, gather more for ``max_delay_s`` unless one is awaited, write a batch. A failed
         write raises (the supervisor logs, counts and backs off); its entries stay queued."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), 1.0)
-        self._wake.clear()
-        if not self._pending:
-            return
-        deadline = time.perf_counter() + self.max_delay_s
-        while not self._urgent and len(self._pending) < self.max_rows and time.perf_counter() < deadline:
-            await asyncio.sleep(min(0.01, self.max_delay_s))
-        try:
-            await self._write_batch()
-        finally:
-            if self._pending:
-                self._wake.set()
+        await gather_and_write(self._wake, pending=lambda: self.pending, max_rows=self.max_rows,
+                               max_delay_s=self.max_delay_s, write=self._write_batch, urgent=lambda: self._urgent)
 
     async def flush(self) -> None:
         """Write everything queued now (shutdown, tests)."""
-        while self._pending:
-            await self._write_batch()
+        await write_all(lambda: self.pending, self._write_batch)
 
     async def close(self) -> None:
         """Write what is queued (after the loop stopped). A commit the stop interrupted runs on in

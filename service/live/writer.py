@@ -19,7 +19,6 @@ at most ``max_pending`` of them; past that the oldest are dropped and counted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -28,6 +27,7 @@ from collections.abc import Callable, Iterable
 from service.graph.repository import GraphRepository
 from service.live import threads
 from service.live.records import Write
+from service.live.write_loop import gather_and_write, write_all
 
 log = logging.getLogger("slicesched.writer")
 
@@ -76,24 +76,12 @@ class GmgWriter:
         """One round of the writer loop (run under the service's supervisor): wait up to a
         second for rows, gather more for ``max_delay_s``, write them. A failed write raises (the
         supervisor logs and counts it, and backs off); its rows stay pending."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), 1.0)
-        self._wake.clear()
-        if not self._pending:
-            return
-        deadline = time.perf_counter() + self.max_delay_s
-        while len(self._pending) < self.max_rows and time.perf_counter() < deadline:
-            await asyncio.sleep(min(0.01, self.max_delay_s))
-        try:
-            await self._write_batch()
-        finally:
-            if self._pending:
-                self._wake.set()
+        await gather_and_write(self._wake, pending=lambda: self.pending, max_rows=self.max_rows,
+                               max_delay_s=self.max_delay_s, write=self._write_batch)
 
     async def flush(self) -> None:
         """Write everything pending now (shutdown, tests)."""
-        while self._pending:
-            await self._write_batch()
+        await write_all(lambda: self.pending, self._write_batch)
 
     async def close(self) -> None:
         try:
