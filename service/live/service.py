@@ -44,6 +44,7 @@ from service.graph.repository import GraphRepository
 from service.live.access import DEFAULT_PROJECT, AccessBook, ApiKeyRecord, LiveProject
 from service.live.audit import AuditLog
 from service.live.durable import DurableWrites
+from service.live.key_admin import KeyAdmin
 from service.live.keys import ExecutorPools
 from service.live.metrics import PREFIX, LiveMetrics
 from service.live.notify import Signal
@@ -94,6 +95,7 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.repo: GraphRepository | None = None
         self.writer: GmgWriter | None = None
         self.audit = AuditLog(enabled=settings.audit, wait_s=settings.call_timeout_s)  # its store: at start
+        self.key_admin = KeyAdmin(self, self.pools, self.state, self.audit, self.persist, self.replan)
         headroom = {"headroom_utilisation": settings.headroom_utilisation or None,
                     "confirm_drains": settings.confirm_drains} if settings.placement == "replica" else {}
         self.scheduler = Scheduler(make_placement_policy(settings.placement, find_devices=self._cypher_candidates,
