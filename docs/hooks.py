@@ -99,7 +99,8 @@ def load_records(results: Path = RESULTS) -> list[Record]:
     """Every record in ``results`` and one folder down, sorted by path; JSON files of another
     shape (none today) are skipped."""
     out = []
-    for f in sorted([*results.glob("*.json"), *results.glob("*/*.json")]):
+    # sorted as the paths are written (a Path sorts "a/x" before "a-b/x"; the page lists names)
+    for f in sorted([*results.glob("*.json"), *results.glob("*/*.json")], key=lambda f: f.relative_to(results).as_posix()):
         data = json.loads(f.read_text())
         if isinstance(data, dict) and all(k in data for k in RECORD_FIELDS):
             out.append(Record(f.relative_to(results).as_posix(), data))
