@@ -231,8 +231,11 @@ def test_submission_fails_fast_while_neo4j_is_down(client: TestClient, uid: str,
     assert submit(client, key).status_code == 202
 
 
-def test_soft_writes_wait_out_an_outage_and_are_flushed(client: TestClient, uid: str, repo: Any,
+def test_soft_writes_wait_out_an_outage_and_are_flushed(make_client: Callable[..., TestClient], uid: str, repo: Any,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # a lease that outlives the outage however slow the machine: this is about the writer, and a
+    # lease expiring meanwhile (2 s in the other tests) would rightly end the Slice as "expired"
+    client = make_client(lease_ttl_s=120.0)
     svc = client.app.state.service  # type: ignore[attr-defined]
     key = setup_tenant_model(client, f"w{uid}")
     register(client, f"e{uid}")
