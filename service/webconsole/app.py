@@ -302,32 +302,29 @@ def create_console(api_url: str, *, secure_cookies: bool = False, session_idle_s
         return page(request, "secret.html", what=f"Key {done['key_id']} ({done['role']}) for {done['name']}",
                     secret=done["api_key"], back=f"/tenants/{_seg(tenant_id)}")
 
-    @app.post("/tenants/{tenant_id}/tenant-key/{action}", response_class=HTMLResponse)
-    async def tenant_key_action(request: Request, tenant_id: str, action: str) -> Response:
-        """The tenant's own key (not a member's): rotate (its new secret shown once) or revoke."""
+    async def change_key(request: Request, tenant_id: str, action: str, api_path: str, what: str) -> Response:
+        """Rotate (the new secret shown once) or revoke a key through ``api_path``; ``what`` names it."""
         s = need(request, *MANAGERS)
         await form(request)
         if action not in ("rotate", "revoke"):
             raise ApiError(404, f"no key action {action!r}")
-        done = await client.post(f"/v1/tenants/{_seg(tenant_id)}/keys/{action}", s.key)
+        done = await client.post(f"{api_path}/{action}", s.key)
         if action == "rotate":
-            return page(request, "secret.html", what=f"New secret of tenant {tenant_id}'s own key",
-                        secret=done["api_key"], back=f"/tenants/{_seg(tenant_id)}")
-        s.flash("ok", f"Tenant {tenant_id}'s own key revoked: it is refused from now on (rotate to issue a new one).")
+            return page(request, "secret.html", what=f"New secret of {what}", secret=done["api_key"],
+                        back=f"/tenants/{_seg(tenant_id)}")
+        s.flash("ok", f"{what[0].upper()}{what[1:]} revoked: it is refused from now on.")
         return RedirectResponse(f"/tenants/{_seg(tenant_id)}", status_code=303)
+
+    @app.post("/tenants/{tenant_id}/tenant-key/{action}", response_class=HTMLResponse)
+    async def tenant_key_action(request: Request, tenant_id: str, action: str) -> Response:
+        """The tenant's own key (not a member's)."""
+        return await change_key(request, tenant_id, action, f"/v1/tenants/{_seg(tenant_id)}/keys",
+                                f"tenant {tenant_id}'s own key")
 
     @app.post("/tenants/{tenant_id}/keys/{key_id}/{action}", response_class=HTMLResponse)
     async def key_action(request: Request, tenant_id: str, key_id: str, action: str) -> Response:
-        s = need(request, *MANAGERS)
-        await form(request)
-        if action not in ("rotate", "revoke"):
-            raise ApiError(404, f"no key action {action!r}")
-        done = await client.post(f"/v1/tenants/{_seg(tenant_id)}/api-keys/{_seg(key_id)}/{action}", s.key)
-        if action == "rotate":
-            return page(request, "secret.html", what=f"New secret of key {done['key_id']}", secret=done["api_key"],
-                        back=f"/tenants/{_seg(tenant_id)}")
-        s.flash("ok", f"Key {done['key_id']} revoked: it is refused from now on.")
-        return RedirectResponse(f"/tenants/{_seg(tenant_id)}", status_code=303)
+        return await change_key(request, tenant_id, action,
+                                f"/v1/tenants/{_seg(tenant_id)}/api-keys/{_seg(key_id)}", f"key {key_id}")
 
     # ---- usage (live) ----------------------------------------------------------------------------
     async def usage_of(s: Session, tenant_id: str | None) -> tuple[str | None, Any]:
