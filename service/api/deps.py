@@ -11,7 +11,6 @@ platform key). A missing, unknown or expired key is a 401, a key of another role
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated
 
@@ -20,18 +19,14 @@ from fastapi import Depends, Request
 from service.domain.error import UnauthorizedError
 from service.domain.principal import Principal, require
 from service.domain.role import (
-    ADMIN,
     AUDIT_READ,
     AUDIT_VERIFY,
     EXECUTE,
-    EXECUTOR,
     MANAGE,
     PLATFORM,
     READ,
     SUBMIT,
-    TENANT_ADMIN,
 )
-from service.live.credential import hash_key
 
 if TYPE_CHECKING:
     from service.live.service import LiveService
@@ -52,20 +47,7 @@ def authenticate(request: Request) -> Principal:
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key:
         raise UnauthorizedError("send your key as 'Authorization: Bearer <key>'")
-    service = service_of(request)
-    if hmac.compare_digest(key, service.settings.admin_key):
-        return Principal(ADMIN)
-    pool = service.pools.pool_of_key(key)
-    if pool is not None:
-        return Principal(EXECUTOR, pool_id=pool)
-    digest = hash_key(key)
-    tenant = service.state.by_key_hash.get(digest)
-    if tenant is not None:
-        return Principal(TENANT_ADMIN, tenant)
-    member = service.access.key_of_hash(digest, service.state.wall())
-    if member is None:
-        raise UnauthorizedError("unknown key")
-    return Principal(member.role, member.tenant_id, key_id=member.key_id, projects=member.projects)
+    return service_of(request).principal_of(key)
 
 
 AnyPrincipal = Annotated[Principal, Depends(authenticate)]

@@ -67,7 +67,7 @@ def new_request(svc: LiveService, tenant_id: str, body: RequestIn, idempotency_k
     body that a retry must match."""
     if (body.prompt is None) == (body.prompt_tokens is None):
         raise InvalidInputError("give exactly one of prompt (text) and prompt_tokens (ids)")
-    model = svc.state.models.get(f"{tenant_id}/{body.model_id}")  # an unknown model is refused just below
+    model = svc.reads.model_by_uid(f"{tenant_id}/{body.model_id}")  # an unknown model is refused just below
     tok = model.tokenizer if model is not None else BYTES
     prompt = tok.encode(body.prompt) if body.prompt is not None else list(body.prompt_tokens or [])
     req = build_request(svc, tenant_id, body.model_id, prompt, body.max_tokens, sla_class=body.sla_class,

@@ -23,10 +23,11 @@ where the what-if simulator says it pays, found by the Cypher candidate-slot sea
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -36,13 +37,16 @@ from service.core.policies import make_placement_policy
 from service.core.queue import QueuedRequest, QueuePolicy, make_queue_policy
 from service.core.scheduler import Scheduler
 from service.domain.audit import SYSTEM
-from service.domain.error import InvalidInputError
+from service.domain.error import InvalidInputError, UnauthorizedError
+from service.domain.principal import Principal
 from service.domain.quota import Quota
 from service.domain.request import RequestStatus
+from service.domain.role import ADMIN, EXECUTOR, TENANT_ADMIN
 from service.graph.catalog import QueryCatalog
 from service.graph.repository import GraphRepository
 from service.live.access import DEFAULT_PROJECT, AccessBook, ApiKeyRecord, LiveProject
 from service.live.audit import AuditLog
+from service.live.credential import hash_key
 from service.live.durable import DurableWrites
 from service.live.key_admin import KeyAdmin
 from service.live.keys import ExecutorPools
@@ -51,6 +55,7 @@ from service.live.notify import Signal
 from service.live.onboarding import AccessRequests
 from service.live.predictors import LivePredictors, PredictorSettings
 from service.live.quota import QuotaBook
+from service.live.reads import LiveReads
 from service.live.records import TERMINAL, LiveModel, LiveRequest
 from service.live.registration import model_from_dir
 from service.live.scheduling import SchedulingLoop
@@ -81,6 +86,7 @@ class LiveService(DurableWrites, SchedulingLoop):
                                lease_ttl_s=settings.lease_ttl_s, max_attempts=settings.max_attempts,
                                max_batch=settings.max_batch)
         self.metrics = LiveMetrics(self.state)
+        self.reads = LiveReads(self.state, self)  # what the HTTP layer reads (the facade's read half)
         self.streams = StreamBook()  # tokens on their way to waiting clients (the OpenAI endpoints)
         self.access = AccessBook()  # people's and services' keys, projects, tenant quotas
         self.quotas = QuotaBook()  # usage against them
@@ -169,6 +175,45 @@ class LiveService(DurableWrites, SchedulingLoop):
         await self.threads_done(30.0)  # a scheduler step or a call cancelled on its way still holds a session
         if self.driver is not None:
             await asyncio.to_thread(self.driver.close)
+
+    # ---- the facade's commands (what the HTTP layer asks of the state) ----------------------------
+    def principal_of(self, key: str) -> Principal:
+        """Who ``key`` is: the admin, an executor pool, a tenant's own key (its first tenant
+        admin), or a person's or service's key (its role); ``UnauthorizedError`` when unknown or
+        expired. Compared in constant time where a secret is compared directly."""
+        if hmac.compare_digest(key, self.settings.admin_key):
+            return Principal(ADMIN)
+        pool = self.pools.pool_of_key(key)
+        if pool is not None:
+            return Principal(EXECUTOR, pool_id=pool)
+        digest = hash_key(key)
+        tenant = self.state.by_key_hash.get(digest)
+        if tenant is not None:
+            return Principal(TENANT_ADMIN, tenant)
+        member = self.access.key_of_hash(digest, self.state.wall())
+        if member is None:
+            raise UnauthorizedError("unknown key")
+        return Principal(member.role, member.tenant_id, key_id=member.key_id, projects=member.projects)
+
+    def check_lease(self, p: Principal, lease_id: str) -> None:
+        """An executor key acts only on leases of executors its pool registered (else a 404)."""
+        self.pools.check_lease(p, self.state, lease_id)
+
+    def renew_lease(self, p: Principal, lease_id: str) -> float:
+        """Extend a live lease (the caller's: :meth:`check_lease`); its new time to live in seconds."""
+        self.check_lease(p, lease_id)
+        return self.state.renew(lease_id)
+
+    def heartbeat(self, executor_id: str, busy_s: float, running: Iterable[str]) -> tuple[list[str], list[str]]:
+        """An executor is alive and runs ``running``: ``(leases renewed, leases to stop)``."""
+        return self.state.heartbeat(executor_id, busy_s, running)
+
+    def set_queue_policy(self, policy: QueuePolicy) -> str:
+        """Every model's queue ordered by ``policy`` from now on; the previous policy's name
+        (``ConflictError`` while requests wait or run)."""
+        previous = self.state.policy.name
+        self.state.set_queue_policy(policy)
+        return previous
 
     # ---- queue policies ----------------------------------------------------------------------------
     def queue_policy(self, name: str, params: dict[str, Any]) -> QueuePolicy:

@@ -41,14 +41,14 @@ async def create_api_key(tenant_id: str, body: ApiKeyIn, svc: Svc, p: ManagePrin
     own_tenant(p, tenant_id)
     record, key = await governance.create_key(svc, p, tenant_id, body.key_id, body.name, body.role,
                                               tuple(dict.fromkeys(body.projects)), body.expires_in_s)
-    return {**record.public(svc.state.wall()), "api_key": key}
+    return {**record.public(svc.reads.wall()), "api_key": key}
 
 
 @router.get("/v1/tenants/{tenant_id}/api-keys", response_model=list[ApiKeyOut])
 async def list_api_keys(tenant_id: str, svc: Svc, p: ManagePrincipal) -> list[dict[str, Any]]:
     own_tenant(p, tenant_id)
-    svc.state.tenant(tenant_id)
-    now = svc.state.wall()
+    svc.reads.tenant(tenant_id)
+    now = svc.reads.wall()
     return [k.public(now) for k in svc.access.keys_of(tenant_id)]
 
 
@@ -57,7 +57,7 @@ async def rotate_api_key(tenant_id: str, key_id: str, svc: Svc, p: ManagePrincip
     """A new secret for the key (shown once); the old one is refused from now on."""
     own_tenant(p, tenant_id)
     record, key = await governance.rotate_key(svc, p, tenant_id, key_id)
-    return {**record.public(svc.state.wall()), "api_key": key}
+    return {**record.public(svc.reads.wall()), "api_key": key}
 
 
 @router.post("/v1/tenants/{tenant_id}/api-keys/{key_id}/revoke", response_model=ApiKeyOut)
@@ -65,7 +65,7 @@ async def revoke_api_key(tenant_id: str, key_id: str, svc: Svc, p: ManagePrincip
     """The key is refused from now on (and after a restart)."""
     own_tenant(p, tenant_id)
     record = await governance.revoke_key(svc, p, tenant_id, key_id)
-    return record.public(svc.state.wall())
+    return record.public(svc.reads.wall())
 
 
 # ---- auditor keys -------------------------------------------------------------------------------------
@@ -73,19 +73,19 @@ async def revoke_api_key(tenant_id: str, key_id: str, svc: Svc, p: ManagePrincip
 async def create_auditor_key(body: AuditorKeyIn, svc: Svc, p: AdminPrincipal) -> dict[str, Any]:
     """Admin: a platform key that reads (and verifies) the whole audit log and nothing else."""
     record, key = await governance.create_key(svc, p, None, body.key_id, body.name, AUDITOR, (), body.expires_in_s)
-    return {**record.public(svc.state.wall()), "api_key": key}
+    return {**record.public(svc.reads.wall()), "api_key": key}
 
 
 @router.get("/v1/auditor-keys", response_model=list[ApiKeyOut])
 async def list_auditor_keys(svc: Svc, _: AdminPrincipal) -> list[dict[str, Any]]:
-    now = svc.state.wall()
+    now = svc.reads.wall()
     return [k.public(now) for k in svc.access.keys_of(None)]
 
 
 @router.post("/v1/auditor-keys/{key_id}/revoke", response_model=ApiKeyOut)
 async def revoke_auditor_key(key_id: str, svc: Svc, p: AdminPrincipal) -> dict[str, Any]:
     record = await governance.revoke_key(svc, p, None, key_id)
-    return record.public(svc.state.wall())
+    return record.public(svc.reads.wall())
 
 
 # ---- projects, quotas, usage --------------------------------------------------------------------------
@@ -107,7 +107,7 @@ async def create_project(tenant_id: str, body: ProjectIn, svc: Svc, p: ManagePri
 async def list_projects(tenant_id: str, svc: Svc, p: ReadPrincipal) -> list[dict[str, Any]]:
     """The tenant's projects (a key limited to some: those)."""
     own_tenant(p, tenant_id)
-    svc.state.tenant(tenant_id)
+    svc.reads.tenant(tenant_id)
     return [_project_public(svc, tenant_id, pr.project_id) for pr in svc.access.projects_of(tenant_id)
             if not p.projects or pr.project_id in p.projects]
 
@@ -132,7 +132,7 @@ async def set_tenant_quota(tenant_id: str, body: QuotaIn, svc: Svc, p: AdminPrin
 async def usage(tenant_id: str, svc: Svc, p: ReadPrincipal) -> dict[str, Any]:
     """Quota and usage of the tenant and of each of its projects (a key limited to some: those)."""
     own_tenant(p, tenant_id)
-    svc.state.tenant(tenant_id)
+    svc.reads.tenant(tenant_id)
     return _usage(svc, tenant_id, p.projects)
 
 

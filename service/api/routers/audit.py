@@ -41,10 +41,9 @@ async def list_audit(
         if tenant_id is not None and tenant_id != scope:
             raise NotFoundError(f"no tenant {tenant_id!r}")
         tenant_id = scope
-    assert svc.repo is not None
-    rows: list[dict[str, Any]] = await svc.db(
-        svc.repo.audit_log, tenant_id=tenant_id, action=action, actor=actor, target_id=target, since_seq=since_seq,
-        until_seq=until_seq, since_at=since, until_at=until, limit=limit + 1, bound_s=30.0)
+    rows = await svc.reads.audit_log(
+        tenant_id=tenant_id, action=action, actor=actor, target_id=target, since_seq=since_seq,
+        until_seq=until_seq, since_at=since, until_at=until, limit=limit + 1)
     entries = [AuditEntry(**row).public() for row in rows[:limit]]
     return {"entries": entries, "next_since_seq": entries[-1]["seq"] + 1 if len(rows) > limit else None}
 
@@ -61,7 +60,6 @@ async def verify_audit(
     if (anchor_seq is None) != (anchor_hash is None):
         raise InvalidInputError("give both anchor_seq and anchor_hash, or neither")
     anchor = (anchor_seq, anchor_hash) if anchor_seq is not None and anchor_hash is not None else None
-    assert svc.repo is not None
     started = time.perf_counter()
-    result = await svc.db(svc.repo.verify_audit, anchor=anchor, bound_s=None)
+    result = await svc.reads.verify_audit(anchor)
     return {**result.public(), "seconds": time.perf_counter() - started}

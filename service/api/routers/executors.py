@@ -39,7 +39,7 @@ async def register_executor(body: ExecutorIn, svc: Svc, p: ExecutorPrincipal) ->
 @router.post("/v1/executors/{executor_id}/heartbeat", response_model=HeartbeatOut)
 async def heartbeat(executor_id: str, body: HeartbeatIn, svc: Svc, p: ExecutorPrincipal) -> dict[str, Any]:
     svc.pools.check_owner(p, executor_id)
-    renewed, cancel = svc.state.heartbeat(executor_id, body.busy_s, body.running)
+    renewed, cancel = svc.heartbeat(executor_id, body.busy_s, body.running)
     return {"renewed": renewed, "cancel": cancel, "drain": False}
 
 

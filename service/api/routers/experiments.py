@@ -29,8 +29,7 @@ def _visible(p: Principal, e: Experiment | dict[str, Any]) -> bool:
 
 async def _get(svc: Any, p: Principal, uid: str) -> Experiment:
     """The record, if the key may read it; else the same 404 as for one that does not exist."""
-    assert svc.repo is not None
-    e: Experiment = await svc.db(svc.repo.get_experiment, uid)  # NotFoundError when absent
+    e: Experiment = await svc.reads.experiment(uid)  # NotFoundError when absent
     if not _visible(p, e):
         raise NotFoundError(f"no experiment {uid!r}")
     return e
@@ -46,9 +45,8 @@ async def list_experiments(
     """Newest first: the caller's tenant's experiments (admin: every one)."""
     if kind is not None and kind not in KINDS:
         raise InvalidInputError(f"unknown experiment kind {kind!r} (known: {', '.join(KINDS)})")
-    assert svc.repo is not None
-    rows: list[dict[str, Any]] = await svc.db(
-        svc.repo.list_experiments, project=project, kind=kind, limit=limit,
+    rows = await svc.reads.experiments(
+        project=project, kind=kind, limit=limit,
         tenant_id=p.tenant_id if p.is_tenant else None, projects=list(p.projects) if p.projects else None)
     return [r for r in rows if _visible(p, r)]
 

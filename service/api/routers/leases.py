@@ -28,8 +28,7 @@ async def poll(body: PollIn, svc: Svc, p: ExecutorPrincipal) -> JSONResponse:
 
 @router.post("/v1/leases/{lease_id}/renew", response_model=LeaseRenewedOut)
 async def renew(lease_id: str, svc: Svc, p: ExecutorPrincipal) -> dict[str, Any]:
-    svc.pools.check_lease(p, svc.state, lease_id)
-    return {"lease_id": lease_id, "expires_in_s": svc.state.renew(lease_id)}
+    return {"lease_id": lease_id, "expires_in_s": svc.renew_lease(p, lease_id)}
 
 
 @router.post("/v1/leases/progress", response_class=JSONResponse, responses={200: {"model": ProgressOut}})
@@ -55,6 +54,6 @@ async def complete(body: CompleteIn, svc: Svc, p: ExecutorPrincipal) -> JSONResp
 @router.post("/v1/leases/{lease_id}/fail", response_model=LeaseFailedOut)
 async def fail(lease_id: str, body: FailIn, svc: Svc, p: ExecutorPrincipal) -> dict[str, Any]:
     svc.pools.check_owner(p, body.executor_id)
-    svc.pools.check_lease(p, svc.state, lease_id)
+    svc.check_lease(p, lease_id)
     await leasing.fail_lease(svc, lease_id, body.executor_id, body.reason)
     return {"lease_id": lease_id, "failed": True}

@@ -48,10 +48,9 @@ async def list_models(svc: Svc, p: ReadPrincipal, tenant_id: str | None = None) 
         tenant_id = scoped_tenant(p, tenant_id)
     else:
         require(p, "admin")
-    return [reports.model_public(m) for m in sorted(svc.state.models.values(), key=lambda m: m.uid)
-            if tenant_id is None or m.tenant_id == tenant_id]
+    return [reports.model_public(m) for m in svc.reads.models(tenant_id)]
 
 
 @router.get("/v1/catalog/models/{model_id}", response_model=ModelOut)
 async def get_model(model_id: str, svc: Svc, p: ReadPrincipal, tenant_id: str | None = None) -> dict[str, Any]:
-    return reports.model_public(svc.state.model(scoped_tenant(p, tenant_id), model_id))
+    return reports.model_public(svc.reads.model(scoped_tenant(p, tenant_id), model_id))

@@ -61,10 +61,10 @@ STREAM_DOC = {"text/event-stream": {"schema": {
 
 def _resolve(svc: LiveService, p: Principal, name: str) -> LiveModel:
     if p.is_tenant:
-        model = svc.state.models.get(f"{p.tenant_id}/{name}")
+        model = svc.reads.model_by_uid(f"{p.tenant_id}/{name}")
     else:
         require(p, "admin")
-        model = svc.state.models.get(name)
+        model = svc.reads.model_by_uid(name)
     if model is None:
         hint = "" if p.is_tenant else " (an admin key names a model tenant_id/model_id)"
         raise NotFoundError(f"the model {name!r} does not exist{hint}")
@@ -81,8 +81,7 @@ async def list_models(svc: Svc, p: ReadPrincipal) -> dict[str, Any]:
     """The key's models (an admin key: every tenant's, as tenant_id/model_id)."""
     if not p.is_tenant:
         require(p, "admin")
-    models = sorted((m for m in svc.state.models.values() if not p.is_tenant or m.tenant_id == p.tenant_id),
-                    key=lambda m: m.uid)
+    models = svc.reads.models(p.tenant_id if p.is_tenant else None)
     return {"object": "list", "data": [_card(m, p) for m in models]}
 
 
@@ -120,7 +119,7 @@ async def chat_completions(body: oa.ChatCompletionIn, svc: Svc, p: SubmitPrincip
 async def _run(svc: LiveService, request: Request, p: Principal, model: LiveModel, body: oa.SamplingBody,
                prompt: list[int], max_tokens: int, hints: intake.RequestHints, *, chat: bool) -> Response:
     """Submit the request and answer it whole, or as a stream."""
-    if not any(r.model_uid == model.uid and not r.draining for r in svc.state.replicas.values()):
+    if not svc.reads.serving(model.uid):
         raise NotServedError(f"no executor serves model {body.model!r} now; retry later")
     req = intake.build_request(svc, model.tenant_id, model.model_id, prompt, max_tokens, hints=hints,
                                sampling=intake.sampling_of(body.temperature, body.top_p, body.seed),

@@ -64,7 +64,7 @@ async def get_request(request_id: str, svc: Svc, p: ReadPrincipal) -> dict[str, 
 
 def _visible(svc: Svc, p: Principal, request_id: str) -> LiveRequest:
     """A request the key may see: its tenant's (a platform key: any), in its projects if limited."""
-    req = svc.state.request(request_id, p.tenant_id if p.is_tenant else None)
+    req = svc.reads.request(request_id, p.tenant_id if p.is_tenant else None)
     if p.projects and req.project_id not in p.projects:
         raise NotFoundError(f"no request {request_id!r}")
     return req
@@ -77,7 +77,7 @@ async def list_requests(svc: Svc, p: ReadPrincipal,
     if status is not None and status not in STATUSES:
         raise InvalidInputError(f"unknown status {status!r} (valid: {', '.join(STATUSES)})")
     tenant = p.tenant_id if p.is_tenant else None
-    out = [reports.request_public(svc, r) for r in svc.state.requests.values()
+    out = [reports.request_public(svc, r) for r in svc.reads.requests()
            if (tenant is None or r.tenant_id == tenant) and (status is None or r.status == status)
            and (not p.projects or r.project_id in p.projects)]
     return out[-limit:]

@@ -29,8 +29,7 @@ async def set_queue_policy(body: QueuePolicyIn, svc: Svc, p: AdminPrincipal) -> 
     queued or leased, 400 for an unknown policy or parameter. ``slack`` on a service with a
     predictor (``--predictor``) orders by predicted latest start times."""
     policy = svc.queue_policy(body.queue, dict(body.params))
-    previous = svc.state.policy.name
-    svc.state.set_queue_policy(policy)
+    previous = svc.set_queue_policy(policy)
     await svc.audit.append(actor_of(p), "queue_policy.set", "service", before={"queue": previous},
                            after={"queue": body.queue, "params": body.params})
     return {"queue": body.queue, "params": dict(body.params), "previous": previous}

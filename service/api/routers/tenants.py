@@ -26,7 +26,7 @@ async def create_tenant(body: TenantIn, svc: Svc, p: AdminPrincipal) -> dict[str
 
 @router.get("/v1/tenants", response_model=list[TenantOut])
 async def list_tenants(svc: Svc, _: AdminPrincipal) -> list[dict[str, Any]]:
-    return [reports.tenant_public(svc, t) for t in sorted(svc.state.tenants)]
+    return [reports.tenant_public(svc, t) for t in svc.reads.tenant_ids()]
 
 
 @router.get("/v1/tenants/{tenant_id}", response_model=TenantOut)
