@@ -158,6 +158,7 @@ class LiveService(DurableWrites, SchedulingLoop):
     async def stop(self) -> None:
         await self.workflows.stop()
         await self.supervisor.stop()
+        await self._stop_reopening()
         try:
             await self.predictors.flush()  # the last observations
         except Exception:
@@ -309,25 +310,37 @@ class LiveService(DurableWrites, SchedulingLoop):
 
     # ---- background loops ----------------------------------------------------------------------
     async def _neo4j_tick(self) -> None:
-        """Check that Neo4j answers; when it does not, find where the managed server runs now
-        (a restart may have moved it to another port) and reconnect. Then bring the GMG's view
-        of the cluster up to date if a re-plan could not write it. Every call is bounded, so a
-        hung connection shows as a failed tick, never as a watcher that stopped watching."""
-        ok = await self._watch_call(self._ping)
-        if not ok and self.settings.neo4j.managed:
-            await self._watch_call(self._follow_managed)
-            ok = await self._watch_call(self._ping)
-        if ok and not self.db_up:
-            assert self.writer is not None
-            await self._watch_call(self.writer.warm_up)  # plan the hot queries before taking traffic
-            log.info("Neo4j answers again at %s", self.neo4j_uri)
-        if ok and self._unsettled:  # before taking traffic again: an executor's retry then meets a settled request
+        """Check that Neo4j answers (following the managed server to a new port). Once it
+        answers after an outage, the gate opens only after the steps before traffic
+        (:meth:`_before_traffic`, one task across ticks: :meth:`_reopened`). Then bring the
+        GMG's view of the cluster up to date if a re-plan could not write it. Every call is
+        bounded, so a hung connection shows as a failed tick, never as a watcher that stopped
+        watching."""
+        ok = await self._reachable()
+        if not ok:
+            self.db_up = False
+            return
+        if (not self.db_up or self._unsettled) and not await self._reopened(self._before_traffic):
+            return  # still getting ready: the gate stays as it is
+        self.db_up, self.db_error = True, None
+        if self._gmg_dirty:
+            await self._write_cluster()
+
+    async def _before_traffic(self) -> None:
+        """After an outage: the submission statement planned (a cold server's first query paid
+        here, once), and the requests whose end had no clear answer settled from what Neo4j
+        holds (an executor's retry then meets a settled request). The writer's statements are
+        planned after the gate opens."""
+        reopening = not self.db_up
+        if reopening:
+            t0 = time.monotonic()
+            await self._watch_call(self._warm_intake, bound_s=120.0)
+            log.warning("Neo4j answers again at %s (ready to take traffic after %.1f s of warm-up)", self.neo4j_uri,
+                        time.monotonic() - t0)
+        if self._unsettled:
             await self._reconcile()
-        self.db_up = ok
-        if ok:
-            self.db_error = None
-            if self._gmg_dirty:
-                await self._write_cluster()
+        if reopening:
+            self._warm_in_background()
 
     async def _expiry_tick(self) -> None:
         executors = set(self.state.executors)
