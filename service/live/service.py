@@ -53,6 +53,7 @@ from service.live.predictors import LivePredictors, PredictorSettings
 from service.live.quota import QuotaBook
 from service.live.records import TERMINAL, LiveModel, LiveRequest
 from service.live.registration import model_from_dir
+from service.live.retention import Retention
 from service.live.scheduling import SchedulingLoop
 from service.live.settings import ServiceSettings
 from service.live.state import LiveState
@@ -101,6 +102,7 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.scheduler = Scheduler(make_placement_policy(settings.placement, find_devices=self._cypher_candidates,
                                                          **headroom))
         self.supervisor = Supervisor()
+        self.retention: Retention | None = None  # archive-then-delete of what grows (needs the store: at start)
         self.metrics.watch(self._health_metrics)
         self.metrics.watch(self._quota_metrics)
         self.metrics.watch(lambda: self.predictors.metrics(PREFIX))
@@ -144,7 +146,10 @@ class LiveService(DurableWrites, SchedulingLoop):
         sup.spawn("scheduler", self._schedule_tick, interval_s=self.settings.schedule_interval_s,
                   stuck_after_s=300.0)
         sup.spawn("gmg-writer", self.writer.tick, interval_s=0.0, stuck_after_s=60.0)
-        sup.spawn("retention", self._retention_tick, interval_s=600.0, stuck_after_s=1800.0)
+        settings = self.settings
+        self.retention = Retention(self.repo, settings.retention, observations=settings.observations_path)
+        sup.spawn("retention", self._retention_tick, interval_s=settings.retention.interval_s,
+                  stuck_after_s=max(1800.0, 3 * settings.retention.interval_s))
         sup.spawn("neo4j-watch", self._neo4j_tick, interval_s=1.0, stuck_after_s=60.0)
         sup.spawn("usage", self._usage_tick, interval_s=self.settings.usage_interval_s, stuck_after_s=120.0)
         sup.spawn("observations", self.predictors.flush, interval_s=1.0, stuck_after_s=120.0)
@@ -361,11 +366,14 @@ class LiveService(DurableWrites, SchedulingLoop):
             self.changed.set()
 
     async def _retention_tick(self) -> None:
-        """Bounded retention: live Slices older than ``slice_retention_s`` go (every 10 minutes)."""
-        assert self.repo is not None
+        """Bounded retention: live Slices older than ``slice_retention_s`` go; then requests,
+        workflows, audit entries and observations past theirs are archived and deleted, a
+        bounded batch per call (:mod:`service.live.retention`)."""
+        assert self.repo is not None and self.retention is not None
         deleted = await self.db(self.repo.delete_old_live_slices, time.time() - self.settings.slice_retention_s)
         if deleted:
             log.info("retention: deleted %d live slices", deleted)
+        await self.retention.tick(lambda fn, now: self.db(fn, now, bound_s=300.0))
 
 
 def quota_of_row(row: dict[str, Any]) -> Quota:
