@@ -104,6 +104,7 @@ class Neo4jGate:
     _reopening: asyncio.Future[None] | None = None  # the steps before traffic is taken again, across ticks
     _reopen_since: float = 0.0  # monotonic start of the reopening in progress
     _reopen_said: float = 0.0  # when the last "still reopening" line was logged
+    _retired: list[tuple[float, Any]] | None = None  # (monotonic time, driver) replaced after an outage, closed later
 
     def _open_driver(self, start: bool, resolved: Neo4jSettings | None = None) -> Any:
         """A verified driver to the configured server (the managed one: wherever its state says
@@ -182,6 +183,8 @@ class Neo4jGate:
     async def _reachable(self) -> bool:
         """Whether Neo4j answers a ping; when it does not and it is the managed server, find
         where it runs now (a restart may have moved it to another port), reconnect and ask again."""
+        if self._retired:
+            await self._watch_call(self._close_retired)
         ok = bool(await self._watch_call(self._ping))
         if not ok and self.settings.neo4j.managed:
             await self._watch_call(self._follow_managed)
@@ -222,6 +225,33 @@ class Neo4jGate:
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait({task}, timeout=1.0)
+
+    def _renew_driver(self) -> None:
+        """A new driver (a new connection pool) to the server that answers again. Why: the old
+        pool's connections died with the server, and each call that drew one failed
+        (``SessionExpired: Failed to read from defunct connection``, some only at a read
+        deadline), closing the gate again after it opened. The old driver is closed a minute
+        later (:meth:`_close_retired`), once calls still holding its connections have ended."""
+        resolved = self.settings.neo4j.resolved(start=False) if self.settings.neo4j.managed else None
+        driver = self._open_driver(False, resolved)
+        old, self.driver = self.driver, driver
+        if self.repo is not None:
+            self.repo.driver = driver
+        self._retired = [*(self._retired or []), (time.monotonic(), old)]
+
+    def _close_retired(self, *, older_than_s: float = 60.0) -> None:
+        """Close the drivers replaced at least ``older_than_s`` ago (0: all, at stop)."""
+        now = time.monotonic()
+        keep = []
+        for at, old in self._retired or []:
+            if now - at < older_than_s:
+                keep.append((at, old))
+                continue
+            try:
+                old.close()
+            except Exception:  # its server is gone; its sockets may already be closed
+                log.debug("closing a retired driver failed", exc_info=True)
+        self._retired = keep
 
     def _warm_intake(self) -> None:
         """Plan the statement a submission runs (an empty batch writes nothing) and pay a cold

@@ -164,6 +164,7 @@ class LiveService(DurableWrites, SchedulingLoop):
         await self.workflows.stop()
         await self.supervisor.stop()
         await self._stop_reopening()
+        await asyncio.to_thread(self._close_retired, older_than_s=0.0)
         try:
             await self.predictors.flush()  # the last observations
         except Exception:
@@ -332,14 +333,16 @@ class LiveService(DurableWrites, SchedulingLoop):
             await self._write_cluster()
 
     async def _before_traffic(self) -> None:
-        """After an outage: the submission statement planned (a cold server's first query paid
-        here, once), and the requests whose end had no clear answer settled from what Neo4j
+        """After an outage: a new connection pool (the old one's connections died with the
+        server), the submission statement planned (a cold server's first query paid here,
+        once), and the requests whose end had no clear answer settled from what Neo4j
         holds (an executor's retry then meets a settled request). The writer's statements are
         planned after the gate opens."""
         reopening = not self.db_up
         if reopening:
             t0 = time.monotonic()
-            await self._watch_call(self._warm_intake, bound_s=120.0)
+            await self._watch_call(self._renew_driver)
+            await self._watch_call(self._warm_intake, bound_s=60.0)
             log.warning("Neo4j answers again at %s (ready to take traffic after %.1f s of warm-up)", self.neo4j_uri,
                         time.monotonic() - t0)
         if self._unsettled:
