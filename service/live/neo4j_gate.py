@@ -105,6 +105,7 @@ class Neo4jGate:
     _reopen_since: float = 0.0  # monotonic start of the reopening in progress
     _reopen_said: float = 0.0  # when the last "still reopening" line was logged
     _retired: list[tuple[float, Any]] | None = None  # (monotonic time, driver) replaced after an outage, closed later
+    _closing: bool = False  # a close of retired drivers is running
 
     def _open_driver(self, start: bool, resolved: Neo4jSettings | None = None) -> Any:
         """A verified driver to the configured server (the managed one: wherever its state says
@@ -174,6 +175,7 @@ class Neo4jGate:
     async def _watch_call(self, fn: Any, bound_s: float | None = None) -> Any:
         bound = bound_s or 3 * self.settings.db_timeout_s + 2.0
         task = self.in_thread(fn)
+        task.add_done_callback(_retrieve)  # an abandoned or late call's error: logged, not 'never retrieved'
         try:
             return await asyncio.wait_for(task, bound)
         except TimeoutError:
@@ -183,8 +185,11 @@ class Neo4jGate:
     async def _reachable(self) -> bool:
         """Whether Neo4j answers a ping; when it does not and it is the managed server, find
         where it runs now (a restart may have moved it to another port), reconnect and ask again."""
-        if self._retired:
-            await self._watch_call(self._close_retired)
+        if self._retired and not self._closing:  # off the watcher's path: a close may block on dead sockets
+            self._closing = True
+            closing = self.in_thread(self._close_retired)
+            closing.add_done_callback(_retrieve)
+            closing.add_done_callback(lambda _: setattr(self, "_closing", False))
         ok = bool(await self._watch_call(self._ping))
         if not ok and self.settings.neo4j.managed:
             await self._watch_call(self._follow_managed)
@@ -242,16 +247,13 @@ class Neo4jGate:
     def _close_retired(self, *, older_than_s: float = 60.0) -> None:
         """Close the drivers replaced at least ``older_than_s`` ago (0: all, at stop)."""
         now = time.monotonic()
-        keep = []
-        for at, old in self._retired or []:
-            if now - at < older_than_s:
-                keep.append((at, old))
-                continue
+        due = [d for at, d in self._retired or [] if now - at >= older_than_s]
+        self._retired = [(at, d) for at, d in self._retired or [] if now - at < older_than_s]
+        for old in due:
             try:
                 old.close()
             except Exception:  # its server is gone; its sockets may already be closed
                 log.debug("closing a retired driver failed", exc_info=True)
-        self._retired = keep
 
     def _warm_intake(self) -> None:
         """Plan the statement a submission runs (an empty batch writes nothing) and pay a cold
