@@ -60,6 +60,20 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     _v("MAX_BATCH", "service", "integer", "8", "leases per replica at once (its KV slots)", 1, 4096),
     _v("SLICE_RETENTION_S", "service", "number", "3600", "live Slices are kept this long after they end (seconds)",
        0, 30 * 86400, True),
+    # ---- retention (service.live.retention.RetentionSettings) -------------------------------------
+    _v("RETAIN_REQUESTS_S", "service", "number", "604800", "finished requests (with their results) are archived, "
+       "then deleted, this long after they finished (seconds)", 0, 10 * 365 * 86400, True),
+    _v("RETAIN_WORKFLOWS_S", "service", "number", "604800", "ended workflows (with their steps) are archived, then "
+       "deleted, this long after they ended (seconds)", 0, 10 * 365 * 86400, True),
+    _v("RETAIN_AUDIT_S", "service", "number", "7776000", "audit entries older than this are archived, then deleted "
+       "(the oldest first; verification starts from the archived prefix's last hash; seconds)",
+       0, 10 * 365 * 86400, True),
+    _v("RETAIN_OBSERVATIONS_S", "service", "number", "2592000", "predictor observations older than this are "
+       "archived, then removed from the observations file (seconds)", 0, 10 * 365 * 86400, True),
+    _v("RETENTION_INTERVAL_S", "service", "number", "600", "retention runs this often (seconds)", 0, 86400, True),
+    _v("RETENTION_BATCH", "service", "integer", "5000", "rows archived and deleted per transaction", 1, 100000),
+    _v("ARCHIVE_DIR", "service", "path", "", "where retention writes its archives (gzipped NDJSON); unset: "
+       "$SLICESCHED_STATE/archive"),
     _v("DB_TIMEOUT_S", "service", "number", "2", "a call that cannot reach Neo4j fails (503) within about this",
        0, 60, True),
     _v("CALL_TIMEOUT_S", "service", "number", "10", "a call that reached Neo4j but has no answer by then: 503",

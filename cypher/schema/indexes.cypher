@@ -12,4 +12,7 @@ CREATE RANGE INDEX host_cluster IF NOT EXISTS FOR (n:Host) ON (n.cluster);
 CREATE RANGE INDEX request_tenant_arrival IF NOT EXISTS FOR (n:Request) ON (n.tenant_id, n.arrival);
 CREATE RANGE INDEX request_status IF NOT EXISTS FOR (n:Request) ON (n.status);
 CREATE RANGE INDEX workflow_tenant IF NOT EXISTS FOR (n:Workflow) ON (n.tenant_id);
-CREATE RANGE INDEX workflow_status IF NOT EXISTS FOR (n:Workflow) ON (n.status)
+CREATE RANGE INDEX workflow_status IF NOT EXISTS FOR (n:Workflow) ON (n.status);
+CREATE RANGE INDEX request_finished_at IF NOT EXISTS FOR (n:Request) ON (n.finished_at);
+CREATE RANGE INDEX workflow_finished_at IF NOT EXISTS FOR (n:Workflow) ON (n.finished_at);
+CREATE RANGE INDEX audit_entry_at IF NOT EXISTS FOR (n:AuditEntry) ON (n.at)

@@ -413,6 +413,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_audit(sub)
 
+    from service.cli.retention import add_parser as add_retention
+
+    add_retention(sub)
+
     from service.harness.testbench.command import add_parser as add_testbench
 
     add_testbench(sub)

@@ -151,10 +151,11 @@ class VerifyResult:
     last_hash: str  # its hash (GENESIS: none)
     first_bad_seq: int | None = None
     reason: str | None = None
+    start_seq: int = 0  # the chain was checked from after this seq (an archived prefix's last; 0: from genesis)
 
     def public(self) -> dict[str, Any]:
         return {"ok": self.ok, "entries": self.entries, "last_seq": self.last_seq, "last_hash": self.last_hash,
-                "first_bad_seq": self.first_bad_seq, "reason": self.reason}
+                "first_bad_seq": self.first_bad_seq, "reason": self.reason, "start_seq": self.start_seq}
 
 
 class ChainVerifier:
@@ -162,15 +163,18 @@ class ChainVerifier:
     rules and stops at the first break: a gap in ``seq`` (removed entries), a ``hash`` that does
     not match the entry's fields (altered, or moved to another seq), a ``prev_hash`` that is not
     the hash of the entry before (inserted, reordered or removed before it). ``anchor``: a
-    ``(seq, hash)`` recorded earlier that the chain must still pass through."""
+    ``(seq, hash)`` recorded earlier that the chain must still pass through. ``start``: where the
+    entries fed begin, the last ``(seq, hash)`` of a prefix archived and deleted (retention); the
+    first entry fed must follow it, as entry 1 follows the genesis hash."""
 
     RECENT = 4096  # hashes of recent entries, to name the entry a bad link points to
 
-    def __init__(self, anchor: tuple[int, str] | None = None) -> None:
+    def __init__(self, anchor: tuple[int, str] | None = None, start: tuple[int, str] = (0, GENESIS)) -> None:
         self.anchor = anchor
+        self.start_seq = start[0]
         self.entries = 0
-        self.last_seq = 0
-        self.last_hash = GENESIS
+        self.last_seq = start[0]
+        self.last_hash = start[1]
         self.bad: tuple[int, str] | None = None
         self._recent: OrderedDict[str, int] = OrderedDict()
 
@@ -206,6 +210,8 @@ class ChainVerifier:
         if fields["prev_hash"] != self.last_hash:
             if seq == 1:
                 return seq, "the first entry does not start from the genesis hash (inserted before it)"
+            if seq == self.start_seq + 1:
+                return seq, f"its prev_hash is not the archived prefix's last hash (seq {self.start_seq})"
             points_to = self._recent.get(fields["prev_hash"])
             where = f"it links to entry {points_to}" if points_to is not None else "it links to no entry before it"
             return seq, f"its prev_hash is not the hash of entry {self.last_seq}: {where} (inserted or reordered)"
@@ -219,10 +225,13 @@ class ChainVerifier:
         if self.bad is None:
             self.bad = self._check_end(head)
         if self.bad is not None:
-            return VerifyResult(False, self.entries, self.last_seq, self.last_hash, *self.bad)
-        return VerifyResult(True, self.entries, self.last_seq, self.last_hash)
+            return VerifyResult(False, self.entries, self.last_seq, self.last_hash, *self.bad, start_seq=self.start_seq)
+        return VerifyResult(True, self.entries, self.last_seq, self.last_hash, start_seq=self.start_seq)
 
     def _check_end(self, head: tuple[int, str] | None) -> tuple[int, str] | None:
+        if self.anchor is not None and self.anchor[0] <= self.start_seq:
+            return self.start_seq + 1, f"the anchor's seq {self.anchor[0]} is in the archived prefix (through seq " \
+                                       f"{self.start_seq}): check it against the archive"
         if self.anchor is not None and self.anchor[0] > self.last_seq:
             return self.last_seq + 1, f"the chain ends at seq {self.last_seq}, before the anchor's seq {self.anchor[0]}"
         head_seq, head_hash = head if head is not None else (0, GENESIS)

@@ -22,7 +22,7 @@ from typing import Any
 import neo4j
 from neo4j import ManagedTransaction
 
-from service.domain.audit import ChainVerifier, VerifyResult
+from service.domain.audit import GENESIS, ChainVerifier, VerifyResult
 from service.graph.store import GraphStore
 
 AUDIT_LOG = "audit"  # the AuditHead's name (one log today)
@@ -30,7 +30,8 @@ PAGE = 20_000  # entries per page when walking the chain
 
 
 class AuditStore(GraphStore):
-    QUERIES: tuple[str, ...] = ("append_audit_entries", "set_audit_head", "audit_head", "audit_page", "audit_log")
+    QUERIES: tuple[str, ...] = ("append_audit_entries", "set_audit_head", "audit_head", "audit_page", "audit_log",
+                                "audit_archive")
 
     def append_audit_entries(self, rows: Sequence[dict[str, Any]], head: tuple[int, str]) -> int:
         """Append chained entries (``rows`` as :data:`append_audit_entries` takes them, in seq
@@ -64,6 +65,16 @@ class AuditStore(GraphStore):
         with self.driver.session(database=self.database, default_access_mode=neo4j.READ_ACCESS) as s:
             return s.execute_read(work)
 
+    def audit_archive(self) -> tuple[int, str, list[str]]:
+        """Where the chain kept in the graph starts: the last ``(seq, hash)`` of the prefix that
+        retention archived and deleted (:mod:`service.live.retention`), and the archive files
+        holding it; ``(0, GENESIS, [])`` when nothing was archived."""
+        rows = self._read("audit_archive", log=AUDIT_LOG)
+        row = rows[0] if rows else {}
+        if row.get("through_seq") is None:
+            return 0, GENESIS, []
+        return int(row["through_seq"]), str(row["through_hash"]), [str(f) for f in row.get("files") or []]
+
     def audit_log(self, *, tenant_id: str | None = None, action: str | None = None, actor: str | None = None,
                   target_id: str | None = None, since_seq: int | None = None, until_seq: int | None = None,
                   since_at: float | None = None, until_at: float | None = None, limit: int = 100
@@ -73,21 +84,22 @@ class AuditStore(GraphStore):
                    "until_seq": until_seq, "since_at": since_at, "until_at": until_at}
         return self._read("audit_log", tenant_id=tenant_id, filters=filters, limit=int(limit))
 
-    def iter_audit_pages(self, page: int = PAGE) -> Iterator[list[list[Any]]]:
-        """The whole chain in seq order, a page at a time. The next page is read in a thread
-        while the caller checks the current one (the server's work overlaps the hashing)."""
+    def iter_audit_pages(self, page: int = PAGE, *, after: int = -1) -> Iterator[list[list[Any]]]:
+        """The chain in seq order (entries after seq ``after``), a page at a time. The next page
+        is read in a thread while the caller checks the current one (the server's work overlaps
+        the hashing)."""
         pages: queue.Queue[list[list[Any]] | BaseException | None] = queue.Queue(maxsize=2)
         stop = threading.Event()
 
         def read() -> None:
-            after = -1
+            last = after
             try:
                 while not stop.is_set():
-                    rows = self.audit_page(after, page)
+                    rows = self.audit_page(last, page)
                     if not rows:
                         break
                     pages.put(rows)
-                    after = rows[-1][0]
+                    last = rows[-1][0]
             except BaseException as exc:  # handed to the consumer, raised there
                 pages.put(exc)
                 return
@@ -112,11 +124,13 @@ class AuditStore(GraphStore):
     def verify_audit(self, *, anchor: tuple[int, str] | None = None, page: int = PAGE,
                      progress: Callable[[int, float], None] | None = None) -> VerifyResult:
         """Walk the chain in seq order, recompute every hash and check every link, the stored
-        head and ``anchor``: the first bad entry and why, or ok. ``progress(entries, seconds)``
-        is called after each page."""
-        verifier = ChainVerifier(anchor)
+        head and ``anchor``: the first bad entry and why, or ok. The walk starts where the kept
+        chain starts: after the archived prefix's last entry (:meth:`audit_archive`), whose hash
+        the first kept entry must link to. ``progress(entries, seconds)`` is called after each page."""
+        start_seq, start_hash, _ = self.audit_archive()
+        verifier = ChainVerifier(anchor, (start_seq, start_hash))
         started = time.perf_counter()
-        for rows in self.iter_audit_pages(page):
+        for rows in self.iter_audit_pages(page, after=start_seq):
             intact = verifier.feed(rows)
             if progress is not None:
                 progress(verifier.entries, time.perf_counter() - started)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -34,6 +36,48 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
         log.debug("a Neo4j call failed after its caller was answered: %r", task.exception())
 
 
+class CallAbandoned(Exception):
+    """A call whose caller gave up before a worker thread took it: it never ran."""
+
+
+class _Call:
+    """A repository call that runs at most once, and not at all when its caller gave up while
+    it still waited for a worker thread. Why: the worker threads are few (asyncio's default
+    pool: 6 on two cores), and after a Neo4j outage clients retry; had every abandoned call run
+    anyway, each retry would queue behind the work of the callers already answered 503, and a
+    cold, slow Neo4j could keep the queue growing for minutes (the chaos run's slow recovery)."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        self._lock = threading.Lock()
+        self.state = "queued"  # queued -> started | abandoned
+
+    def __call__(self) -> Any:
+        with self._lock:
+            if self.state == "abandoned":
+                raise CallAbandoned(f"{getattr(self.fn, '__name__', 'a call')} was abandoned before it started")
+            self.state = "started"
+        return self.fn(*self.args, **self.kwargs)
+
+    def abandon(self) -> bool:
+        """Give up on the call; True when it will never run (it had not started)."""
+        with self._lock:
+            if self.state == "queued":
+                self.state = "abandoned"
+            return self.state == "abandoned"
+
+
+# the call behind each future :meth:`Neo4jGate.in_thread` returned (gone with the future)
+_CALLS: weakref.WeakKeyDictionary[asyncio.Future[Any], _Call] = weakref.WeakKeyDictionary()
+
+
+def abandon(task: asyncio.Future[Any]) -> bool:
+    """The caller of ``task`` (from :meth:`Neo4jGate.in_thread`) stops waiting: True when its
+    call had not started and now never will (nothing was written)."""
+    call = _CALLS.get(task)
+    return call is not None and call.abandon()
+
+
 def neo4j_down(exc: BaseException) -> bool:
     from neo4j.exceptions import ServiceUnavailable, SessionExpired
 
@@ -57,6 +101,11 @@ class Neo4jGate:
     db_up: bool
     db_error: str | None
     unplaced: dict[str, str]  # model uid -> why the last re-plan found it no home
+    _reopening: asyncio.Future[None] | None = None  # the steps before traffic is taken again, across ticks
+    _reopen_since: float = 0.0  # monotonic start of the reopening in progress
+    _reopen_said: float = 0.0  # when the last "still reopening" line was logged
+    _retired: list[tuple[float, Any]] | None = None  # (monotonic time, driver) replaced after an outage, closed later
+    _closing: bool = False  # a close of retired drivers is running
 
     def _open_driver(self, start: bool, resolved: Neo4jSettings | None = None) -> Any:
         """A verified driver to the configured server (the managed one: wherever its state says
@@ -81,8 +130,13 @@ class Neo4jGate:
         return await self._bounded(task, self.settings.call_timeout_s if bound_s == -1.0 else bound_s)
 
     def in_thread(self, fn: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        """``fn`` in a worker thread the stop waits for (:mod:`service.live.threads`)."""
-        return threads.run(fn, *args, **kwargs)
+        """``fn`` in a worker thread the stop waits for (:mod:`service.live.threads`); a caller
+        that gives up before a thread takes it calls :func:`abandon`, and it never runs (it
+        raises :class:`CallAbandoned` instead)."""
+        call = _Call(fn, args, kwargs)
+        task = threads.run(call)
+        _CALLS[task] = call
+        return task
 
     async def threads_done(self, timeout_s: float) -> None:
         """Wait (at most ``timeout_s``) for the worker threads still running."""
@@ -99,6 +153,10 @@ class Neo4jGate:
         try:
             return await asyncio.wait_for(asyncio.shield(task), bound_s)
         except TimeoutError:
+            if abandon(task):
+                log.warning("a Neo4j call waited %.1f s for a worker thread; not run, answered 503", bound_s)
+                raise DatabaseUnavailableError("the service is busy: the call was not started (nothing was written); "
+                                               "retry", retry_after_s=self.settings.db_timeout_s) from None
             log.warning("a Neo4j call took longer than %.1f s; answered 503", bound_s)
             raise DatabaseUnavailableError("Neo4j did not answer in time; the outcome is unknown (retry with the "
                                            "same Idempotency-Key)", retry_after_s=self.settings.db_timeout_s) from None
@@ -114,12 +172,100 @@ class Neo4jGate:
             log.warning("Neo4j unreachable (%s): failing fast until it answers again", why)
         self.db_up, self.db_error = False, why[:300]
 
-    async def _watch_call(self, fn: Any) -> Any:
-        bound = 3 * self.settings.db_timeout_s + 2.0
+    async def _watch_call(self, fn: Any, bound_s: float | None = None) -> Any:
+        bound = bound_s or 3 * self.settings.db_timeout_s + 2.0
+        task = self.in_thread(fn)
+        task.add_done_callback(_retrieve)  # an abandoned or late call's error: logged, not 'never retrieved'
         try:
-            return await asyncio.wait_for(self.in_thread(fn), bound)
+            return await asyncio.wait_for(task, bound)
         except TimeoutError:
+            abandon(task)
             raise DatabaseUnavailableError(f"the Neo4j watcher's {fn.__name__} took longer than {bound:.0f} s") from None
+
+    async def _reachable(self) -> bool:
+        """Whether Neo4j answers a ping; when it does not and it is the managed server, find
+        where it runs now (a restart may have moved it to another port), reconnect and ask again."""
+        if self._retired and not self._closing:  # off the watcher's path: a close may block on dead sockets
+            self._closing = True
+            closing = self.in_thread(self._close_retired)
+            closing.add_done_callback(_retrieve)
+            closing.add_done_callback(lambda _: setattr(self, "_closing", False))
+        ok = bool(await self._watch_call(self._ping))
+        if not ok and self.settings.neo4j.managed:
+            await self._watch_call(self._follow_managed)
+            ok = bool(await self._watch_call(self._ping))
+        return ok
+
+    async def _reopened(self, steps: Callable[[], Any], wait_s: float = 1.0) -> bool:
+        """Run ``steps`` (what must be done before traffic is taken again: a coroutine function)
+        once, as one task that outlives the watcher's ticks; True once it has succeeded. Each
+        tick waits for it at most ``wait_s`` and returns (the tick is not failed, so the watcher
+        neither backs off nor starts the steps again while they run). A failure is raised to
+        the tick that sees it, and the next tick starts the steps afresh.
+
+        Why one task: the steps' first calls after a restart meet a cold Neo4j (on two loaded
+        cores, measured: 11 s for the first ``RETURN 1``, 3-10 s to plan each write
+        statement), longer than any per-tick bound; bounded per tick, they failed and were
+        started again every tick, each attempt adding a thread to the ones still running, and
+        the gate stayed shut for minutes."""
+        now = time.monotonic()
+        if self._reopening is None:
+            self._reopening = asyncio.ensure_future(steps())
+            self._reopen_since = self._reopen_said = now
+        task = self._reopening
+        await asyncio.wait({task}, timeout=wait_s)
+        if not task.done():
+            if now - self._reopen_said >= 10.0:
+                self._reopen_said = now
+                log.warning("Neo4j answers; getting ready to take traffic again (%.0f s so far)",
+                            now - self._reopen_since)
+            return False
+        self._reopening = None
+        task.result()  # a failure fails this tick; the next one starts again
+        return True
+
+    async def _stop_reopening(self) -> None:
+        """Cancel the steps before traffic if they are running (the service stops)."""
+        task, self._reopening = self._reopening, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
+
+    def _renew_driver(self) -> None:
+        """A new driver (a new connection pool) to the server that answers again. Why: the old
+        pool's connections died with the server, and each call that drew one failed
+        (``SessionExpired: Failed to read from defunct connection``, some only at a read
+        deadline), closing the gate again after it opened. The old driver is closed a minute
+        later (:meth:`_close_retired`), once calls still holding its connections have ended."""
+        resolved = self.settings.neo4j.resolved(start=False) if self.settings.neo4j.managed else None
+        driver = self._open_driver(False, resolved)
+        old, self.driver = self.driver, driver
+        if self.repo is not None:
+            self.repo.driver = driver
+        self._retired = [*(self._retired or []), (time.monotonic(), old)]
+
+    def _close_retired(self, *, older_than_s: float = 60.0) -> None:
+        """Close the drivers replaced at least ``older_than_s`` ago (0: all, at stop)."""
+        now = time.monotonic()
+        due = [d for at, d in self._retired or [] if now - at >= older_than_s]
+        self._retired = [(at, d) for at, d in self._retired or [] if now - at < older_than_s]
+        for old in due:
+            try:
+                old.close()
+            except Exception:  # its server is gone; its sockets may already be closed
+                log.debug("closing a retired driver failed", exc_info=True)
+
+    def _warm_intake(self) -> None:
+        """Plan the statement a submission runs (an empty batch writes nothing) and pay a cold
+        server's first query, before the gate opens."""
+        assert self.repo is not None
+        self.repo.create_requests([])
+
+    def _warm_in_background(self) -> None:
+        """The GMG writer's statements, planned after the gate opened (their rows were promised
+        to nobody: they wait in the writer's queue meanwhile)."""
+        if self.writer is not None:
+            self.in_thread(self.writer.warm_up).add_done_callback(_retrieve)
 
     def _ping(self) -> bool:
         try:

@@ -49,6 +49,7 @@ from service.core.tail import P99, QUANTILES, CallFeatures, NaivePredictor, Tail
 from service.domain.error import ConflictError, InvalidInputError
 from service.domain.request import RequestStatus
 from service.live import threads
+from service.live.retention import observations_lock
 from service.sim.iteration import kv_bytes_per_token
 from service.sim.workflow import CallRecord, ToolRecord
 
@@ -407,7 +408,8 @@ def _digest(pred: TailPredictor) -> str | None:
 
 def _append(path: Path, lines: list[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() and path.stat().st_size > MAX_FILE_BYTES:
-        path.replace(path.with_name(path.name + ".1"))
-    with path.open("a") as f:
-        f.writelines(lines)
+    with observations_lock(path):  # retention rewrites the file under the same lock
+        if path.exists() and path.stat().st_size > MAX_FILE_BYTES:
+            path.replace(path.with_name(path.name + ".1"))
+        with path.open("a") as f:
+            f.writelines(lines)

@@ -58,6 +58,7 @@ from service.live.quota import QuotaBook
 from service.live.reads import LiveReads
 from service.live.records import TERMINAL, LiveModel, LiveRequest
 from service.live.registration import model_from_dir
+from service.live.retention import Retention
 from service.live.scheduling import SchedulingLoop
 from service.live.settings import ServiceSettings
 from service.live.state import LiveState
@@ -107,6 +108,7 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.scheduler = Scheduler(make_placement_policy(settings.placement, find_devices=self._cypher_candidates,
                                                          **headroom))
         self.supervisor = Supervisor()
+        self.retention: Retention | None = None  # archive-then-delete of what grows (needs the store: at start)
         self.metrics.watch(self._health_metrics)
         self.metrics.watch(self._quota_metrics)
         self.metrics.watch(lambda: self.predictors.metrics(PREFIX))
@@ -150,7 +152,10 @@ class LiveService(DurableWrites, SchedulingLoop):
         sup.spawn("scheduler", self._schedule_tick, interval_s=self.settings.schedule_interval_s,
                   stuck_after_s=300.0)
         sup.spawn("gmg-writer", self.writer.tick, interval_s=0.0, stuck_after_s=60.0)
-        sup.spawn("retention", self._retention_tick, interval_s=600.0, stuck_after_s=1800.0)
+        settings = self.settings
+        self.retention = Retention(self.repo, settings.retention, observations=settings.observations_path)
+        sup.spawn("retention", self._retention_tick, interval_s=settings.retention.interval_s,
+                  stuck_after_s=max(1800.0, 3 * settings.retention.interval_s))
         sup.spawn("neo4j-watch", self._neo4j_tick, interval_s=1.0, stuck_after_s=60.0)
         sup.spawn("usage", self._usage_tick, interval_s=self.settings.usage_interval_s, stuck_after_s=120.0)
         sup.spawn("observations", self.predictors.flush, interval_s=1.0, stuck_after_s=120.0)
@@ -164,6 +169,8 @@ class LiveService(DurableWrites, SchedulingLoop):
     async def stop(self) -> None:
         await self.workflows.stop()
         await self.supervisor.stop()
+        await self._stop_reopening()
+        await asyncio.to_thread(self._close_retired, older_than_s=0.0)
         try:
             await self.predictors.flush()  # the last observations
         except Exception:
@@ -354,25 +361,39 @@ class LiveService(DurableWrites, SchedulingLoop):
 
     # ---- background loops ----------------------------------------------------------------------
     async def _neo4j_tick(self) -> None:
-        """Check that Neo4j answers; when it does not, find where the managed server runs now
-        (a restart may have moved it to another port) and reconnect. Then bring the GMG's view
-        of the cluster up to date if a re-plan could not write it. Every call is bounded, so a
-        hung connection shows as a failed tick, never as a watcher that stopped watching."""
-        ok = await self._watch_call(self._ping)
-        if not ok and self.settings.neo4j.managed:
-            await self._watch_call(self._follow_managed)
-            ok = await self._watch_call(self._ping)
-        if ok and not self.db_up:
-            assert self.writer is not None
-            await self._watch_call(self.writer.warm_up)  # plan the hot queries before taking traffic
-            log.info("Neo4j answers again at %s", self.neo4j_uri)
-        if ok and self._unsettled:  # before taking traffic again: an executor's retry then meets a settled request
+        """Check that Neo4j answers (following the managed server to a new port). Once it
+        answers after an outage, the gate opens only after the steps before traffic
+        (:meth:`_before_traffic`, one task across ticks: :meth:`_reopened`). Then bring the
+        GMG's view of the cluster up to date if a re-plan could not write it. Every call is
+        bounded, so a hung connection shows as a failed tick, never as a watcher that stopped
+        watching."""
+        ok = await self._reachable()
+        if not ok:
+            self.db_up = False
+            return
+        if (not self.db_up or self._unsettled) and not await self._reopened(self._before_traffic):
+            return  # still getting ready: the gate stays as it is
+        self.db_up, self.db_error = True, None
+        if self._gmg_dirty:
+            await self._write_cluster()
+
+    async def _before_traffic(self) -> None:
+        """After an outage: a new connection pool (the old one's connections died with the
+        server), the submission statement planned (a cold server's first query paid here,
+        once), and the requests whose end had no clear answer settled from what Neo4j
+        holds (an executor's retry then meets a settled request). The writer's statements are
+        planned after the gate opens."""
+        reopening = not self.db_up
+        if reopening:
+            t0 = time.monotonic()
+            await self._watch_call(self._renew_driver)
+            await self._watch_call(self._warm_intake, bound_s=60.0)
+            log.warning("Neo4j answers again at %s (ready to take traffic after %.1f s of warm-up)", self.neo4j_uri,
+                        time.monotonic() - t0)
+        if self._unsettled:
             await self._reconcile()
-        self.db_up = ok
-        if ok:
-            self.db_error = None
-            if self._gmg_dirty:
-                await self._write_cluster()
+        if reopening:
+            self._warm_in_background()
 
     async def _expiry_tick(self) -> None:
         executors = set(self.state.executors)
@@ -393,11 +414,14 @@ class LiveService(DurableWrites, SchedulingLoop):
             self.changed.set()
 
     async def _retention_tick(self) -> None:
-        """Bounded retention: live Slices older than ``slice_retention_s`` go (every 10 minutes)."""
-        assert self.repo is not None
+        """Bounded retention: live Slices older than ``slice_retention_s`` go; then requests,
+        workflows, audit entries and observations past theirs are archived and deleted, a
+        bounded batch per call (:mod:`service.live.retention`)."""
+        assert self.repo is not None and self.retention is not None
         deleted = await self.db(self.repo.delete_old_live_slices, time.time() - self.settings.slice_retention_s)
         if deleted:
             log.info("retention: deleted %d live slices", deleted)
+        await self.retention.tick(lambda fn, now: self.db(fn, now, bound_s=300.0))
 
 
 def quota_of_row(row: dict[str, Any]) -> Quota:

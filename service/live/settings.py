@@ -13,6 +13,7 @@ from service.core.policies import PLACEMENT_POLICIES
 from service.core.queue import QUEUE_POLICIES
 from service.domain.error import InvalidInputError
 from service.graph.connection import Neo4jSettings
+from service.live.retention import RetentionSettings
 
 LIVE_PLACEMENTS = ("container", "replica")  # what the executors can run: whole replicas
 
@@ -45,6 +46,8 @@ class ServiceSettings:
     max_pending_writes: int = 500_000  # GMG mirror rows kept during an outage (coalesced per object)
     max_queued: int = 200_000  # requests waiting per model; beyond, a submission is refused (429)
     neo4j: Neo4jSettings = field(default_factory=Neo4jSettings.from_env)
+    # what grows (requests, workflows, audit entries, observations): archived, then deleted (service.live.retention)
+    retention: RetentionSettings = field(default_factory=RetentionSettings.from_env)
     cost_model: str = DEFAULT_KIND  # the what-if mirror's iteration costs (learned.choice.KINDS)
     audit: bool = True  # record the audit log (SLICESCHED_AUDIT=0: off; reading and verifying still work)
     usage_interval_s: float = 5.0  # quota usage is written onto Tenant and Project nodes this often
