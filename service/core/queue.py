@@ -36,6 +36,12 @@ Policies (the names are interfaces):
                           else the request's own deadline (``deadline_s``, from its SLA) minus
                           its predicted remaining work (``token_s`` seconds per estimated
                           remaining output token); arrival order without either
+``aging-sla``             shortest predicted work first, each request deferred at most by
+                          its own SLA slack (capped at ``max_delay_s``), the predictor's p99
+                          work setting the aging rate: :class:`AgingSlaPolicy`
+``deadline``              latest start first: the request's deadline minus its predicted
+                          remaining work (prefill and decode, at a predictor quantile):
+                          :class:`DeadlinePolicy`
 ========================  ===============================================================
 """
 
@@ -52,9 +58,9 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from service.domain.error import InvalidInputError
 
 __all__ = [
-    "QUEUE_POLICIES", "AgingPolicy", "AgingSpfPolicy", "FifoPolicy", "FifoQueue", "OracleRemainingPolicy",
+    "QUEUE_POLICIES", "AgingPolicy", "AgingSlaPolicy", "AgingSpfPolicy", "DeadlinePolicy", "FifoPolicy", "FifoQueue", "OracleRemainingPolicy",
     "PriorityPolicy", "QueuePolicy", "QueuedRequest", "RequestQueue", "SjfPolicy", "SlackPolicy", "WaitingQueue",
-    "WeightedPolicy",
+    "WeightedPolicy", "WorkModel",
     "make_queue_policy", "make_waiting_queue", "select_index",
 ]
 
@@ -290,9 +296,137 @@ class SlackPolicy:
         return (req.deadline_s - self.token_s * remaining, req.arrival_s)
 
 
+_PREFILL_S_PER_TOKEN = 1e-4
+_DECODE_S_PER_TOKEN = 0.025
+
+
+@dataclass(frozen=True, slots=True)
+class WorkModel:
+    """Predicted seconds of service of a queued request: ``prefill_s_per_token`` per prompt
+    token plus ``decode_s_per_token`` (one decode iteration at a typical batch) per estimated
+    output token not yet produced. Defaults: llama2-7b on one A100-80GB (about 0.1 ms per
+    prefilled token and 25 ms per iteration of a 32-sequence batch, the simulator's roofline
+    cost model); a benchmark derives its own from its cost model and device."""
+
+    prefill_s_per_token: float = _PREFILL_S_PER_TOKEN
+    decode_s_per_token: float = _DECODE_S_PER_TOKEN
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_s_per_token", "decode_s_per_token"):
+            v = getattr(self, name)
+            if not (0.0 <= v < math.inf):
+                raise InvalidInputError(f"work model: {name} must be finite and >= 0, got {v}")
+
+    def work_s(self, req: QueuedRequest) -> float:
+        remaining = max(0, req.estimated_output_tokens - req.generated_tokens)
+        return self.prefill_s_per_token * req.prompt_tokens + self.decode_s_per_token * remaining
+
+
+def _work_model(prefill_s_per_token: float, decode_s_per_token: float) -> WorkModel:
+    return WorkModel(prefill_s_per_token, decode_s_per_token)
+
+
+@dataclass(frozen=True, slots=True)
+class AgingSlaPolicy:
+    """Shortest predicted work first, each request deferred at most by its own SLA slack.
+
+    A request's predicted work ``w`` is :class:`WorkModel` seconds (its estimated remaining
+    output and its prompt); its slack ``deadline_s - arrival_s - w`` (its SLA's finish-by target
+    for its length, less its own service), clamped to ``[0, max_delay_s]`` (no deadline: the
+    cap). Its delay is ``slack * min(1, w / work_p99_s)``: the request of the predictor's p99
+    work may be deferred by all of its slack, a smaller one by proportionally less, so the
+    aging rate (predicted work one second of waiting makes up for) is ``work_p99_s / slack``.
+    Static key ``(arrival_s + delay, arrival_s)``, smallest first.
+
+    Bounded starvation (stated; ``tests/unit/test_queue_tail.py`` holds it as a property):
+    a request is served before every request arriving more than ``delay <= max_delay_s``
+    after it. So on a work-conserving server taking one request at a time, a request waits at
+    most ``delay + V(arrival_s + delay)``, where ``V(t)`` is the work unfinished at ``t`` (what
+    FIFO would make a request arriving at ``t`` wait): at most ``max_delay_s`` more than FIFO
+    gives a request arriving ``delay`` later. Plain shortest-first has no such bound.
+
+    :meth:`derive` builds it from the predictor's work quantiles (p99) and a cap.
+    """
+
+    work_p99_s: float = 10.0  # the predictor's p99 of predicted work: deferred by a full slack
+    max_delay_s: float = 30.0  # the most a request can be passed by later arrivals for
+    prefill_s_per_token: float = _PREFILL_S_PER_TOKEN
+    decode_s_per_token: float = _DECODE_S_PER_TOKEN
+    name: ClassVar[str] = "aging-sla"
+    fair_share: ClassVar[bool] = False
+    needs_estimate: ClassVar[bool] = True
+    needs_truth: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.work_p99_s < math.inf):
+            raise InvalidInputError(f"aging-sla: work_p99_s must be finite and > 0, got {self.work_p99_s}")
+        if not (0.0 <= self.max_delay_s < math.inf):
+            raise InvalidInputError(f"aging-sla: max_delay_s must be finite and >= 0, got {self.max_delay_s}")
+        _work_model(self.prefill_s_per_token, self.decode_s_per_token)
+
+    @staticmethod
+    def derive(work_quantiles_s: Mapping[float, float], work: WorkModel, *, max_delay_s: float = 30.0
+               ) -> AgingSlaPolicy:
+        """From the predictor's quantiles of predicted work (seconds, by level; 0.99 needed)."""
+        if 0.99 not in work_quantiles_s:
+            raise InvalidInputError(f"aging-sla: work quantiles need the 0.99 level, got {sorted(work_quantiles_s)}")
+        return AgingSlaPolicy(max(1e-6, float(work_quantiles_s[0.99])), max_delay_s, work.prefill_s_per_token,
+                              work.decode_s_per_token)
+
+    def delay_s(self, req: QueuedRequest) -> float:
+        """How long later arrivals may pass the request for (``<= max_delay_s``)."""
+        w = _work_model(self.prefill_s_per_token, self.decode_s_per_token).work_s(req)
+        slack = min(self.max_delay_s, max(0.0, req.deadline_s - req.arrival_s - w))  # inf deadline: the cap
+        return slack * min(1.0, w / self.work_p99_s)
+
+    def key(self, req: QueuedRequest) -> Key:
+        return (req.arrival_s + self.delay_s(req), req.arrival_s)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlinePolicy:
+    """Latest start first: ``deadline_s - margin * w``, ``w`` the request's predicted remaining
+    work (:class:`WorkModel` seconds: its prompt's prefill and its estimated output not yet
+    produced), ``margin`` the predictor's ratio of a high quantile to the median of work
+    (so the start is late enough for the work's quantile, not its median). Ties by arrival;
+    a request without a deadline goes after every one with a deadline, in arrival order.
+
+    Against :class:`SlackPolicy` (decode only, a point estimate) it counts the prefill, which is
+    most of the work of long-prompt traffic. Not starvation-safe by itself beyond the SLA: the
+    key is at most the deadline, so a request is passed only by requests whose deadlines come
+    before its own.
+    """
+
+    margin: float = 1.0  # predicted work quantile over its median (>= 1 is cautious)
+    prefill_s_per_token: float = _PREFILL_S_PER_TOKEN
+    decode_s_per_token: float = _DECODE_S_PER_TOKEN
+    name: ClassVar[str] = "deadline"
+    fair_share: ClassVar[bool] = False
+    needs_estimate: ClassVar[bool] = True
+    needs_truth: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.margin < math.inf):
+            raise InvalidInputError(f"deadline: margin must be finite and >= 0, got {self.margin}")
+        _work_model(self.prefill_s_per_token, self.decode_s_per_token)
+
+    @staticmethod
+    def derive(work_quantiles_s: Mapping[float, float], work: WorkModel, *, level: float = 0.9) -> DeadlinePolicy:
+        """``margin`` = the work quantile at ``level`` over its median (both levels needed)."""
+        if level not in work_quantiles_s or 0.5 not in work_quantiles_s:
+            raise InvalidInputError(f"deadline: work quantiles need 0.5 and {level}, got {sorted(work_quantiles_s)}")
+        median = float(work_quantiles_s[0.5])
+        margin = float(work_quantiles_s[level]) / median if median > 0 else 1.0
+        return DeadlinePolicy(max(1.0, margin), work.prefill_s_per_token, work.decode_s_per_token)
+
+    def key(self, req: QueuedRequest) -> Key:
+        w = _work_model(self.prefill_s_per_token, self.decode_s_per_token).work_s(req)
+        return (req.deadline_s - self.margin * w, req.arrival_s)
+
+
 QUEUE_POLICIES: dict[str, Callable[..., QueuePolicy]] = {
     p.name: p for p in (FifoPolicy, PriorityPolicy, WeightedPolicy, SjfPolicy, AgingPolicy, AgingSpfPolicy,
-                        OracleRemainingPolicy, SlackPolicy)
+                        OracleRemainingPolicy, SlackPolicy, AgingSlaPolicy, DeadlinePolicy)
 }
 
 

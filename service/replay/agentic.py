@@ -168,6 +168,21 @@ class _Recorder:
             self.predictor.observe_tool(record.features, record.duration_s)
 
 
+class _RoutedWork:
+    """Tells a router that counts dispatched work (``finished(request_id)``) when a call ends."""
+
+    def __init__(self, router_ref: list[Router]) -> None:
+        self.router_ref = router_ref
+
+    def slice_executed(self, device_id: str, start_s: float, end_s: float, owner: str) -> None:
+        pass
+
+    def request_finished(self, outcome: Any) -> None:
+        finished = getattr(self.router_ref[0], "finished", None) if self.router_ref else None
+        if finished is not None:
+            finished(outcome.request_id)
+
+
 def _demands(config: AgenticConfig, workflows: Sequence[Workflow]) -> list[TenantDemand]:
     """Offered work per tenant in device-seconds per second: each call's prompt as one pass
     plus its output tokens at the per-token cost of a 32-sequence decode batch."""
@@ -236,11 +251,11 @@ def run_agentic(config: AgenticConfig, workflows: Sequence[Workflow], *, router:
     cluster = SimulatedCluster(
         config.cluster, _initial_replicas(config, workflows, scaler is not None), config.cost_model,
         rng=np.random.default_rng(config.seed), queue_policy=_queue_policy(queue, driver_ref),
-        router=lambda req, ids, c: router_ref[0](req, ids, c))
+        router=lambda req, ids, c: router_ref[0](req, ids, c), observers=[_RoutedWork(router_ref)])
     recorder = _Recorder(adaptive)
     driver = WorkflowDriver(cluster, tool_slots=config.tool_slots, predictor=predictor, observers=[recorder])
     driver_ref.append(driver)
-    router_ref.append(make_router(router, driver, predictor))
+    router_ref.append(make_router(router, driver, predictor, seed=config.seed))
     the_scaler = make_scaler(scaler, predictor) if scaler is not None else None
     driver.submit(workflows)
     cutoff = max(horizon * config.cutoff_factor, horizon + 60.0)
