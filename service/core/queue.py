@@ -36,9 +36,10 @@ Policies (the names are interfaces):
                           else the request's own deadline (``deadline_s``, from its SLA) minus
                           its predicted remaining work (``token_s`` seconds per estimated
                           remaining output token); arrival order without either
-``aging-sla``             shortest predicted work first, each request deferred at most by
-                          its own SLA slack (capped at ``max_delay_s``), the predictor's p99
-                          work setting the aging rate: :class:`AgingSlaPolicy`
+``aging-sla``             shortest predicted work first with aging, a request deferred at most
+                          by its SLA slack (capped), most at the predictor's p90 work and not
+                          at all from its p99 work on (the tail keeps arrival order):
+                          :class:`AgingSlaPolicy`
 ``deadline``              latest start first: the request's deadline minus its predicted
                           remaining work (prefill and decode, at a predictor quantile):
                           :class:`DeadlinePolicy`
@@ -297,16 +298,19 @@ class SlackPolicy:
 
 
 _PREFILL_S_PER_TOKEN = 1e-4
-_DECODE_S_PER_TOKEN = 0.025
+_DECODE_S_PER_TOKEN = 0.025 / 32
+_DECODE_ITERATION_S = 0.025
 
 
 @dataclass(frozen=True, slots=True)
 class WorkModel:
-    """Predicted seconds of service of a queued request: ``prefill_s_per_token`` per prompt
-    token plus ``decode_s_per_token`` (one decode iteration at a typical batch) per estimated
-    output token not yet produced. Defaults: llama2-7b on one A100-80GB (about 0.1 ms per
-    prefilled token and 25 ms per iteration of a 32-sequence batch, the simulator's roofline
-    cost model); a benchmark derives its own from its cost model and device."""
+    """Predicted seconds of a queued request: ``prefill_s_per_token`` per prompt token plus
+    ``decode_s_per_token`` per estimated output token not yet produced. What an output token
+    costs depends on the question: as *device time* (the order of work: an iteration of a
+    typical batch over its sequences, :class:`AgingSlaPolicy`) or as *latency* (one iteration
+    per token: a deadline's latest start, :class:`DeadlinePolicy`). Defaults: llama2-7b on one
+    A100-80GB, the device-time pricing (about 0.1 ms per prefilled token; 25 ms per iteration of
+    a 32-sequence batch, 0.8 ms per sequence); a benchmark derives its own from its cost model."""
 
     prefill_s_per_token: float = _PREFILL_S_PER_TOKEN
     decode_s_per_token: float = _DECODE_S_PER_TOKEN
@@ -328,27 +332,39 @@ def _work_model(prefill_s_per_token: float, decode_s_per_token: float) -> WorkMo
 
 @dataclass(frozen=True, slots=True)
 class AgingSlaPolicy:
-    """Shortest predicted work first, each request deferred at most by its own SLA slack.
+    """Shortest predicted work first with aging, its rate set by the predictor's work
+    quantiles and the SLA, and the predicted tail never deferred.
 
-    A request's predicted work ``w`` is :class:`WorkModel` seconds (its estimated remaining
-    output and its prompt); its slack ``deadline_s - arrival_s - w`` (its SLA's finish-by target
-    for its length, less its own service), clamped to ``[0, max_delay_s]`` (no deadline: the
-    cap). Its delay is ``slack * min(1, w / work_p99_s)``: the request of the predictor's p99
-    work may be deferred by all of its slack, a smaller one by proportionally less, so the
-    aging rate (predicted work one second of waiting makes up for) is ``work_p99_s / slack``.
+    A request's predicted work ``w`` is :class:`WorkModel` seconds (its prompt and its estimated
+    remaining output, priced as device time). Later arrivals may pass it for
+
+        ``delay = min(slack, max_delay_s) * shape(w)``
+
+    - ``slack``: its SLA's finish-by target for its length less its work (``deadline_s -
+      arrival_s - w``; no deadline: no limit from it), so aging never pushes a request past
+      its own deadline by itself;
+    - ``shape(w)`` rises linearly from 0 to 1 at the predictor's p90 work (``work_p90_s``):
+      shortest first, a request of p90 work deferred by its whole allowance, smaller ones
+      proportionally less (the aging rate is ``work_p90_s / min(slack, max_delay_s)`` seconds
+      of work per waited second);
+    - and falls back to 0 at the p99 work (``work_p99_s``): the longest requests, which make
+      the latency tail, keep their arrival order, so the median falls without the P99 growing
+      from deferring them.
+
     Static key ``(arrival_s + delay, arrival_s)``, smallest first.
 
-    Bounded starvation (stated; ``tests/unit/test_queue_tail.py`` holds it as a property):
-    a request is served before every request arriving more than ``delay <= max_delay_s``
-    after it. So on a work-conserving server taking one request at a time, a request waits at
-    most ``delay + V(arrival_s + delay)``, where ``V(t)`` is the work unfinished at ``t`` (what
-    FIFO would make a request arriving at ``t`` wait): at most ``max_delay_s`` more than FIFO
-    gives a request arriving ``delay`` later. Plain shortest-first has no such bound.
+    Bounded starvation (stated; ``tests/unit/test_queue_tail.py`` holds it as a property): a
+    request is served before every request arriving more than ``delay <= max_delay_s`` after
+    it. So on a work-conserving server taking one request at a time, a request waits at most
+    ``delay + V(arrival_s + delay)``, where ``V(t)`` is the work unfinished at ``t`` (what FIFO
+    would make a request arriving at ``t`` wait): at most ``max_delay_s`` more than FIFO gives a
+    request arriving ``delay`` later. Plain shortest-first has no such bound.
 
-    :meth:`derive` builds it from the predictor's work quantiles (p99) and a cap.
+    :meth:`derive` builds it from the predictor's work quantiles and a cap.
     """
 
-    work_p99_s: float = 10.0  # the predictor's p99 of predicted work: deferred by a full slack
+    work_p90_s: float = 0.5  # the predictor's p90 of predicted work: the most deferred
+    work_p99_s: float = 2.0  # its p99: never deferred (nor anything longer)
     max_delay_s: float = 30.0  # the most a request can be passed by later arrivals for
     prefill_s_per_token: float = _PREFILL_S_PER_TOKEN
     decode_s_per_token: float = _DECODE_S_PER_TOKEN
@@ -358,8 +374,10 @@ class AgingSlaPolicy:
     needs_truth: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        if not (0.0 < self.work_p99_s < math.inf):
-            raise InvalidInputError(f"aging-sla: work_p99_s must be finite and > 0, got {self.work_p99_s}")
+        if not (0.0 < self.work_p90_s < math.inf):
+            raise InvalidInputError(f"aging-sla: work_p90_s must be finite and > 0, got {self.work_p90_s}")
+        if not (self.work_p90_s <= self.work_p99_s < math.inf):
+            raise InvalidInputError(f"aging-sla: work_p99_s must be finite and >= work_p90_s, got {self.work_p99_s}")
         if not (0.0 <= self.max_delay_s < math.inf):
             raise InvalidInputError(f"aging-sla: max_delay_s must be finite and >= 0, got {self.max_delay_s}")
         _work_model(self.prefill_s_per_token, self.decode_s_per_token)
@@ -367,17 +385,24 @@ class AgingSlaPolicy:
     @staticmethod
     def derive(work_quantiles_s: Mapping[float, float], work: WorkModel, *, max_delay_s: float = 30.0
                ) -> AgingSlaPolicy:
-        """From the predictor's quantiles of predicted work (seconds, by level; 0.99 needed)."""
-        if 0.99 not in work_quantiles_s:
-            raise InvalidInputError(f"aging-sla: work quantiles need the 0.99 level, got {sorted(work_quantiles_s)}")
-        return AgingSlaPolicy(max(1e-6, float(work_quantiles_s[0.99])), max_delay_s, work.prefill_s_per_token,
+        """From the predictor's quantiles of predicted work (seconds by level; 0.9 and 0.99)."""
+        if 0.9 not in work_quantiles_s or 0.99 not in work_quantiles_s:
+            raise InvalidInputError(f"aging-sla: work quantiles need 0.9 and 0.99, got {sorted(work_quantiles_s)}")
+        p90 = max(1e-9, float(work_quantiles_s[0.9]))
+        return AgingSlaPolicy(p90, max(p90, float(work_quantiles_s[0.99])), max_delay_s, work.prefill_s_per_token,
                               work.decode_s_per_token)
 
     def delay_s(self, req: QueuedRequest) -> float:
         """How long later arrivals may pass the request for (``<= max_delay_s``)."""
         w = _work_model(self.prefill_s_per_token, self.decode_s_per_token).work_s(req)
-        slack = min(self.max_delay_s, max(0.0, req.deadline_s - req.arrival_s - w))  # inf deadline: the cap
-        return slack * min(1.0, w / self.work_p99_s)
+        allowance = max(0.0, min(req.deadline_s - req.arrival_s - w, self.max_delay_s))  # inf deadline: the cap
+        if w <= self.work_p90_s:
+            shape = w / self.work_p90_s
+        elif w >= self.work_p99_s:
+            shape = 0.0
+        else:
+            shape = (self.work_p99_s - w) / (self.work_p99_s - self.work_p90_s)
+        return allowance * shape
 
     def key(self, req: QueuedRequest) -> Key:
         return (req.arrival_s + self.delay_s(req), req.arrival_s)
@@ -399,7 +424,7 @@ class DeadlinePolicy:
 
     margin: float = 1.0  # predicted work quantile over its median (>= 1 is cautious)
     prefill_s_per_token: float = _PREFILL_S_PER_TOKEN
-    decode_s_per_token: float = _DECODE_S_PER_TOKEN
+    decode_s_per_token: float = _DECODE_ITERATION_S
     name: ClassVar[str] = "deadline"
     fair_share: ClassVar[bool] = False
     needs_estimate: ClassVar[bool] = True
@@ -412,7 +437,8 @@ class DeadlinePolicy:
 
     @staticmethod
     def derive(work_quantiles_s: Mapping[float, float], work: WorkModel, *, level: float = 0.9) -> DeadlinePolicy:
-        """``margin`` = the work quantile at ``level`` over its median (both levels needed)."""
+        """``margin`` = the work quantile at ``level`` over its median (both levels needed);
+        ``work`` prices an output token as latency (one iteration each)."""
         if level not in work_quantiles_s or 0.5 not in work_quantiles_s:
             raise InvalidInputError(f"deadline: work quantiles need 0.5 and {level}, got {sorted(work_quantiles_s)}")
         median = float(work_quantiles_s[0.5])

@@ -55,6 +55,7 @@ __all__ = [
     "record_runs",
     "run_agentic",
     "shape_workflows",
+    "warmup_s",
     "write_records",
 ]
 
@@ -284,13 +285,26 @@ def run_agentic(config: AgenticConfig, workflows: Sequence[Workflow], *, router:
                          recorder.calls if record else [], recorder.tools if record else [], refits)
 
 
+def warmup_s(config: AgenticConfig, model: str) -> float:
+    """Seconds from asking for a replica of ``model`` to its serving: the engine's start-up
+    (``config.startup_s``) plus its weights copied over the cluster's slowest device-to-device
+    link (bytes over the link's bandwidth: what :meth:`SimulatedCluster.add_replica` simulates)."""
+    links = [link for link in config.cluster.links if link.src != link.dst]
+    if not links:
+        return config.startup_s
+    slowest = min(links, key=lambda link: link.bytes_per_s)
+    return config.startup_s + weight_bytes(MODEL_CONFIGS[model]) / slowest.bytes_per_s + slowest.latency_us * 1e-6
+
+
 def _tenant_replicas(config: AgenticConfig, cluster: SimulatedCluster) -> list[TenantReplicas]:
     st = cluster.state
+    now = cluster.now_s
     out = []
     for s in config.shapes.values():
-        ids = tuple(r for r in st.by_model.get(s.model, []) if st.replicas[r].spec.tenant_id == s.tenant_id
-                    and r not in st.draining and st.ready_at.get(r, 0.0) <= cluster.now_s)
-        out.append(TenantReplicas(s.tenant_id, s.model, ids))
+        mine = [r for r in st.by_model.get(s.model, []) if st.replicas[r].spec.tenant_id == s.tenant_id
+                and r not in st.draining]
+        ready = tuple(r for r in mine if st.ready_at.get(r, 0.0) <= now)
+        out.append(TenantReplicas(s.tenant_id, s.model, ready, len(mine) - len(ready), warmup_s(config, s.model)))
     return out
 
 

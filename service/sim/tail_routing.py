@@ -26,9 +26,11 @@ Scalers size each tenant's replicas between ``scale_interval_s`` steps of the re
 - ``reactive``: a tenant's device utilisation over the last interval above ``high`` adds a
   replica, below ``low`` drains its least loaded one (the utilisation-threshold autoscaler);
 - ``tail``: the predicted p99 latency of the tenant's typical call on its replicas, over the
-  same call's p99 on an idle replica (the predicted queueing tail); above ``up`` adds a
-  replica (worst tenant first while devices last), and a tenant whose tail would stay under
-  ``down`` with one replica fewer (its load spread over the rest) drains one.
+  same call's p99 on an idle replica (the predicted queueing tail), projected to when a new
+  replica would be ready (its warm-up: engine start-up and weight copy) with the replicas
+  already warming counted; above ``up`` adds a replica (worst tenant first while devices
+  last), and a tenant with none warming whose tail would stay under ``down`` with one replica
+  fewer (its load spread over the rest) drains one.
 """
 
 from __future__ import annotations
@@ -167,11 +169,15 @@ class ScaleAction:
 
 @dataclass(frozen=True, slots=True)
 class TenantReplicas:
-    """A tenant's ready, not draining replicas (and its model)."""
+    """A tenant's ready, not draining replicas (and its model), the replicas it has warming up
+    (added, weights still copying or the engine starting), and how long a new one takes to
+    warm up (``warmup_s``: engine start-up plus the weight copy over the link, 0: unknown)."""
 
     tenant_id: str
     model: str
     replica_ids: tuple[str, ...]
+    warming: int = 0
+    warmup_s: float = 0.0
 
 
 class Scaler(Protocol):
@@ -216,11 +222,24 @@ def _spread(s: ReplicaState, factor: float) -> ReplicaState:
 
 
 class TailScaler:
+    """Scales on the predicted queueing tail (module docstring), with warm-up modelled: a new
+    replica serves only ``warmup_s`` after it is asked for (engine start-up plus its weight
+    copy), so
+
+    - the ratio that decides is the one projected to when a replica added now would be ready:
+      the current ratio plus its growth over the last interval, extrapolated over ``warmup_s``
+      (a tail that grows is answered before it arrives; one that falls is not);
+    - replicas warming up count as capacity already on the way (the load spread over them as
+      well), so a tail does not add a replica every interval of one warm-up;
+    - nothing is drained while a replica of the tenant is warming up.
+    """
+
     name = "tail"
 
     def __init__(self, predictor: TailPredictor, *, up: float = 2.0, down: float = 1.3, min_replicas: int = 1) -> None:
         self.predictor = predictor
         self.up, self.down, self.min_replicas = up, down, min_replicas
+        self._last: dict[str, tuple[float, float]] = {}  # tenant -> (time, ratio) at the last decision
 
     def tail_ratio(self, driver: WorkflowDriver, t: TenantReplicas, spread: float = 1.0) -> float:
         """Predicted p99 of the tenant's typical call on its replicas (median over them), over
@@ -233,9 +252,20 @@ class TailScaler:
         p99 = self.predictor.call_quantiles(feats)[:, 1, P99]
         return float(np.median(p99[1:]) / max(1e-9, p99[0]))
 
+    def projected_ratio(self, now: float, driver: WorkflowDriver, t: TenantReplicas) -> float:
+        """The tail ratio when a replica asked for now would be ready (see the class docstring)."""
+        n = len(t.replica_ids)
+        ratio = self.tail_ratio(driver, t, n / (n + t.warming))
+        last = self._last.get(t.tenant_id)
+        self._last[t.tenant_id] = (now, ratio)
+        if last is None or now <= last[0] or t.warmup_s <= 0:
+            return ratio
+        growth_per_s = (ratio - last[1]) / (now - last[0])
+        return ratio + max(0.0, growth_per_s) * t.warmup_s
+
     def decide(self, now: float, driver: WorkflowDriver, tenants: Sequence[TenantReplicas],
                num_free: int) -> list[ScaleAction]:
-        ratios = {t.tenant_id: self.tail_ratio(driver, t) for t in tenants if t.replica_ids}
+        ratios = {t.tenant_id: self.projected_ratio(now, driver, t) for t in tenants if t.replica_ids}
         out: list[ScaleAction] = []
         for t in sorted(tenants, key=lambda t: (-ratios.get(t.tenant_id, 0.0), t.tenant_id)):
             if t.tenant_id not in ratios:
@@ -244,7 +274,8 @@ class TailScaler:
             if ratios[t.tenant_id] > self.up and num_free > 0:
                 out.append(ScaleAction("add", t.tenant_id, t.model))
                 num_free -= 1
-            elif n > self.min_replicas and self.tail_ratio(driver, t, n / (n - 1)) < self.down:
+            elif (not t.warming and n > self.min_replicas
+                  and self.tail_ratio(driver, t, n / (n - 1)) < self.down):
                 least = min(t.replica_ids, key=lambda r: (driver.cluster.replica_load(r), r))
                 out.append(ScaleAction("drain", t.tenant_id, t.model, least))
         return out

@@ -36,31 +36,38 @@ def _drain(policy: QueuePolicy, reqs: list[QueuedRequest]) -> list[str]:
     return [q.pop({}) for _ in reqs]
 
 
-def test_aging_sla_serves_short_predicted_work_first_within_each_requests_slack() -> None:
-    policy = AgingSlaPolicy(work_p99_s=10.0, max_delay_s=30.0, prefill_s_per_token=1e-3, decode_s_per_token=0.1)
-    # work: long 10 s (the p99: its whole slack 100 - 10, capped at 30 s), short 1 s (slack 20 - 1 = 19, x 0.1)
-    long_, short = _r("long", 0.0, est=100, deadline=100.0), _r("short", 5.0, est=10, deadline=25.0)
-    assert policy.delay_s(long_) == pytest.approx(30.0)
-    assert policy.delay_s(short) == pytest.approx(1.9)
-    assert _drain(policy, [long_, short]) == ["short", "long"]
-    # an arrival after the long one's 30 s has run out does not pass it
-    assert _drain(policy, [long_, _r("late", 31.0, est=1, deadline=60.0)]) == ["long", "late"]
-    # no slack (its deadline is already as tight as its work): not deferred at all, FIFO with the rest
-    tight = _r("tight", 0.0, est=100, deadline=10.0)
-    assert policy.delay_s(tight) == 0.0
-    assert _drain(policy, [tight, _r("tiny", 0.5, est=1, deadline=60.0)]) == ["tight", "tiny"]
-    # the prompt counts: 8,000 prompt tokens are 8 s of predicted work
-    assert _drain(policy, [_r("prompt", 0.0, prompt=8000, est=1, deadline=60.0), _r("answer", 1.0, est=20,
-                                                                                   deadline=60.0)]) == [
+def test_aging_sla_serves_short_predicted_work_first_and_never_defers_the_tail() -> None:
+    # p90 work 5 s, p99 10 s, cap 30 s; work: 1 ms per prompt token, 0.1 s per output token
+    policy = AgingSlaPolicy(work_p90_s=5.0, work_p99_s=10.0, max_delay_s=30.0, prefill_s_per_token=1e-3,
+                            decode_s_per_token=0.1)
+    # allowance min(slack, 30): p90-work "mid" (5 s, slack 95) waits 30 s; 1 s of work a fifth of it;
+    # 7.5 s (between p90 and p99) half; the p99 request and longer ones not at all
+    assert policy.delay_s(_r("mid", 0.0, est=50, deadline=100.0)) == pytest.approx(30.0)
+    assert policy.delay_s(_r("short", 0.0, est=10, deadline=100.0)) == pytest.approx(6.0)
+    assert policy.delay_s(_r("longer", 0.0, est=75, deadline=100.0)) == pytest.approx(15.0)
+    assert policy.delay_s(_r("p99", 0.0, est=100, deadline=100.0)) == 0.0
+    assert policy.delay_s(_r("huge", 0.0, est=10**6)) == 0.0
+    mid = _r("mid", 0.0, est=50, deadline=100.0)
+    assert _drain(policy, [mid, _r("short", 20.0, est=10, deadline=60.0)]) == ["short", "mid"]  # 26 < 30
+    assert _drain(policy, [mid, _r("short", 25.0, est=10, deadline=60.0)]) == ["mid", "short"]  # 31 > 30
+    # the tail keeps its place: a long request goes before shorter work arriving just behind it
+    assert _drain(policy, [_r("p99", 0.0, est=100, deadline=100.0), _r("short", 0.5, est=10, deadline=60.0)]) == [
+        "p99", "short"]
+    # the SLA: with 2 s of slack a p90-work request waits 2 s, not 30
+    assert policy.delay_s(_r("tight", 0.0, est=50, deadline=7.0)) == pytest.approx(2.0)
+    assert policy.delay_s(_r("late", 0.0, est=50, deadline=3.0)) == 0.0
+    # the prompt counts: 4,000 prompt tokens are 4 s of work (24 s) against an answer of 2 s (12 s)
+    assert _drain(policy, [_r("prompt", 0.0, prompt=4000, est=1), _r("answer", 10.0, est=20)]) == [
         "answer", "prompt"]
 
 
-def test_aging_sla_derives_its_rate_from_the_predictors_p99_and_refuses_bad_parameters() -> None:
+def test_aging_sla_derives_its_rate_from_the_predictors_quantiles_and_refuses_bad_parameters() -> None:
     p = AgingSlaPolicy.derive({0.5: 2.0, 0.9: 6.0, 0.99: 12.0}, WORK, max_delay_s=20.0)
-    assert (p.work_p99_s, p.max_delay_s, p.prefill_s_per_token, p.decode_s_per_token) == (12.0, 20.0, 1e-3, 0.1)
-    with pytest.raises(InvalidInputError, match=r"0\.99"):
-        AgingSlaPolicy.derive({0.5: 2.0}, WORK)
-    for bad in ({"work_p99_s": 0.0}, {"max_delay_s": math.inf}, {"decode_s_per_token": -1.0}):
+    assert (p.work_p90_s, p.work_p99_s, p.max_delay_s, p.prefill_s_per_token, p.decode_s_per_token) == (
+        6.0, 12.0, 20.0, 1e-3, 0.1)
+    with pytest.raises(InvalidInputError, match=r"0\.9 and 0\.99"):
+        AgingSlaPolicy.derive({0.5: 2.0, 0.99: 3.0}, WORK)
+    for bad in ({"work_p90_s": 0.0}, {"work_p99_s": 0.1}, {"max_delay_s": math.inf}, {"decode_s_per_token": -1.0}):
         with pytest.raises(InvalidInputError, match=next(iter(bad))):
             make_queue_policy("aging-sla", **bad)
 
@@ -98,13 +105,14 @@ _rows = st.lists(st.tuples(st.floats(0.0, 60.0), st.floats(0.05, 4.0), st.intege
 
 
 @settings(max_examples=120, deadline=None)
-@given(rows=_rows, p99=st.floats(0.5, 40.0), cap=st.floats(0.0, 30.0))
+@given(rows=_rows, p90=st.floats(0.5, 20.0), spread=st.floats(0.0, 20.0), cap=st.floats(0.0, 30.0))
 def test_aging_sla_never_lets_a_request_wait_past_its_stated_bound(
-        rows: list[tuple[float, float, int, int, float]], p99: float, cap: float) -> None:
+        rows: list[tuple[float, float, int, int, float]], p90: float, spread: float, cap: float) -> None:
     """Random arrivals, true service times unrelated to the estimates (estimates can be wildly
     wrong), random deadlines: every request waits at most ``delay + V(arrival + delay)``, and so
     at most ``max_delay_s`` more than FIFO would make a request arriving that much later wait."""
-    policy = AgingSlaPolicy(work_p99_s=p99, max_delay_s=cap, prefill_s_per_token=1e-3, decode_s_per_token=0.05)
+    policy = AgingSlaPolicy(work_p90_s=p90, work_p99_s=p90 + spread, max_delay_s=cap, prefill_s_per_token=1e-3,
+                            decode_s_per_token=0.05)
     reqs = [_r(f"r{i}", at, prompt=prompt, est=est, deadline=at + slack)
             for i, (at, _, est, prompt, slack) in enumerate(rows)]
     service = [s for _, s, _, _, _ in rows]
