@@ -26,9 +26,9 @@ regime's capacity scale.
 
 Policies: ``fifo``; ``aging-spf`` (shortest prompt first with aging, its defaults: the policy
 issue 40 measured); ``aging-sla`` and ``deadline`` (:mod:`service.core.queue`), their
-parameters derived from the predictor's quantiles of predicted work (the output-length
-estimator fitted on another seed of the regime, as the replay does, priced by the regime's
-cost model: :func:`work_models`) and the SLA.
+parameters derived from the predictor's quantiles of predicted work per model (the
+output-length estimator fitted on another seed of the regime, as the replay does, priced by the
+regime's cost model: :func:`work_models`) and the SLA.
 
 Latency is end-to-end per request (and time to first token, where the queueing shows when long
 outputs make the end-to-end tail); a request unfinished at the cut-off (3x the horizon) counts
@@ -130,51 +130,50 @@ def replicas(name: str, config: Any, workload: Any) -> list[Any]:
     return out
 
 
-def work_models(config: Any, workload: Any) -> tuple[Any, Any]:
-    """Two pricings of predicted work (:class:`~service.core.queue.WorkModel`) of the model
-    carrying the most requests, on the cluster's first device, from the cost model: seconds
-    per prefilled token (a 2,048-token chunk) and per output token as *device time* (an
-    iteration of 32 sequences of 1k context over its 32 sequences: the order of work) and as
-    *latency* (that whole iteration: a deadline's latest start)."""
+def work_models(config: Any, model: str) -> tuple[Any, Any]:
+    """Two pricings of ``model``'s predicted work (:class:`~service.core.queue.WorkModel`) on
+    the cluster's first device, from the cost model: seconds per prefilled token (a
+    2,048-token chunk) and per output token as *device time* (an iteration of 32 sequences of
+    1k context over its 32 sequences: the order of work) and as *latency* (that whole
+    iteration: a deadline's latest start)."""
     from service.core.queue import WorkModel
     from service.domain.model_config import MODEL_CONFIGS
     from service.sim.iteration import BatchFeatures, IterationCostTable
 
-    counts: dict[str, int] = {}
-    for r in workload.requests:
-        counts[r.model] = counts.get(r.model, 0) + 1
-    model = max(counts, key=lambda m: (counts[m], m))
     table = IterationCostTable(MODEL_CONFIGS[model], config.cost_model, config.cluster.devices[0])
     prefill = table.exact_s(BatchFeatures.of([(2048, 0)], [])) / 2048
     iteration = table.exact_s(BatchFeatures.of([], [1024] * 32))
     return WorkModel(prefill, iteration / 32), WorkModel(prefill, iteration)
 
 
-def derived_policies(config: Any, workload: Any, estimator: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The policies, aging-sla and deadline from the estimator's predicted work quantiles on a
-    history sample (another seed) and the work models; and what they were derived from."""
+def derived_policies(config: Any, estimator: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The policies, aging-sla and deadline from the estimator's predicted work quantiles per
+    model on a history sample (another seed) and the work models; and what they came from."""
     import numpy as np
 
     from service.core.queue import AgingSlaPolicy, DeadlinePolicy, QueuedRequest, make_queue_policy
     from service.replay.mix import build_workload
 
-    device, latency = work_models(config, workload)
     history = build_workload(config.mix, np.random.default_rng(config.seed + 20_011), duration_s=config.horizon_s)
-    queued = [QueuedRequest(r.request_id, r.tenant_id, r.model, 0.0, r.prompt_tokens, estimator.estimate(r))
-              for r in history.requests]
+    by_device: dict[str, Any] = {}
+    by_latency: dict[str, Any] = {}
+    for model in sorted({r.model for r in history.requests}):
+        device, latency = work_models(config, model)
+        queued = [QueuedRequest(r.request_id, r.tenant_id, r.model, 0.0, r.prompt_tokens, estimator.estimate(r))
+                  for r in history.requests if r.model == model]
 
-    def quantiles(work: Any) -> dict[float, float]:
-        predicted = np.array([work.work_s(q) for q in queued])
-        return {q: float(np.quantile(predicted, q)) for q in (0.5, 0.9, 0.99)}
+        def quantiles(work: Any, queued: list[Any] = queued) -> dict[float, float]:
+            predicted = np.array([work.work_s(q) for q in queued])
+            return {q: float(np.quantile(predicted, q)) for q in (0.5, 0.9, 0.99)}
 
-    q_device, q_latency = quantiles(device), quantiles(latency)
+        by_device[model] = (quantiles(device), device)
+        by_latency[model] = (quantiles(latency), latency)
     policies = {"fifo": make_queue_policy("fifo"), "aging-spf": make_queue_policy("aging-spf"),
-                "aging-sla": AgingSlaPolicy.derive(q_device, device),
-                "deadline": DeadlinePolicy.derive(q_latency, latency)}
-    return policies, {"work_quantiles_device_s": q_device, "work_quantiles_latency_s": q_latency,
-                      "prefill_s_per_token": device.prefill_s_per_token,
-                      "decode_device_s_per_token": device.decode_s_per_token,
-                      "decode_latency_s_per_token": latency.decode_s_per_token}
+                "aging-sla": AgingSlaPolicy.derive(by_device), "deadline": DeadlinePolicy.derive(by_latency)}
+    return policies, {m: {"work_quantiles_device_s": by_device[m][0], "work_quantiles_latency_s": by_latency[m][0],
+                          "prefill_s_per_token": by_device[m][1].prefill_s_per_token,
+                          "decode_device_s_per_token": by_device[m][1].decode_s_per_token,
+                          "decode_latency_s_per_token": by_latency[m][1].decode_s_per_token} for m in by_device}
 
 
 def run_one(config: Any, workload: Any, homes: list[Any], policy: Any, estimator: Any) -> dict[str, Any]:
@@ -256,8 +255,8 @@ def main() -> int:
         base = workload_at(1.0)
         # capacity: each tenant's finished requests per second when saturated, over its offered rate at 1x
         sat = workload_at(SATURATE)
-        fifo_sat = run_one(config, sat, replicas(name, config, sat), derived_policies(config, sat, estimator)[0]["fifo"],
-                           estimator)
+        policies, derived[name] = derived_policies(config, estimator)
+        fifo_sat = run_one(config, sat, replicas(name, config, sat), policies["fifo"], estimator)
         # offered at 1x per half horizon (finished counts the second half only)
         offered = {t.tenant_id: sum(r.tenant_id == t.tenant_id for r in base.requests) / 2 for t in mix.tenants}
         per_tenant = {t: fifo_sat["done_by_tenant"].get(t, 0) / n for t, n in offered.items() if n}
@@ -269,7 +268,6 @@ def main() -> int:
         for load in LOADS:
             w = workload_at(scale * load)
             homes = replicas(name, config, w)
-            policies, derived[name] = derived_policies(config, w, estimator)
             row = {pol: run_one(config, w, homes, policies[pol], estimator) for pol in POLICIES}
             fifo = row["fifo"]
             for r in row.values():

@@ -53,7 +53,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from service.domain.error import InvalidInputError
@@ -360,6 +360,10 @@ class AgingSlaPolicy:
     would make a request arriving at ``t`` wait): at most ``max_delay_s`` more than FIFO gives a
     request arriving ``delay`` later. Plain shortest-first has no such bound.
 
+    Each model has its own work distribution and pricing (a queue holds one model's requests):
+    ``by_model`` maps a model to ``(prefill_s_per_token, decode_s_per_token, work_p90_s,
+    work_p99_s)``; a model not in it takes the fields'.
+
     :meth:`derive` builds it from the predictor's work quantiles and a cap.
     """
 
@@ -368,40 +372,50 @@ class AgingSlaPolicy:
     max_delay_s: float = 30.0  # the most a request can be passed by later arrivals for
     prefill_s_per_token: float = _PREFILL_S_PER_TOKEN
     decode_s_per_token: float = _DECODE_S_PER_TOKEN
+    by_model: Mapping[str, tuple[float, float, float, float]] = field(default_factory=dict)
     name: ClassVar[str] = "aging-sla"
     fair_share: ClassVar[bool] = False
     needs_estimate: ClassVar[bool] = True
     needs_truth: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        if not (0.0 < self.work_p90_s < math.inf):
-            raise InvalidInputError(f"aging-sla: work_p90_s must be finite and > 0, got {self.work_p90_s}")
-        if not (self.work_p90_s <= self.work_p99_s < math.inf):
-            raise InvalidInputError(f"aging-sla: work_p99_s must be finite and >= work_p90_s, got {self.work_p99_s}")
         if not (0.0 <= self.max_delay_s < math.inf):
             raise InvalidInputError(f"aging-sla: max_delay_s must be finite and >= 0, got {self.max_delay_s}")
-        _work_model(self.prefill_s_per_token, self.decode_s_per_token)
+        for model, (prefill, decode, p90, p99) in [("", self._defaults()), *self.by_model.items()]:
+            where = f" of {model!r}" if model else ""
+            if not (0.0 < p90 < math.inf):
+                raise InvalidInputError(f"aging-sla: work_p90_s{where} must be finite and > 0, got {p90}")
+            if not (p90 <= p99 < math.inf):
+                raise InvalidInputError(f"aging-sla: work_p99_s{where} must be finite and >= work_p90_s, got {p99}")
+            _work_model(prefill, decode)
+
+    def _defaults(self) -> tuple[float, float, float, float]:
+        return self.prefill_s_per_token, self.decode_s_per_token, self.work_p90_s, self.work_p99_s
 
     @staticmethod
-    def derive(work_quantiles_s: Mapping[float, float], work: WorkModel, *, max_delay_s: float = 30.0
-               ) -> AgingSlaPolicy:
-        """From the predictor's quantiles of predicted work (seconds by level; 0.9 and 0.99)."""
-        if 0.9 not in work_quantiles_s or 0.99 not in work_quantiles_s:
-            raise InvalidInputError(f"aging-sla: work quantiles need 0.9 and 0.99, got {sorted(work_quantiles_s)}")
-        p90 = max(1e-9, float(work_quantiles_s[0.9]))
-        return AgingSlaPolicy(p90, max(p90, float(work_quantiles_s[0.99])), max_delay_s, work.prefill_s_per_token,
-                              work.decode_s_per_token)
+    def derive(work_quantiles_s: Mapping[str, tuple[Mapping[float, float], WorkModel]], *,
+               max_delay_s: float = 30.0) -> AgingSlaPolicy:
+        """From the predictor's quantiles of predicted work per model (seconds by level; 0.9 and
+        0.99 needed), each with the work model that priced it."""
+        by_model = {}
+        for model, (q, work) in work_quantiles_s.items():
+            if 0.9 not in q or 0.99 not in q:
+                raise InvalidInputError(f"aging-sla: work quantiles of {model!r} need 0.9 and 0.99, got {sorted(q)}")
+            p90 = max(1e-9, float(q[0.9]))
+            by_model[model] = (work.prefill_s_per_token, work.decode_s_per_token, p90, max(p90, float(q[0.99])))
+        return AgingSlaPolicy(max_delay_s=max_delay_s, by_model=by_model)
 
     def delay_s(self, req: QueuedRequest) -> float:
         """How long later arrivals may pass the request for (``<= max_delay_s``)."""
-        w = _work_model(self.prefill_s_per_token, self.decode_s_per_token).work_s(req)
+        prefill, decode, p90, p99 = self.by_model.get(req.model) or self._defaults()
+        w = _work_model(prefill, decode).work_s(req)
         allowance = max(0.0, min(req.deadline_s - req.arrival_s - w, self.max_delay_s))  # inf deadline: the cap
-        if w <= self.work_p90_s:
-            shape = w / self.work_p90_s
-        elif w >= self.work_p99_s:
+        if w <= p90:
+            shape = w / p90
+        elif w >= p99:
             shape = 0.0
         else:
-            shape = (self.work_p99_s - w) / (self.work_p99_s - self.work_p90_s)
+            shape = (p99 - w) / (p99 - p90)
         return allowance * shape
 
     def key(self, req: QueuedRequest) -> Key:
@@ -425,29 +439,40 @@ class DeadlinePolicy:
     margin: float = 1.0  # predicted work quantile over its median (>= 1 is cautious)
     prefill_s_per_token: float = _PREFILL_S_PER_TOKEN
     decode_s_per_token: float = _DECODE_ITERATION_S
+    # model -> (margin, prefill_s_per_token, decode_s_per_token); a model not in it: the fields'
+    by_model: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
     name: ClassVar[str] = "deadline"
     fair_share: ClassVar[bool] = False
     needs_estimate: ClassVar[bool] = True
     needs_truth: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        if not (0.0 <= self.margin < math.inf):
-            raise InvalidInputError(f"deadline: margin must be finite and >= 0, got {self.margin}")
-        _work_model(self.prefill_s_per_token, self.decode_s_per_token)
+        for model, (margin, prefill, decode) in [("", (self.margin, self.prefill_s_per_token,
+                                                        self.decode_s_per_token)), *self.by_model.items()]:
+            if not (0.0 <= margin < math.inf):
+                raise InvalidInputError(f"deadline: margin{f' of {model!r}' if model else ''} must be finite and >= 0, "
+                                        f"got {margin}")
+            _work_model(prefill, decode)
 
     @staticmethod
-    def derive(work_quantiles_s: Mapping[float, float], work: WorkModel, *, level: float = 0.9) -> DeadlinePolicy:
-        """``margin`` = the work quantile at ``level`` over its median (both levels needed);
-        ``work`` prices an output token as latency (one iteration each)."""
-        if level not in work_quantiles_s or 0.5 not in work_quantiles_s:
-            raise InvalidInputError(f"deadline: work quantiles need 0.5 and {level}, got {sorted(work_quantiles_s)}")
-        median = float(work_quantiles_s[0.5])
-        margin = float(work_quantiles_s[level]) / median if median > 0 else 1.0
-        return DeadlinePolicy(max(1.0, margin), work.prefill_s_per_token, work.decode_s_per_token)
+    def derive(work_quantiles_s: Mapping[str, tuple[Mapping[float, float], WorkModel]], *,
+               level: float = 0.9) -> DeadlinePolicy:
+        """Per model: ``margin`` = the work quantile at ``level`` over its median (both levels
+        needed); its work model prices an output token as latency (one iteration each)."""
+        by_model = {}
+        for model, (q, work) in work_quantiles_s.items():
+            if level not in q or 0.5 not in q:
+                raise InvalidInputError(f"deadline: work quantiles of {model!r} need 0.5 and {level}, got {sorted(q)}")
+            median = float(q[0.5])
+            margin = max(1.0, float(q[level]) / median if median > 0 else 1.0)
+            by_model[model] = (margin, work.prefill_s_per_token, work.decode_s_per_token)
+        return DeadlinePolicy(by_model=by_model)
 
     def key(self, req: QueuedRequest) -> Key:
-        w = _work_model(self.prefill_s_per_token, self.decode_s_per_token).work_s(req)
-        return (req.deadline_s - self.margin * w, req.arrival_s)
+        margin, prefill, decode = self.by_model.get(req.model) or (self.margin, self.prefill_s_per_token,
+                                                                    self.decode_s_per_token)
+        w = _work_model(prefill, decode).work_s(req)
+        return (req.deadline_s - margin * w, req.arrival_s)
 
 
 QUEUE_POLICIES: dict[str, Callable[..., QueuePolicy]] = {

@@ -61,15 +61,23 @@ def test_aging_sla_serves_short_predicted_work_first_and_never_defers_the_tail()
         "answer", "prompt"]
 
 
-def test_aging_sla_derives_its_rate_from_the_predictors_quantiles_and_refuses_bad_parameters() -> None:
-    p = AgingSlaPolicy.derive({0.5: 2.0, 0.9: 6.0, 0.99: 12.0}, WORK, max_delay_s=20.0)
-    assert (p.work_p90_s, p.work_p99_s, p.max_delay_s, p.prefill_s_per_token, p.decode_s_per_token) == (
-        6.0, 12.0, 20.0, 1e-3, 0.1)
+def test_aging_sla_derives_its_rate_per_model_from_the_predictors_quantiles_and_refuses_bad_parameters() -> None:
+    p = AgingSlaPolicy.derive({"m": ({0.5: 2.0, 0.9: 6.0, 0.99: 12.0}, WORK),
+                               "small": ({0.9: 0.5, 0.99: 1.0}, WorkModel(0.0, 0.01))}, max_delay_s=20.0)
+    assert p.max_delay_s == 20.0 and p.by_model["m"] == (1e-3, 0.1, 6.0, 12.0)
+    # each model's own scale: 60 tokens are 6 s of "m" work (its p90: the whole 20 s) but 0.6 s of
+    # "small" work, between its p90 (0.5) and p99 (1.0): (1.0 - 0.6) / 0.5 = 0.8 of the 20 s
+    assert p.delay_s(QueuedRequest("a", "t", "m", 0.0, 0, 60)) == pytest.approx(20.0)
+    assert p.delay_s(QueuedRequest("b", "t", "small", 0.0, 0, 60)) == pytest.approx(16.0)
+    assert p.delay_s(QueuedRequest("c", "t", "other", 0.0, 0, 60)) == pytest.approx(  # the defaults: 60 x 0.78 ms
+        20.0 * 60 * (0.025 / 32) / 0.5)
     with pytest.raises(InvalidInputError, match=r"0\.9 and 0\.99"):
-        AgingSlaPolicy.derive({0.5: 2.0, 0.99: 3.0}, WORK)
+        AgingSlaPolicy.derive({"m": ({0.5: 2.0, 0.99: 3.0}, WORK)})
     for bad in ({"work_p90_s": 0.0}, {"work_p99_s": 0.1}, {"max_delay_s": math.inf}, {"decode_s_per_token": -1.0}):
         with pytest.raises(InvalidInputError, match=next(iter(bad))):
             make_queue_policy("aging-sla", **bad)
+    with pytest.raises(InvalidInputError, match="of 'x'"):
+        AgingSlaPolicy(by_model={"x": (0.0, 0.1, 2.0, 1.0)})
 
 
 def _single_server(policy: QueuePolicy, reqs: list[QueuedRequest], service_s: list[float]) -> dict[str, float]:
@@ -134,11 +142,11 @@ def test_deadline_orders_by_latest_start_from_predicted_remaining_work() -> None
     # counting the prefill is what moves "a" ahead: decode alone gives a 15, after b (14)
     assert _drain(DeadlinePolicy(1.0, 0.0, 0.1), reqs[:3]) == ["b", "a", "c"]
     # a cautious margin (the predictor's p90 over its median) moves long work earlier still
-    wide = DeadlinePolicy.derive({0.5: 1.0, 0.9: 3.0}, WORK)
-    assert wide.margin == 3.0
+    wide = DeadlinePolicy.derive({"m": ({0.5: 1.0, 0.9: 3.0}, WORK)})
+    assert wide.by_model["m"] == (3.0, 1e-3, 0.1)
     assert _drain(wide, [_r("short", 0.0, est=5, deadline=10.0), _r("long", 1.0, est=30, deadline=14.0)]) == [
         "long", "short"]  # 14 - 9 = 5 before 10 - 1.5 = 8.5
     with pytest.raises(InvalidInputError, match=r"0\.5"):
-        DeadlinePolicy.derive({0.9: 3.0}, WORK)
+        DeadlinePolicy.derive({"m": ({0.9: 3.0}, WORK)})
     with pytest.raises(InvalidInputError, match="margin"):
         make_queue_policy("deadline", margin=-1.0)
