@@ -36,6 +36,13 @@ Policies (the names are interfaces):
                           else the request's own deadline (``deadline_s``, from its SLA) minus
                           its predicted remaining work (``token_s`` seconds per estimated
                           remaining output token); arrival order without either
+``aging-sla``             shortest predicted work first with aging, a request deferred at most
+                          by its SLA slack (capped), most at the predictor's p90 work and not
+                          at all from its p99 work on (the tail keeps arrival order):
+                          :class:`AgingSlaPolicy`
+``deadline``              latest start first: the request's deadline minus its predicted
+                          remaining work (prefill and decode, at a predictor quantile):
+                          :class:`DeadlinePolicy`
 ========================  ===============================================================
 """
 
@@ -46,15 +53,15 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from service.domain.error import InvalidInputError
 
 __all__ = [
-    "QUEUE_POLICIES", "AgingPolicy", "AgingSpfPolicy", "FifoPolicy", "FifoQueue", "OracleRemainingPolicy",
+    "QUEUE_POLICIES", "AgingPolicy", "AgingSlaPolicy", "AgingSpfPolicy", "DeadlinePolicy", "FifoPolicy", "FifoQueue", "OracleRemainingPolicy",
     "PriorityPolicy", "QueuePolicy", "QueuedRequest", "RequestQueue", "SjfPolicy", "SlackPolicy", "WaitingQueue",
-    "WeightedPolicy",
+    "WeightedPolicy", "WorkModel",
     "make_queue_policy", "make_waiting_queue", "select_index",
 ]
 
@@ -290,9 +297,187 @@ class SlackPolicy:
         return (req.deadline_s - self.token_s * remaining, req.arrival_s)
 
 
+_PREFILL_S_PER_TOKEN = 1e-4
+_DECODE_S_PER_TOKEN = 0.025 / 32
+_DECODE_ITERATION_S = 0.025
+
+
+@dataclass(frozen=True, slots=True)
+class WorkModel:
+    """Predicted seconds of a queued request: ``prefill_s_per_token`` per prompt token plus
+    ``decode_s_per_token`` per estimated output token not yet produced. What an output token
+    costs depends on the question: as *device time* (the order of work: an iteration of a
+    typical batch over its sequences, :class:`AgingSlaPolicy`) or as *latency* (one iteration
+    per token: a deadline's latest start, :class:`DeadlinePolicy`). Defaults: llama2-7b on one
+    A100-80GB, the device-time pricing (about 0.1 ms per prefilled token; 25 ms per iteration of
+    a 32-sequence batch, 0.8 ms per sequence); a benchmark derives its own from its cost model."""
+
+    prefill_s_per_token: float = _PREFILL_S_PER_TOKEN
+    decode_s_per_token: float = _DECODE_S_PER_TOKEN
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_s_per_token", "decode_s_per_token"):
+            v = getattr(self, name)
+            if not (0.0 <= v < math.inf):
+                raise InvalidInputError(f"work model: {name} must be finite and >= 0, got {v}")
+
+    def work_s(self, req: QueuedRequest) -> float:
+        remaining = max(0, req.estimated_output_tokens - req.generated_tokens)
+        return self.prefill_s_per_token * req.prompt_tokens + self.decode_s_per_token * remaining
+
+
+def _work_model(prefill_s_per_token: float, decode_s_per_token: float) -> WorkModel:
+    return WorkModel(prefill_s_per_token, decode_s_per_token)
+
+
+@dataclass(frozen=True, slots=True)
+class AgingSlaPolicy:
+    """Shortest predicted work first with aging, its rate set by the predictor's work
+    quantiles and the SLA, and the predicted tail never deferred.
+
+    A request's predicted work ``w`` is :class:`WorkModel` seconds (its prompt and its estimated
+    remaining output, priced as device time). Later arrivals may pass it for
+
+        ``delay = min(slack, max_delay_s) * shape(w)``
+
+    - ``slack``: its SLA's finish-by target for its length less its work (``deadline_s -
+      arrival_s - w``; no deadline: no limit from it), so aging never pushes a request past
+      its own deadline by itself;
+    - ``shape(w)`` rises linearly from 0 to 1 at the predictor's p90 work (``work_p90_s``):
+      shortest first, a request of p90 work deferred by its whole allowance, smaller ones
+      proportionally less (the aging rate is ``work_p90_s / min(slack, max_delay_s)`` seconds
+      of work per waited second);
+    - and falls back to 0 at the p99 work (``work_p99_s``): the longest requests, which make
+      the latency tail, keep their arrival order, so the median falls without the P99 growing
+      from deferring them.
+
+    Static key ``(arrival_s + delay, arrival_s)``, smallest first.
+
+    Bounded starvation (stated; ``tests/unit/test_queue_tail.py`` holds it as a property): a
+    request is served before every request arriving more than ``delay <= max_delay_s`` after
+    it. So on a work-conserving server taking one request at a time, a request waits at most
+    ``delay + V(arrival_s + delay)``, where ``V(t)`` is the work unfinished at ``t`` (what FIFO
+    would make a request arriving at ``t`` wait): at most ``max_delay_s`` more than FIFO gives a
+    request arriving ``delay`` later. Plain shortest-first has no such bound.
+
+    Each model has its own work distribution and pricing (a queue holds one model's requests):
+    ``by_model`` maps a model to ``(prefill_s_per_token, decode_s_per_token, work_p90_s,
+    work_p99_s)``; a model not in it takes the fields'.
+
+    :meth:`derive` builds it from the predictor's work quantiles and a cap.
+    """
+
+    work_p90_s: float = 0.5  # the predictor's p90 of predicted work: the most deferred
+    work_p99_s: float = 2.0  # its p99: never deferred (nor anything longer)
+    max_delay_s: float = 30.0  # the most a request can be passed by later arrivals for
+    prefill_s_per_token: float = _PREFILL_S_PER_TOKEN
+    decode_s_per_token: float = _DECODE_S_PER_TOKEN
+    by_model: Mapping[str, tuple[float, float, float, float]] = field(default_factory=dict)
+    name: ClassVar[str] = "aging-sla"
+    fair_share: ClassVar[bool] = False
+    needs_estimate: ClassVar[bool] = True
+    needs_truth: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.max_delay_s < math.inf):
+            raise InvalidInputError(f"aging-sla: max_delay_s must be finite and >= 0, got {self.max_delay_s}")
+        for model, (prefill, decode, p90, p99) in [("", self._defaults()), *self.by_model.items()]:
+            where = f" of {model!r}" if model else ""
+            if not (0.0 < p90 < math.inf):
+                raise InvalidInputError(f"aging-sla: work_p90_s{where} must be finite and > 0, got {p90}")
+            if not (p90 <= p99 < math.inf):
+                raise InvalidInputError(f"aging-sla: work_p99_s{where} must be finite and >= work_p90_s, got {p99}")
+            _work_model(prefill, decode)
+
+    def _defaults(self) -> tuple[float, float, float, float]:
+        return self.prefill_s_per_token, self.decode_s_per_token, self.work_p90_s, self.work_p99_s
+
+    @staticmethod
+    def derive(work_quantiles_s: Mapping[str, tuple[Mapping[float, float], WorkModel]], *,
+               max_delay_s: float = 30.0) -> AgingSlaPolicy:
+        """From the predictor's quantiles of predicted work per model (seconds by level; 0.9 and
+        0.99 needed), each with the work model that priced it."""
+        by_model = {}
+        for model, (q, work) in work_quantiles_s.items():
+            if 0.9 not in q or 0.99 not in q:
+                raise InvalidInputError(f"aging-sla: work quantiles of {model!r} need 0.9 and 0.99, got {sorted(q)}")
+            p90 = max(1e-9, float(q[0.9]))
+            by_model[model] = (work.prefill_s_per_token, work.decode_s_per_token, p90, max(p90, float(q[0.99])))
+        return AgingSlaPolicy(max_delay_s=max_delay_s, by_model=by_model)
+
+    def delay_s(self, req: QueuedRequest) -> float:
+        """How long later arrivals may pass the request for (``<= max_delay_s``)."""
+        prefill, decode, p90, p99 = self.by_model.get(req.model) or self._defaults()
+        w = _work_model(prefill, decode).work_s(req)
+        allowance = max(0.0, min(req.deadline_s - req.arrival_s - w, self.max_delay_s))  # inf deadline: the cap
+        if w <= p90:
+            shape = w / p90
+        elif w >= p99:
+            shape = 0.0
+        else:
+            shape = (p99 - w) / (p99 - p90)
+        return allowance * shape
+
+    def key(self, req: QueuedRequest) -> Key:
+        return (req.arrival_s + self.delay_s(req), req.arrival_s)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlinePolicy:
+    """Latest start first: ``deadline_s - margin * w``, ``w`` the request's predicted remaining
+    work (:class:`WorkModel` seconds: its prompt's prefill and its estimated output not yet
+    produced), ``margin`` the predictor's ratio of a high quantile to the median of work
+    (so the start is late enough for the work's quantile, not its median). Ties by arrival;
+    a request without a deadline goes after every one with a deadline, in arrival order.
+
+    Against :class:`SlackPolicy` (decode only, a point estimate) it counts the prefill, which is
+    most of the work of long-prompt traffic. Not starvation-safe by itself beyond the SLA: the
+    key is at most the deadline, so a request is passed only by requests whose deadlines come
+    before its own.
+    """
+
+    margin: float = 1.0  # predicted work quantile over its median (>= 1 is cautious)
+    prefill_s_per_token: float = _PREFILL_S_PER_TOKEN
+    decode_s_per_token: float = _DECODE_ITERATION_S
+    # model -> (margin, prefill_s_per_token, decode_s_per_token); a model not in it: the fields'
+    by_model: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
+    name: ClassVar[str] = "deadline"
+    fair_share: ClassVar[bool] = False
+    needs_estimate: ClassVar[bool] = True
+    needs_truth: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        for model, (margin, prefill, decode) in [("", (self.margin, self.prefill_s_per_token,
+                                                        self.decode_s_per_token)), *self.by_model.items()]:
+            if not (0.0 <= margin < math.inf):
+                raise InvalidInputError(f"deadline: margin{f' of {model!r}' if model else ''} must be finite and >= 0, "
+                                        f"got {margin}")
+            _work_model(prefill, decode)
+
+    @staticmethod
+    def derive(work_quantiles_s: Mapping[str, tuple[Mapping[float, float], WorkModel]], *,
+               level: float = 0.9) -> DeadlinePolicy:
+        """Per model: ``margin`` = the work quantile at ``level`` over its median (both levels
+        needed); its work model prices an output token as latency (one iteration each)."""
+        by_model = {}
+        for model, (q, work) in work_quantiles_s.items():
+            if level not in q or 0.5 not in q:
+                raise InvalidInputError(f"deadline: work quantiles of {model!r} need 0.5 and {level}, got {sorted(q)}")
+            median = float(q[0.5])
+            margin = max(1.0, float(q[level]) / median if median > 0 else 1.0)
+            by_model[model] = (margin, work.prefill_s_per_token, work.decode_s_per_token)
+        return DeadlinePolicy(by_model=by_model)
+
+    def key(self, req: QueuedRequest) -> Key:
+        margin, prefill, decode = self.by_model.get(req.model) or (self.margin, self.prefill_s_per_token,
+                                                                    self.decode_s_per_token)
+        w = _work_model(prefill, decode).work_s(req)
+        return (req.deadline_s - margin * w, req.arrival_s)
+
+
 QUEUE_POLICIES: dict[str, Callable[..., QueuePolicy]] = {
     p.name: p for p in (FifoPolicy, PriorityPolicy, WeightedPolicy, SjfPolicy, AgingPolicy, AgingSpfPolicy,
-                        OracleRemainingPolicy, SlackPolicy)
+                        OracleRemainingPolicy, SlackPolicy, AgingSlaPolicy, DeadlinePolicy)
 }
 
 

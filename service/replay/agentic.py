@@ -55,6 +55,7 @@ __all__ = [
     "record_runs",
     "run_agentic",
     "shape_workflows",
+    "warmup_s",
     "write_records",
 ]
 
@@ -168,6 +169,21 @@ class _Recorder:
             self.predictor.observe_tool(record.features, record.duration_s)
 
 
+class _RoutedWork:
+    """Tells a router that counts dispatched work (``finished(request_id)``) when a call ends."""
+
+    def __init__(self, router_ref: list[Router]) -> None:
+        self.router_ref = router_ref
+
+    def slice_executed(self, device_id: str, start_s: float, end_s: float, owner: str) -> None:
+        pass
+
+    def request_finished(self, outcome: Any) -> None:
+        finished = getattr(self.router_ref[0], "finished", None) if self.router_ref else None
+        if finished is not None:
+            finished(outcome.request_id)
+
+
 def _demands(config: AgenticConfig, workflows: Sequence[Workflow]) -> list[TenantDemand]:
     """Offered work per tenant in device-seconds per second: each call's prompt as one pass
     plus its output tokens at the per-token cost of a 32-sequence decode batch."""
@@ -236,11 +252,11 @@ def run_agentic(config: AgenticConfig, workflows: Sequence[Workflow], *, router:
     cluster = SimulatedCluster(
         config.cluster, _initial_replicas(config, workflows, scaler is not None), config.cost_model,
         rng=np.random.default_rng(config.seed), queue_policy=_queue_policy(queue, driver_ref),
-        router=lambda req, ids, c: router_ref[0](req, ids, c))
+        router=lambda req, ids, c: router_ref[0](req, ids, c), observers=[_RoutedWork(router_ref)])
     recorder = _Recorder(adaptive)
     driver = WorkflowDriver(cluster, tool_slots=config.tool_slots, predictor=predictor, observers=[recorder])
     driver_ref.append(driver)
-    router_ref.append(make_router(router, driver, predictor))
+    router_ref.append(make_router(router, driver, predictor, seed=config.seed))
     the_scaler = make_scaler(scaler, predictor) if scaler is not None else None
     driver.submit(workflows)
     cutoff = max(horizon * config.cutoff_factor, horizon + 60.0)
@@ -269,13 +285,26 @@ def run_agentic(config: AgenticConfig, workflows: Sequence[Workflow], *, router:
                          recorder.calls if record else [], recorder.tools if record else [], refits)
 
 
+def warmup_s(config: AgenticConfig, model: str) -> float:
+    """Seconds from asking for a replica of ``model`` to its serving: the engine's start-up
+    (``config.startup_s``) plus its weights copied over the cluster's slowest device-to-device
+    link (bytes over the link's bandwidth: what :meth:`SimulatedCluster.add_replica` simulates)."""
+    links = [link for link in config.cluster.links if link.src != link.dst]
+    if not links:
+        return config.startup_s
+    slowest = min(links, key=lambda link: link.bytes_per_s)
+    return config.startup_s + weight_bytes(MODEL_CONFIGS[model]) / slowest.bytes_per_s + slowest.latency_us * 1e-6
+
+
 def _tenant_replicas(config: AgenticConfig, cluster: SimulatedCluster) -> list[TenantReplicas]:
     st = cluster.state
+    now = cluster.now_s
     out = []
     for s in config.shapes.values():
-        ids = tuple(r for r in st.by_model.get(s.model, []) if st.replicas[r].spec.tenant_id == s.tenant_id
-                    and r not in st.draining and st.ready_at.get(r, 0.0) <= cluster.now_s)
-        out.append(TenantReplicas(s.tenant_id, s.model, ids))
+        mine = [r for r in st.by_model.get(s.model, []) if st.replicas[r].spec.tenant_id == s.tenant_id
+                and r not in st.draining]
+        ready = tuple(r for r in mine if st.ready_at.get(r, 0.0) <= now)
+        out.append(TenantReplicas(s.tenant_id, s.model, ready, len(mine) - len(ready), warmup_s(config, s.model)))
     return out
 
 

@@ -198,6 +198,12 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas, SharedDevices):
         """Requests routed to the replica and not finished (waiting, prefilling, decoding)."""
         return self.state.replicas[replica_id].load()
 
+    def can_ever_fit(self, request: RequestSpec, replica_id: str) -> bool:
+        """Could the whole request's KV fit on the replica were it otherwise empty? (A router
+        must not send a request where it can never run: replicas of one model may differ in
+        memory.)"""
+        return self._routing.fits_ever(request, [replica_id])
+
     def device_free_at_s(self, device_id: str) -> float:
         """End of the work committed on the device so far, placed-slice reservations included."""
         return self.state.timelines.free_at_s(device_id)

@@ -11,7 +11,11 @@ ties go to the first candidate in replica order (least-loaded: the cluster's ``r
 ``tail``          smallest predicted p99 completion of the call's *workflow*: the call's
                   p99 latency on the replica plus the p99 path after it, against the
                   predicted p99 finish of the workflow's other branches (critical-path
-                  aware: a call off the critical path goes where its own p99 is lowest)
+                  aware: a call off the critical path goes where its own p99 is lowest),
+                  over two candidates drawn at random, with the work already dispatched
+                  counted (:mod:`service.core.router`: the herd broken)
+``tail-argmin``   the same prediction, argmin over every candidate, no dispatched work
+                  counted (the router before the herd was broken; a reference)
 ================  =====================================================================
 
 Scalers size each tenant's replicas between ``scale_interval_s`` steps of the replay
@@ -22,20 +26,23 @@ Scalers size each tenant's replicas between ``scale_interval_s`` steps of the re
 - ``reactive``: a tenant's device utilisation over the last interval above ``high`` adds a
   replica, below ``low`` drains its least loaded one (the utilisation-threshold autoscaler);
 - ``tail``: the predicted p99 latency of the tenant's typical call on its replicas, over the
-  same call's p99 on an idle replica (the predicted queueing tail); above ``up`` adds a
-  replica (worst tenant first while devices last), and a tenant whose tail would stay under
-  ``down`` with one replica fewer (its load spread over the rest) drains one.
+  same call's p99 on an idle replica (the predicted queueing tail), projected to when a new
+  replica would be ready (its warm-up: engine start-up and weight copy) with the replicas
+  already warming counted; above ``up`` adds a replica (worst tenant first while devices
+  last), and a tenant with none warming whose tail would stay under ``down`` with one replica
+  fewer (its load spread over the rest) drains one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import numpy as np
 
-from service.core.tail import P99, TailPredictor, mean_of
+from service.core.router import Candidate, PowerOfDRouter
+from service.core.tail import P50, P99, TailPredictor, mean_of
 from service.domain.error import InvalidInputError
 from service.domain.request import RequestSpec
 from service.sim.cluster import SimulatedCluster
@@ -81,37 +88,73 @@ class MeanRouter:
 
 
 class TailRouter:
+    """Predicted-tail routing through :class:`~service.core.router.PowerOfDRouter` (the object
+    the live service can use too): each candidate's score is the predicted p99 completion of
+    the call's workflow (the call's p99 latency on the replica plus the p99 path after it,
+    against the predicted p99 finish of the workflow's other branches), plus the outstanding
+    work the router dispatched there; a dispatched call counts its p50 latency on an idle
+    replica until it finishes (:meth:`finished`, from the cluster's observer hook).
+
+    ``d=0, count_outstanding=False`` is the argmin over every candidate (``tail-argmin``:
+    the router that herds, kept as a reference)."""
+
     name = "tail"
 
-    def __init__(self, driver: WorkflowDriver, predictor: TailPredictor) -> None:
+    def __init__(self, driver: WorkflowDriver, predictor: TailPredictor, *, d: int = 2,
+                 count_outstanding: bool = True, rng: np.random.Generator | None = None) -> None:
         self.driver = driver
         self.predictor = predictor
+        # its own stream (seeded by the caller), so the workload's draws do not move with the router's
+        self.router = PowerOfDRouter(rng if rng is not None else np.random.default_rng(0), d=d,
+                                     count_outstanding=count_outstanding)
+        if d == 0 and not count_outstanding:
+            self.name = "tail-argmin"
 
     def __call__(self, req: RequestSpec, candidates: Sequence[str], cluster: SimulatedCluster) -> str:
-        feats = [self.driver.call_features(req, self.driver.replica_state(c)) for c in candidates]
-        p99 = self.predictor.call_quantiles(feats)[:, 1, P99]
-        after, others = self.driver.downstream_p99(req.request_id)
         now = cluster.now_s
-        tail = np.maximum(now + p99 + after, others)
-        best = min(range(len(candidates)), key=lambda i: (float(tail[i]), float(p99[i]), i))
-        self.driver.note_routed(req.request_id, candidates[best], now + float(p99[best]))
-        return candidates[best]
+        after, others = self.driver.downstream_p99(req.request_id)
+        p99_of: dict[str, float] = {}
+
+        def predict(looked: Sequence[Candidate]) -> list[float]:
+            feats = [self.driver.call_features(req, self.driver.replica_state(c.replica_id)) for c in looked]
+            p99 = self.predictor.call_quantiles(feats)[:, 1, P99]
+            p99_of.update({c.replica_id: float(x) for c, x in zip(looked, p99, strict=True)})
+            return [max(now + float(x) + after, others) - now for x in p99]
+
+        def service_s(_: str) -> float:
+            return float(self.predictor.call_quantiles([self.driver.call_features(req, IDLE)])[0, 1, P50])
+
+        rows = [Candidate(c, cluster.replica_load(c), cluster.replica_spec(c).max_num_seqs,
+                          cluster.can_ever_fit(req, c)) for c in candidates]
+        if not any(r.can_admit for r in rows):  # the cluster drops what fits nowhere; keep its choice
+            rows = [replace(r, can_admit=True) for r in rows]
+        best = self.router.choose(req.request_id, rows, predict, service_s)
+        self.driver.note_routed(req.request_id, best, now + p99_of[best])
+        return best
+
+    def finished(self, request_id: str) -> None:
+        self.router.finished(request_id)
 
 
-RouterName = Literal["round-robin", "least-loaded", "mean", "tail"]
-ROUTERS: tuple[RouterName, ...] = ("round-robin", "least-loaded", "mean", "tail")
+RouterName = Literal["round-robin", "least-loaded", "mean", "tail", "tail-argmin"]
+ROUTERS: tuple[RouterName, ...] = ("round-robin", "least-loaded", "mean", "tail", "tail-argmin")
 Router = RoundRobinRouter | LeastLoadedRouter | MeanRouter | TailRouter
 
 
-def make_router(name: str, driver: WorkflowDriver, predictor: TailPredictor | None) -> Router:
+def make_router(name: str, driver: WorkflowDriver, predictor: TailPredictor | None, *, seed: int = 0) -> Router:
+    """The router ``name``; ``seed`` seeds the tail routers' choice of candidates."""
     if name == "round-robin":
         return RoundRobinRouter()
     if name == "least-loaded":
         return LeastLoadedRouter()
-    if name in ("mean", "tail"):
+    if name in ("mean", "tail", "tail-argmin"):
         if predictor is None:
             raise InvalidInputError(f"router {name!r} needs a predictor", culprit=name)
-        return MeanRouter(driver, predictor) if name == "mean" else TailRouter(driver, predictor)
+        if name == "mean":
+            return MeanRouter(driver, predictor)
+        rng = np.random.default_rng([seed, 0x7A11])
+        return TailRouter(driver, predictor, rng=rng) if name == "tail" else TailRouter(
+            driver, predictor, d=0, count_outstanding=False, rng=rng)
     raise InvalidInputError(f"unknown router {name!r}; known: {', '.join(ROUTERS)}", culprit=name)
 
 
@@ -126,11 +169,15 @@ class ScaleAction:
 
 @dataclass(frozen=True, slots=True)
 class TenantReplicas:
-    """A tenant's ready, not draining replicas (and its model)."""
+    """A tenant's ready, not draining replicas (and its model), the replicas it has warming up
+    (added, weights still copying or the engine starting), and how long a new one takes to
+    warm up (``warmup_s``: engine start-up plus the weight copy over the link, 0: unknown)."""
 
     tenant_id: str
     model: str
     replica_ids: tuple[str, ...]
+    warming: int = 0
+    warmup_s: float = 0.0
 
 
 class Scaler(Protocol):
@@ -175,11 +222,24 @@ def _spread(s: ReplicaState, factor: float) -> ReplicaState:
 
 
 class TailScaler:
+    """Scales on the predicted queueing tail (module docstring), with warm-up modelled: a new
+    replica serves only ``warmup_s`` after it is asked for (engine start-up plus its weight
+    copy), so
+
+    - the ratio that decides is the one projected to when a replica added now would be ready:
+      the current ratio plus its growth over the last interval, extrapolated over ``warmup_s``
+      (a tail that grows is answered before it arrives; one that falls is not);
+    - replicas warming up count as capacity already on the way (the load spread over them as
+      well), so a tail does not add a replica every interval of one warm-up;
+    - nothing is drained while a replica of the tenant is warming up.
+    """
+
     name = "tail"
 
     def __init__(self, predictor: TailPredictor, *, up: float = 2.0, down: float = 1.3, min_replicas: int = 1) -> None:
         self.predictor = predictor
         self.up, self.down, self.min_replicas = up, down, min_replicas
+        self._last: dict[str, tuple[float, float]] = {}  # tenant -> (time, ratio) at the last decision
 
     def tail_ratio(self, driver: WorkflowDriver, t: TenantReplicas, spread: float = 1.0) -> float:
         """Predicted p99 of the tenant's typical call on its replicas (median over them), over
@@ -192,9 +252,20 @@ class TailScaler:
         p99 = self.predictor.call_quantiles(feats)[:, 1, P99]
         return float(np.median(p99[1:]) / max(1e-9, p99[0]))
 
+    def projected_ratio(self, now: float, driver: WorkflowDriver, t: TenantReplicas) -> float:
+        """The tail ratio when a replica asked for now would be ready (see the class docstring)."""
+        n = len(t.replica_ids)
+        ratio = self.tail_ratio(driver, t, n / (n + t.warming))
+        last = self._last.get(t.tenant_id)
+        self._last[t.tenant_id] = (now, ratio)
+        if last is None or now <= last[0] or t.warmup_s <= 0:
+            return ratio
+        growth_per_s = (ratio - last[1]) / (now - last[0])
+        return ratio + max(0.0, growth_per_s) * t.warmup_s
+
     def decide(self, now: float, driver: WorkflowDriver, tenants: Sequence[TenantReplicas],
                num_free: int) -> list[ScaleAction]:
-        ratios = {t.tenant_id: self.tail_ratio(driver, t) for t in tenants if t.replica_ids}
+        ratios = {t.tenant_id: self.projected_ratio(now, driver, t) for t in tenants if t.replica_ids}
         out: list[ScaleAction] = []
         for t in sorted(tenants, key=lambda t: (-ratios.get(t.tenant_id, 0.0), t.tenant_id)):
             if t.tenant_id not in ratios:
@@ -203,7 +274,8 @@ class TailScaler:
             if ratios[t.tenant_id] > self.up and num_free > 0:
                 out.append(ScaleAction("add", t.tenant_id, t.model))
                 num_free -= 1
-            elif n > self.min_replicas and self.tail_ratio(driver, t, n / (n - 1)) < self.down:
+            elif (not t.warming and n > self.min_replicas
+                  and self.tail_ratio(driver, t, n / (n - 1)) < self.down):
                 least = min(t.replica_ids, key=lambda r: (driver.cluster.replica_load(r), r))
                 out.append(ScaleAction("drain", t.tenant_id, t.model, least))
         return out

@@ -224,8 +224,20 @@ def test_a_predicted_latency_router_sends_a_call_to_the_idle_replica() -> None:
         def note_routed(self, *a: object) -> None:
             pass
 
+    class Spec:
+        max_num_seqs = 64
+
     class Cluster:
         now_s = 0.0
+
+        def replica_load(self, rid: str) -> int:
+            return states[rid].queue_len + states[rid].running
+
+        def replica_spec(self, rid: str) -> Spec:
+            return Spec()
+
+        def can_ever_fit(self, req: object, rid: str) -> bool:
+            return True
 
     from service.domain.request import RequestSpec
 

@@ -249,7 +249,7 @@ def test_unknown_policy_names_the_known_ones_and_bad_parameters_are_refused() ->
         with pytest.raises(InvalidInputError, match="token_s"):
             make_queue_policy("slack", token_s=bad_token_s)
     assert set(QUEUE_POLICIES) == {"fifo", "priority", "weighted", "sjf", "aging", "aging-spf", "oracle-remaining",
-                                   "slack"}
+                                   "slack", "aging-sla", "deadline"}
 
 
 def test_an_empty_queue_refuses_to_select() -> None:
