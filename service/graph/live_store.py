@@ -15,7 +15,8 @@ from service.graph.store import GraphStore, check_id
 
 
 class LiveStore(GraphStore):
-    QUERIES: tuple[str, ...] = ("create_request", "update_requests", "create_slices", "end_slices", "live_tenants", "live_models",
+    QUERIES: tuple[str, ...] = ("create_request", "update_requests", "create_slices", "end_slices", "extend_slices",
+               "live_tenants", "live_models",
                "live_requests", "delete_old_live_slices", "complete_leases", "finish_requests", "close_open_slices",
                "request_results", "upsert_executor_pool", "set_executor_pool_key", "set_tenant_key",
                "live_executor_pools")
@@ -76,6 +77,13 @@ class LiveStore(GraphStore):
         """Ends of leases (their devices' busy windows refreshed with them)."""
         out = self._write_slices("end_slices", rows=rows)
         return int(out[0]["ended"]) if out else 0
+
+    def extend_slices(self, rows: list[dict[str, Any]]) -> int:
+        """Renewals past running leases' expected ends: each Slice's window end moves later (never
+        earlier), its devices' busy windows refreshed with it; returns how many moved."""
+        rows = sorted(rows, key=lambda r: str(r["uid"]))  # one lock order with create_slices
+        out = self._write_slices("extend_slices", rows=rows)
+        return int(out[0]["extended"]) if out else 0
 
     def live_tenants(self) -> list[dict[str, Any]]:
         return self._read("live_tenants")

@@ -88,6 +88,7 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.workflows = WorkflowBook(self, tool_slots=os.cpu_count() or 1)  # DAGs of model and tool calls
         self.state.book.on_end = self._request_ended
         self.state.book.on_lease_end = self._lease_ended
+        self.state.book.on_extend = self.persist  # renewals past a lease's expected end: its busy window
         self.pools = ExecutorPools(settings.executor_key, settings.executor_kinds)  # executor keys
         self.driver: Any = None
         self.neo4j_uri: str | None = None
