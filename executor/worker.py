@@ -49,18 +49,29 @@ Sharing the executor
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from executor.batcher import Clock, ContinuousBatcher, GenerationRequest
 from executor.device import torch_device
 from executor.runner import Stage, StagedModel, check_stages, load_staged
 from executor.settings import GUEST_WEIGHT
+from executor.slices import (
+    DEFAULT_SLICE_BUDGET_S,
+    Builder,
+    ComputeUnitQueue,
+    GuestLayers,
+    SliceAssignment,
+    SliceResult,
+    StreamSelector,
+    build_slice_layers,
+)
 from service.domain.sampling import GREEDY, Sampling
 from service.domain.wire import Completion, Failure, LeaseGrant, ProgressUpdate
 
@@ -118,6 +129,7 @@ class Lease:
 class RoundResult:
     completed: list[tuple[Lease, Completion]] = field(default_factory=list)
     failed: list[Failure] = field(default_factory=list)
+    slices: list[SliceResult] = field(default_factory=list)  # guest slices finished in this round's gaps
 
 
 def completion_of(lease: Lease, request: GenerationRequest) -> Completion:
@@ -150,7 +162,9 @@ class Worker:
 
     def __init__(self, *, max_batch: int = 8, max_held: int | None = None, clock: Clock = time.perf_counter,
                  loader: ModelLoader = load_staged, guest_weight: float = GUEST_WEIGHT,
-                 background_loads: bool = True) -> None:
+                 background_loads: bool = True, slice_budget_s: float = DEFAULT_SLICE_BUDGET_S,
+                 guest_capacity_bytes: Mapping[str, int] | None = None, streams: StreamSelector | None = None,
+                 slice_builder: Builder = build_slice_layers) -> None:
         if not guest_weight > 0:
             raise ValueError(f"guest_weight must be > 0, got {guest_weight}")
         self.max_batch = max_batch  # KV slots of one replica's batcher
@@ -170,6 +184,12 @@ class Worker:
         self._held: dict[str, tuple[Lease, ContinuousBatcher]] = {}
         self._streaming: dict[str, tuple[GenerationRequest, int]] = {}  # lease id -> (request, tokens reported)
         self.busy_s = 0.0  # wall seconds spent in iterations, all replicas (the service's utilisation)
+        # Guest slices (executor.slices): their weights, and one run queue per compute unit.
+        self.slice_budget_s = slice_budget_s
+        self.streams = streams or StreamSelector()
+        self.guest_layers = GuestLayers(capacity_bytes=guest_capacity_bytes, builder=slice_builder)
+        self._units: dict[str, ComputeUnitQueue] = {}
+        self._slice_ids: set[str] = set()
 
     @property
     def free_slots(self) -> int:
@@ -177,7 +197,7 @@ class Worker:
 
     @property
     def busy(self) -> bool:
-        return bool(self._held or self._parked)
+        return bool(self._held or self._parked or self._slice_ids)
 
     @property
     def lease_ids(self) -> list[str]:
@@ -258,6 +278,63 @@ class Worker:
         held[1].remove(lease_id)
         return True
 
+    def accept_slice(self, assignment: SliceAssignment) -> bool:
+        """Queue a guest slice on its compute unit's run queue, its layers materialised now (once
+        per model, layers and device); ``False`` if already held. An assignment that cannot run
+        here raises :class:`~executor.slices.SliceRefused` with nothing allocated."""
+        if assignment.lease_id in self._slice_ids:
+            return False
+        layers = self.guest_layers.materialise(assignment)
+        unit = self._units.get(assignment.device_id)
+        if unit is None:
+            unit = self._units[assignment.device_id] = ComputeUnitQueue(
+                assignment.device_id, slice_budget_s=self.slice_budget_s, clock=self.clock, streams=self.streams)
+        unit.add(layers, assignment)
+        self._slice_ids.add(assignment.lease_id)
+        return True
+
+    def release_guests(self, device_id: str, reason: str | None = None) -> list[Failure]:
+        """The scheduler no longer uses ``device_id`` for guests: its queued slices are dropped
+        (failed with ``reason``, so that the service runs them elsewhere) and every guest's
+        weights there are released."""
+        failures = []
+        unit = self._units.pop(device_id, None)
+        if unit is not None:
+            for lease_id in unit.lease_ids():
+                self._slice_ids.discard(lease_id)
+                failures.append(Failure(lease_id, reason or f"guest slices released from {device_id}"))
+        self.guest_layers.release(device_id)
+        return failures
+
+    def _owner_waiting(self, device_id: str) -> bool:
+        """Whether an owner's iteration on ``device_id`` is ready now: a non-guest batcher there
+        with a request waiting for its prefill, its batch pressed, or its pace due (the module
+        docstring); a guest slice yields to it."""
+        now = self.clock()
+        _, tpot = self._targets()
+        guests = {(lease.replica_id, lease.model_key) for lease, _ in self._held.values() if lease.guest}
+        for key, b in self._batchers.items():
+            if b.idle or key in guests or all(s.device_id != device_id for s in key[1][3]):
+                continue
+            if b.pressed or now - self._started.get(key, -math.inf) >= TPOT_PACE * tpot.get(key, DEFAULT_TPOT_S):
+                return True
+        return False
+
+    def _run_gaps(self, result: RoundResult) -> None:
+        """Each compute unit's guest slices in its owner's gap (owners ran first this round)."""
+        for device_id, unit in list(self._units.items()):
+            if not len(unit):
+                continue
+            try:
+                done = unit.run_gap(functools.partial(self._owner_waiting, device_id))
+            except Exception as exc:
+                log.exception("guest slices on %s failed; failing them", device_id)
+                result.failed.extend(self.release_guests(device_id, f"executor error: {exc}"))
+                continue
+            for r in done:
+                self._slice_ids.discard(r.assignment.lease_id)
+            result.slices.extend(done)
+
     def progress(self) -> list[ProgressUpdate]:
         """The tokens each held streaming lease produced since the last call (a finished lease's
         last tokens travel with its completion instead)."""
@@ -295,6 +372,7 @@ class Worker:
             key = min(ready, key=lambda k: (self._vtime[k], k[0]))
             self._step(key, weight.get(key, 1.0), result)
         self._busy_keys = {k for k, b in self._batchers.items() if not b.idle}
+        self._run_gaps(result)
         return result
 
     def _targets(self) -> tuple[dict[tuple[str, ModelKey], float], dict[tuple[str, ModelKey], float]]:
@@ -311,8 +389,10 @@ class Worker:
 
     def _step(self, key: tuple[str, ModelKey], weight: float, result: RoundResult) -> None:
         batcher = self._batchers[key]
+        role: Literal["owner", "guest"] = "guest" if weight_is_guest(self._held.values(), key) else "owner"
         try:
-            record = batcher.step()
+            with self.streams.running(batcher.device, role):
+                record = batcher.step()
         except Exception as exc:
             log.exception("replica %s failed an iteration; failing its leases", key[0])
             self._forget(key)
@@ -354,6 +434,11 @@ class Worker:
         self._batchers[key] = batcher
         self._vtime[key] = 0.0
         return batcher
+
+
+def weight_is_guest(held: Iterable[tuple[Lease, ContinuousBatcher]], key: BatcherKey) -> bool:
+    """Whether the batcher ``key`` runs a guest replica (its leases say so)."""
+    return any(lease.guest for lease, _ in held if (lease.replica_id, lease.model_key) == key)
 
 
 def _check_buildable(lease: Lease) -> None:

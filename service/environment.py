@@ -111,6 +111,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
        "$XDG_CACHE_HOME/slicesched/cost-models"),
     _v("COST_MODEL_PROFILES", "cost model", "list", "", "own operator profiles to train on (os.pathsep-separated "
        "paths)"),
+    _v("COST_MODEL_RETRAIN_S", "cost model", "number", "0", "the service retrains the what-if's cost model from the "
+       "GMG's slice observations this often and swaps it in (seconds; 0: never)", 0, 604800),
+    _v("COST_MODEL_RETRAIN_MIN_NEW", "cost model", "integer", "20", "new slice observations a scheduled retrain "
+       "waits for", 1, 1e6),
     # ---- files ------------------------------------------------------------------------------------
     _v("STATE", "files", "path", "", "the state folder (managed Neo4j, admin key, predictor files); unset: "
        "~/.local/state/slicesched"),

@@ -323,7 +323,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 # (command words, "module:function" taking argv, help). The words select the entry before
 # argparse sees the rest, so each subsystem parses (and documents) its own options.
 PASSTHROUGH: list[tuple[tuple[str, ...], str, str]] = [
-    (("cost-model", "train"), "learned.artifact:train_main",
+    (("cost-model", "train"), "service.cli.cost_model:train_command",
      "train the default cost-model artifact (table, GNN, host overheads) into the cache"),
     (("cost-model", "evaluate"), "learned.evaluate:evaluate_main", "held-out accuracy of every cost model"),
     (("profile",), "executor.profiler:profile_main", "time the project's operators on this CPU"),

@@ -15,10 +15,11 @@ from service.graph.store import GraphStore, check_id
 
 
 class LiveStore(GraphStore):
-    QUERIES: tuple[str, ...] = ("create_request", "update_requests", "create_slices", "end_slices", "live_tenants", "live_models",
+    QUERIES: tuple[str, ...] = ("create_request", "update_requests", "create_slices", "end_slices", "extend_slices",
+               "live_tenants", "live_models",
                "live_requests", "delete_old_live_slices", "complete_leases", "finish_requests", "close_open_slices",
                "request_results", "upsert_executor_pool", "set_executor_pool_key", "set_tenant_key",
-               "live_executor_pools")
+               "live_executor_pools", "record_slice_observations", "slice_observations")
 
     def create_requests(self, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Persist accepted requests (with their prompts) in one transaction; all or nothing.
@@ -76,6 +77,25 @@ class LiveStore(GraphStore):
         """Ends of leases (their devices' busy windows refreshed with them)."""
         out = self._write_slices("end_slices", rows=rows)
         return int(out[0]["ended"]) if out else 0
+
+    def extend_slices(self, rows: list[dict[str, Any]]) -> int:
+        """Renewals past running leases' expected ends: each Slice's window end moves later (never
+        earlier), its devices' busy windows refreshed with it; returns how many moved."""
+        rows = sorted(rows, key=lambda r: str(r["uid"]))  # one lock order with create_slices
+        out = self._write_slices("extend_slices", rows=rows)
+        return int(out[0]["extended"]) if out else 0
+
+    def record_slice_observations(self, rows: list[dict[str, Any]]) -> int:
+        """Executors' measurements of slices on their Slice nodes (latency, layers, batch
+        features, device: ``record_slice_observations.cypher``); returns how many were recorded
+        (a row whose device is unknown is not)."""
+        rows = sorted(rows, key=lambda r: str(r["uid"]))  # one lock order with create_slices
+        out = self._write("record_slice_observations", rows=rows)
+        return int(out[0]["recorded"]) if out else 0
+
+    def slice_observations(self, since_wall: float = 0.0) -> list[dict[str, Any]]:
+        """Slices with a measured latency observed at or after ``since_wall`` (epoch s), oldest first."""
+        return self._read("slice_observations", since=float(since_wall))
 
     def live_tenants(self) -> list[dict[str, Any]]:
         return self._read("live_tenants")

@@ -63,6 +63,8 @@ class LeaseBook:
         self.on_end: Callable[[LiveRequest], None] = lambda req: None  # a request ended (observer)
         # a lease ended: its request and the device-seconds it held (observer: quota usage)
         self.on_lease_end: Callable[[LiveRequest, float], None] = lambda req, device_s: None
+        # renewals that moved running leases' expected ends (Writes of kind slice_extend: the GMG's busy windows)
+        self.on_extend: Callable[[list[Write]], None] = lambda writes: None
 
     # ---- requests ----------------------------------------------------------------------------
     def open_queue(self, model_uid: str) -> None:
@@ -189,7 +191,24 @@ class LeaseBook:
         for lid in reported & e.leases:
             self.leases[lid].expires_at = now + self.lease_ttl_s
             renewed.append(lid)
+        self._extend(renewed)
         return sorted(renewed), self.stale(executor_id, reported)
+
+    def _extend(self, lease_ids: Iterable[str]) -> None:
+        """Renewed leases whose renewal runs past their expected end: the end moves to the
+        renewal's horizon (now + the lease's time to live, epoch seconds), and the Slice's window
+        with it (a ``slice_extend`` write to :attr:`on_extend`), so that a lease running past its
+        estimate keeps its devices busy for the candidate-slot search until it ends or expires.
+        A window is never shortened; a renewal inside the estimate writes nothing."""
+        horizon = self.wall() + self.lease_ttl_s
+        writes = []
+        for lid in lease_ids:
+            lease = self.leases[lid]
+            if lease.expected_end_wall < horizon:
+                lease.expected_end_wall = horizon
+                writes.append(Write("slice_extend", {"uid": lid, "end_s": horizon}))
+        if writes:
+            self.on_extend(writes)
 
     def stale(self, executor_id: str, reported: Iterable[str]) -> list[str]:
         """Of the leases an executor reports, those it should stop: no longer its live leases
@@ -279,6 +298,7 @@ class LeaseBook:
     def renew(self, lease_id: str) -> float:
         lease = self.lease(lease_id)
         lease.expires_at = self.clock() + self.lease_ttl_s
+        self._extend([lease_id])
         return self.lease_ttl_s
 
     def completion_row(self, executor_id: str, c: Completion) -> dict[str, Any]:
@@ -424,8 +444,8 @@ class LeaseBook:
         until it ends): ``max_tokens`` iterations (a prefill, then a decode per further token) at
         the mean iteration time measured for the model's family; before any measurement, the
         lease's time to live (its executor must renew it by then, so a device is not shown busy
-        for longer on a guess). At most :data:`MAX_EXPECTED_LEASE_S`. Renewals are not written
-        to the GMG: a lease that outruns its estimate shows its devices free until it ends."""
+        for longer on a guess). At most :data:`MAX_EXPECTED_LEASE_S`. A renewal past this end
+        moves it (:meth:`_extend`): a lease that outruns its estimate stays busy in the GMG."""
         measured = self.iteration_s.get(self.registry.models[req.model_uid].family)
         estimate = req.max_tokens * measured if measured else self.lease_ttl_s
         return min(estimate, MAX_EXPECTED_LEASE_S)

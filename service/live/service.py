@@ -32,7 +32,8 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from learned.artifact import load_cost_model
+from learned.artifact import LoadedCostModel, default_cache_dir, default_inputs, load_cost_model
+from learned.observations import load_observed, train_observed
 from service.core.policies import make_placement_policy
 from service.core.queue import QueuedRequest, QueuePolicy, make_queue_policy
 from service.core.scheduler import Scheduler
@@ -59,6 +60,7 @@ from service.live.reads import LiveReads
 from service.live.records import TERMINAL, LiveModel, LiveRequest
 from service.live.registration import model_from_dir
 from service.live.retention import Retention
+from service.live.retraining import CostModelRetrainer, Swap, trace_prefill
 from service.live.scheduling import SchedulingLoop
 from service.live.settings import ServiceSettings
 from service.live.state import LiveState
@@ -77,7 +79,9 @@ class LiveService(DurableWrites, SchedulingLoop):
 
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
-        self.cost_model = load_cost_model(settings.cost_model).model  # the what-if mirror's; never a fallback
+        loaded = load_cost_model(settings.cost_model)
+        self.cost_model = loaded.model  # the what-if mirror's; never a fallback
+        self.cost_model_sha256 = loaded.sha256  # the artifact pricing the decisions now (a retrain swaps both)
         self.started = time.monotonic()
         # the distributional predictor and the observations of finished workflow steps
         self.predictors = LivePredictors(PredictorSettings(settings.predictor, settings.predictor_refit_s,
@@ -95,6 +99,7 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.workflows = WorkflowBook(self, tool_slots=os.cpu_count() or 1)  # DAGs of model and tool calls
         self.state.book.on_end = self._request_ended
         self.state.book.on_lease_end = self._lease_ended
+        self.state.book.on_extend = self.persist  # renewals past a lease's expected end: its busy window
         self.pools = ExecutorPools(settings.executor_key, settings.executor_kinds)  # executor keys
         self.driver: Any = None
         self.neo4j_uri: str | None = None
@@ -159,12 +164,36 @@ class LiveService(DurableWrites, SchedulingLoop):
         sup.spawn("neo4j-watch", self._neo4j_tick, interval_s=1.0, stuck_after_s=60.0)
         sup.spawn("usage", self._usage_tick, interval_s=self.settings.usage_interval_s, stuck_after_s=120.0)
         sup.spawn("observations", self.predictors.flush, interval_s=1.0, stuck_after_s=120.0)
+        if self.settings.cost_model_retrain_s > 0:
+            retrain_s = self.settings.cost_model_retrain_s
+            sup.spawn("cost-model-retrain", self._retrainer().tick, interval_s=retrain_s,
+                      stuck_after_s=max(3 * retrain_s, 3600.0))
         if self.predictors.enabled:
             refit_s = self.settings.predictor_refit_s
             sup.spawn("predictor-refit", self.predictors.refit_tick, interval_s=refit_s,
                       stuck_after_s=max(3 * refit_s, 600.0))
         # workflows last: a resumed model call asks for its request again (recovered above)
         await self.workflows.restore(await asyncio.to_thread(self.repo.live_workflows, time.time() - RECOVER_FINISHED_S))
+
+    def _retrainer(self) -> CostModelRetrainer:
+        """The scheduled retrain of the what-if's cost model (:mod:`service.live.retraining`)."""
+        cache_dir = default_cache_dir()
+
+        def read(since_wall: float) -> list[dict[str, Any]]:
+            assert self.repo is not None  # the current one (a Neo4j restart replaces it)
+            return self.repo.slice_observations(since_wall)
+
+        def swap(loaded: LoadedCostModel, record: Swap) -> None:
+            before = self.cost_model_sha256
+            self.cost_model, self.cost_model_sha256 = loaded.model, loaded.sha256
+            self.audit.record(SYSTEM, "cost_model.swapped", "cost_model", before={"sha256": before},
+                              after={"sha256": loaded.sha256, "artifact": record.artifact},
+                              details={"observations": record.observations})
+
+        return CostModelRetrainer(
+            read=read, load=load_observed, swap=swap, files_dir=cache_dir,
+            train=lambda path: train_observed(path, default_inputs(), cache_dir, trace_prefill),
+            min_new=self.settings.cost_model_retrain_min_new)
 
     async def stop(self) -> None:
         await self.workflows.stop()

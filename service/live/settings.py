@@ -60,6 +60,10 @@ class ServiceSettings:
     predictor_window: int = 4000  # observations of each kind kept and trained on
     predictor_seed: int = 0
     observations_file: Path | None = None  # finished workflow steps (JSONL); None: <state>/predictor/observations.jsonl
+    # the what-if's cost model retrained from the GMG's slice observations this often (0: never;
+    # service/live/retraining.py), once this many new ones arrived
+    cost_model_retrain_s: float = 0.0
+    cost_model_retrain_min_new: int = 20
 
     def __post_init__(self) -> None:
         kind_from(self.cost_model)  # a known kind, else InvalidInputError
@@ -136,6 +140,8 @@ class ServiceSettings:
             "predictor_window": env.number("SLICESCHED_PREDICTOR_WINDOW", int),
             "predictor_seed": env.number("SLICESCHED_PREDICTOR_SEED", int),
             "observations_file": env.path("SLICESCHED_OBSERVATIONS_FILE"),
+            "cost_model_retrain_s": env.number("SLICESCHED_COST_MODEL_RETRAIN_S", float),
+            "cost_model_retrain_min_new": env.number("SLICESCHED_COST_MODEL_RETRAIN_MIN_NEW", int),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return ServiceSettings(**values)  # type: ignore[arg-type]

@@ -97,6 +97,7 @@ class GmgWriter:
         requests: dict[str, dict[str, object]] = {}
         new: dict[str, dict[str, object]] = {}
         ends: dict[str, dict[str, object]] = {}
+        extends: dict[str, dict[str, object]] = {}
         workflows: list[dict[str, object]] = []
         for w, _ in batch:  # a slice created and ended in this batch is created ended
             uid = str(w.row["uid"])
@@ -113,9 +114,17 @@ class GmgWriter:
                     new[uid].update(w.row)
                 else:
                     ends[uid] = w.row
+        for w, _ in batch:  # a renewal past the expected end: moot once ended, folded into a creation
+            uid = str(w.row["uid"])
+            if w.kind == "slice_extend" and uid not in ends and new.get(uid, {}).get("end_wall") is None:
+                if uid in new:
+                    new[uid]["end_s"] = max(float(new[uid]["end_s"]), float(w.row["end_s"]))  # type: ignore[arg-type]
+                else:
+                    extends[uid] = w.row
         try:  # bounded: a hung connection is a failed batch (its rows stay), not a writer that stopped
             await asyncio.wait_for(threads.run(self._commit, list(requests.values()), list(new.values()),
-                                               list(ends.values()), workflows), self.max_commit_s)
+                                               list(ends.values()), workflows, list(extends.values())),
+                                   self.max_commit_s)
         except Exception:
             self.failed_batches += 1
             raise
@@ -127,15 +136,18 @@ class GmgWriter:
             self.lags_s.append(lag)
             if self.on_lag is not None:
                 self.on_lag(lag)
-        self.rows_written += len(requests) + len(new) + len(ends) + len(workflows)
+        self.rows_written += len(requests) + len(new) + len(ends) + len(workflows) + len(extends)
         self.batches += 1
 
     def _commit(self, requests: list[dict[str, object]], new: list[dict[str, object]],
-                ends: list[dict[str, object]], workflows: list[dict[str, object]]) -> None:
+                ends: list[dict[str, object]], workflows: list[dict[str, object]],
+                extends: list[dict[str, object]] | None = None) -> None:
         if requests:
             self.repo.update_requests(requests)
         if new:
             self.repo.create_slices(new)
+        if extends:
+            self.repo.extend_slices(extends)
         if ends:
             self.repo.end_slices(ends)
         if workflows:
@@ -146,4 +158,5 @@ class GmgWriter:
         self.repo.update_requests([])
         self.repo.create_slices([])
         self.repo.end_slices([])
+        self.repo.extend_slices([])
         self.repo.update_workflows([])
