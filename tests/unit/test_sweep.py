@@ -146,3 +146,21 @@ def test_ray_and_the_pool_give_the_same_report(tmp_path: Path) -> None:
     ray = replay_report(tmp_path / "ray", "--jobs", "2", "--ray", "auto")
     assert len(inline["results"]) == 4
     assert inline == pool == ray
+
+
+@pytest.mark.slow
+def test_the_headline_cells_give_the_same_figures_in_process_and_on_a_pool() -> None:
+    """replay_headline's bisection cells on a small mix: bracketed to 2%, and the same figures
+    wherever they ran (results ordered by cell)."""
+    from benchmarks.replay_headline import Cell, run_jobs
+
+    jobs = [("cell", Cell("mix", "synthetic-3", 8, 10.0, placement, "roofline", start_load=4.0))
+            for placement in ("container", "replica")]
+    inline = run_jobs(jobs, None, 1)
+    pooled = run_jobs(jobs, None, 2)
+    assert [o["figures"] for o in inline] == [o["figures"] for o in pooled]
+    for o in inline:
+        f = o["figures"]
+        assert f["runs"] == o["runs"] == len(f["walk"]) <= 20
+        if f["bracketed_9pct"]:
+            assert f["bracket_rel_width_9pct"] <= 0.02 and f["sustained_load_9pct"] < f["failing_load_9pct"]
