@@ -150,17 +150,18 @@ def test_ray_and_the_pool_give_the_same_report(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_headline_cells_give_the_same_figures_in_process_and_on_a_pool() -> None:
-    """replay_headline's bisection cells on a small mix: bracketed to 2%, and the same figures
-    wherever they ran (results ordered by cell)."""
+    """replay_headline's cells on a small mix (a bisection, a saturated run): bracketed to the
+    tolerance, and the same figures wherever they ran (results ordered by cell)."""
     from benchmarks.replay_headline import Cell, run_jobs
 
-    jobs = [("cell", Cell("mix", "synthetic-3", 8, 10.0, placement, "roofline", start_load=4.0))
-            for placement in ("container", "replica")]
+    jobs = [("cell", Cell("mix", "synthetic-3", 8, 10.0, "container", "roofline", targets=(0.09,), tolerance=0.05,
+                          start_load=4.0)),
+            ("cell", Cell("saturated", "synthetic-3", 8, 5.0, "replica", "roofline", saturated_load=2.0))]
     inline = run_jobs(jobs, None, 1)
     pooled = run_jobs(jobs, None, 2)
     assert [o["figures"] for o in inline] == [o["figures"] for o in pooled]
-    for o in inline:
-        f = o["figures"]
-        assert f["runs"] == o["runs"] == len(f["walk"]) <= 20
-        if f["bracketed_9pct"]:
-            assert f["bracket_rel_width_9pct"] <= 0.02 and f["sustained_load_9pct"] < f["failing_load_9pct"]
+    f = inline[0]["figures"]
+    assert f["runs"] == inline[0]["runs"] == len(f["walk"]) <= 20
+    if f["bracketed_9pct"]:
+        assert f["bracket_rel_width_9pct"] <= 0.05 and f["sustained_load_9pct"] < f["failing_load_9pct"]
+    assert inline[1]["figures"]["horizon_tokens_per_s"] > 0
