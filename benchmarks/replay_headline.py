@@ -6,12 +6,18 @@ Side by side, same requests for every placement, per tenant mix and seed:
 
 1. ``container`` (static whole devices sized by average load), ``replica`` (guest replicas in
    idle devices), ``slice`` (operator-level slices of backlogged tenants' iterations in other
-   tenants' idle windows) and ``oracle-elastic`` (the ceiling, :mod:`service.replay.oracle`: at
-   each load the best of a pooled oracle's run, whole devices moved instantly and for free as the
-   true next interval's arrivals call for, and every placement's run at that load, figure by
-   figure; it is at least every placement's sustained load by construction). For each, the highest offered load with SLA
-   violations <= 9% and <= 5% (a load walk upwards on a fixed grid until violations pass 9%,
-   interpolated between the bracketing points), and the token throughput at that load. Mixes:
+   tenants' idle windows) and ``oracle-elastic`` (the ceiling, :mod:`service.replay.oracle`:
+   figure by figure the best of a pooled oracle's own figures, whole devices moved instantly and
+   for free as the true next interval's arrivals call for, and every placement's; at least every
+   placement's by construction). For each, the highest offered load with SLA violations <= 9%
+   and <= 5% (``--targets``), found by bisection (:class:`service.replay.sweep.LoadSearch`:
+   bracketed by doubling or halving from ``--start-load``, then bisected until the bracket's
+   relative width is <= ``--tolerance``, 2%; the figure is the highest load measured to pass,
+   its failing bound and the width recorded; ``--search grid``: the old walk up a fixed grid,
+   interpolated), and the token throughput at that load. Load is applied by ``--load-scaling``
+   (:mod:`service.replay.loadscale`; default ``thin``: the load-1 workload thinned, or overlaid
+   with thinned copies from other windows, so a trace keeps its shape; ``compress``: the old
+   rate multiplication, a trace's clock sped up). Mixes:
    ``a100-4tenants`` and ``a100-6tenants`` on 8xA100-nvlink, ``a100-8tenants`` (eight tenants,
    124M to 70B, bursty ServeGen curves) on 2x8xA100; seeds 0, 1, 2 (medians reported, all kept).
 2. Saturated: every tenant backlogged (load ``--saturated-load``) for ``--saturated-s``:
@@ -21,6 +27,12 @@ Side by side, same requests for every placement, per tenant mix and seed:
 4. Queue policies on container at a load where requests queue, and output-length calibration
    (first mix, first seed; as before).
 
+Each (mix or trace, seed, placement) is one cell, run on a local process pool (``--jobs``) or on
+Ray (``--ray ADDRESS``, ``--ray auto``: a local Ray), results ordered by cell, not by finish.
+The ceiling (``oracle-elastic``) of a mix and seed is, figure by figure, the best of the pooled
+oracle's own bisection and every placement's figures (the bisections probe different loads,
+so there is no common load to compare runs at): at least every placement's by construction.
+
 Summary (``results.summary``): ``slice_over_container_4tenants``, ``slice_over_container_8tenants``
 (medians over seeds of the sustained-load ratio at 9%), ``slice_over_replica_min`` (smallest
 median over the mixes), ``memory_violations`` (total, every run), ``ceiling_share`` (median over
@@ -28,7 +40,13 @@ mixes and seeds of slice's gain over container as a share of the ceiling's gain)
 ``ceiling_holds`` (the ceiling's sustained load and tokens/s at 9% at least every placement's, in
 every mix and seed: the load by construction, the tokens under the assumption the oracle module
 states) and ``pooled_over_container`` (median: the pooled oracle's own sustained load over
-container's, how far above the placements the pool alone reaches).
+container's, how far above the placements the pool alone reaches) and ``slice_over_replica_median``
+(median over every mix's seeds). Beside each ratio ``KEY``, ``KEY_ci``: a bootstrap over the
+seeds (seeds resampled with replacement within each mix, the statistic recomputed; 2,000
+resamples from a seeded Generator): ``{median, lo, hi, n}``, the median and the 5th and 95th
+percentiles of the resampled statistic and the number of seeds it rests on. Requests are not
+resampled: a figure is a bisection over whole simulations, so resampling requests would mean
+running them again.
 """
 
 from __future__ import annotations
@@ -38,7 +56,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,16 +64,150 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _record
 from learned.choice import add_cost_model_argument
-from service.replay.oracle import ORACLE_ELASTIC, ceiling_result
+from service.replay.loadscale import DEFAULT_LOAD_SCALING, LOAD_SCALINGS
+from service.replay.oracle import ORACLE_ELASTIC
 
 MIXES = {"a100-4tenants": "8xA100-nvlink", "a100-6tenants": "8xA100-nvlink", "a100-8tenants": "2x8xA100"}
 PLACEMENTS = ("container", "replica", "slice", "oracle-elastic")
+TARGETS = (0.09, 0.05)  # SLA violation rates a sustained load is found for
+#: The old walk's grid, kept to compare: ``--search grid`` walks it upwards until violations pass 9%.
 GRID = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
+
+
+def pct(target: float) -> str:
+    """A target's key suffix: 0.09 -> ``9pct``."""
+    return f"{round(target * 100, 2):g}pct"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One unit of work for a worker: a placement's sustained-load search for a (mix or trace,
+    seed), or its saturated run. Picklable; everything it computes follows from its fields."""
+
+    kind: str  # "mix" | "trace" | "saturated"
+    name: str  # the mix, or the trace dealt to a100-4tenants
+    seed: int
+    duration_s: float
+    placement: str
+    cost_model: str | None
+    load_scaling: str = DEFAULT_LOAD_SCALING
+    search: str = "bisect"  # "bisect" | "grid"
+    targets: tuple[float, ...] = TARGETS
+    tolerance: float = 0.02
+    start_load: float = 0.5
+    saturated_load: float = 4.0
+    keep_spans: bool = False  # return the device timeline of the highest load within 9% (for plots)
+
+    @property
+    def group(self) -> tuple[str, str, int]:
+        return self.kind, self.name, self.seed
+
+
+def _workload_maker(cell: Cell) -> tuple[Any, Callable[[float], Any]]:
+    import numpy as np
+
+    from service.cluster.spec import load_cluster_spec
+    from service.domain.request import Workload
+    from service.replay.binding import DealMode, deal, parse_binding, read_source
+    from service.replay.context import fit_context
+    from service.replay.loadscale import parse_load_scaling, scale_trace
+    from service.replay.mix import load_mix, sample_workload
+
+    scaling = parse_load_scaling(cell.load_scaling)
+    if cell.kind == "trace":
+        mix = load_mix("a100-4tenants")
+        binding = parse_binding(cell.name)
+        requests = read_source(binding.source).requests
+        mode: DealMode = "session" if cell.name == "mooncake" else "round-robin"  # only Mooncake has sessions
+
+        def make_trace(load: float) -> Workload:
+            timed = scale_trace(requests, offset_s=0.0, rate_scale=1.0, horizon_s=cell.duration_s, load=load,
+                                scaling=scaling, rng=np.random.default_rng(cell.seed),
+                                arrange=lambda rs: deal(rs, mix.tenants, mode, source=binding.source))
+            fitted, _ = fit_context(timed, "clamp")
+            return Workload(f"a100-4tenants+{binding.source}", fitted, horizon_s=cell.duration_s)
+        return (load_cluster_spec("8xA100-nvlink"), mix), make_trace
+    mix = load_mix(cell.name)
+
+    def make(load: float) -> Workload:
+        return sample_workload(mix, np.random.default_rng(cell.seed), duration_s=cell.duration_s, load_scale=load,
+                               scaling=scaling)[0]
+    return (load_cluster_spec(MIXES.get(cell.name, "8xA100-nvlink")), mix), make
+
+
+def run_cell(cell: Cell) -> dict[str, Any]:
+    """A cell's figures (``figures``), every run's result (``results``, for the load-sweep plot),
+    the kept timeline (``spans``), the memory violations of all its runs, its run count and wall
+    time. For ``oracle-elastic`` the figures are the pooled oracle's own (the ceiling is made
+    from every cell of its mix and seed, :func:`combine_group`)."""
+    from learned.artifact import load_cost_model
+    from service.replay.runner import PolicyName, ReplayConfig, run_policy
+    from service.replay.sweep import LoadSearch
+
+    started = time.perf_counter()
+    (cluster, mix), make = _workload_maker(cell)
+    config = ReplayConfig(cluster, mix, load_cost_model(cell.cost_model).model, seed=cell.seed,
+                          duration_s=cell.duration_s)
+    tag = f"{cell.kind} {cell.name} s{cell.seed}"
+    results: dict[float, Any] = {}
+    spans_at: dict[float, Any] = {}
+
+    def run(load: float) -> tuple[float, float]:
+        t = time.perf_counter()
+        w = make(load)
+        res, spans = run_policy(config, w, PolicyName.parse(f"fifo/{cell.placement}"), load_scale=load)
+        results[load] = res
+        # only the highest load within the loosest target keeps its timeline (a run's spans are large)
+        if cell.keep_spans and res.sla_violation_rate <= max(cell.targets) and load > max(spans_at, default=0.0):
+            spans_at.clear()
+            spans_at[load] = spans
+        print(f"  {tag:30s} {cell.placement:15s} x{load:<7.4g} {w.num_requests:6d} req "
+              f"{res.token_throughput_tps:8.0f} tok/s SLA viol {res.sla_violation_rate:6.1%}  "
+              f"moves {res.num_guest_replicas:3d}  ({time.perf_counter() - t:.0f}s)", flush=True)
+        return res.sla_violation_rate, res.token_throughput_tps
+
+    out: dict[str, Any] = {"cell": cell}
+    if cell.kind == "saturated":
+        run(cell.saturated_load)
+        out["figures"] = {"horizon_tokens_per_s": round(results[cell.saturated_load].horizon_tokens_per_s, 1)}
+    else:
+        search = LoadSearch(run, start=cell.start_load, rel_tol=cell.tolerance)
+        if cell.search == "grid":
+            grid_walk(search, max(cell.targets))
+        figures: dict[str, Any] = {}
+        found = {}
+        for target in cell.targets:
+            s = found[target] = interpolated(search, target) if cell.search == "grid" else search.sustained(target)
+            figures |= {f"sustained_load_{pct(target)}": round(s.load, 4),
+                        f"tokens_per_s_at_{pct(target)}": round(s.tokens_per_s, 1),
+                        f"bracketed_{pct(target)}": s.bracketed,
+                        f"failing_load_{pct(target)}": None if s.failing is None else round(s.failing, 4),
+                        f"bracket_rel_width_{pct(target)}": None if s.rel_width is None else round(s.rel_width, 4)}
+        figures["walk"] = [{"load": round(p.load, 6), "sla_violation": round(p.violation, 4),
+                            "tokens_per_s": round(p.tokens_per_s, 1)} for p in search.walk()]
+        figures["runs"] = len(search.probes)
+        if cell.placement == ORACLE_ELASTIC:
+            figures["decisions"] = [results[p.load].decisions for p in search.walk()]
+        out["figures"] = figures
+        out["spans"] = next(iter(spans_at.values()), None)  # the highest load probed within the loosest target
+    out["results"] = [results[k] for k in sorted(results)]
+    out["memory_violations"] = sum(r.memory_violations for r in results.values())
+    out["runs"] = len(results)
+    out["wall_s"] = round(time.perf_counter() - started, 1)
+    return out
+
+
+def grid_walk(search: Any, stop_above: float) -> None:
+    """The old walk: up :data:`GRID` until violations pass ``stop_above`` (kept to compare)."""
+    for load in GRID:
+        if search.run(load).violation > stop_above:
+            break
 
 
 def sustained(points: list[tuple[float, float, float]], target: float) -> tuple[float, float, bool]:
     """``(load, tokens/s, bracketed)`` at the highest load with violations <= target, linear
-    between the bracketing grid points of ``points`` = sorted ``(load, violation, tokens/s)``."""
+    between the bracketing grid points of ``points`` = sorted ``(load, violation, tokens/s)``
+    (the old walk's figure, ``--search grid``)."""
     best = (0.0, 0.0, False)
     for (l0, v0, t0), (l1, v1, t1) in itertools.pairwise(points):
         if v0 <= target < v1:
@@ -68,118 +219,35 @@ def sustained(points: list[tuple[float, float, float]], target: float) -> tuple[
     return best
 
 
-@dataclass(frozen=True)
-class Task:
-    """One unit of work for a process: a (mix or trace, seed) load walk, or a saturated run."""
+def interpolated(search: Any, target: float) -> Any:
+    """:func:`sustained` over a walk's probes, as a :class:`~service.replay.sweep.Sustained`
+    (``failing``: the grid point above the crossing)."""
+    from service.replay.sweep import Sustained
 
-    kind: str  # "mix" | "trace" | "saturated"
-    name: str  # the mix, or the trace dealt to a100-4tenants
-    seed: int
-    duration_s: float
-    placements: tuple[str, ...]
-    cost_model: str | None
-    plots: Path
-    saturated_load: float = 4.0
-
-
-def _workload_maker(task: Task) -> tuple[Any, Callable[[float], Any]]:
-    import numpy as np
-
-    from service.cluster.spec import load_cluster_spec
-    from service.domain.request import Workload
-    from service.replay.binding import DealMode, deal, parse_binding, read_source, retime
-    from service.replay.context import fit_context
-    from service.replay.mix import load_mix, sample_workload
-
-    if task.kind == "trace":
-        mix = load_mix("a100-4tenants")
-        binding = parse_binding(task.name)
-        requests = read_source(binding.source).requests
-        mode: DealMode = "session" if task.name == "mooncake" else "round-robin"  # only Mooncake has sessions
-
-        def make_trace(load: float) -> Workload:
-            timed = retime(requests, offset_s=0.0, rate_scale=load, horizon_s=task.duration_s)
-            fitted, _ = fit_context(deal(timed, mix.tenants, mode, source=binding.source), "clamp")
-            return Workload(f"a100-4tenants+{binding.source}", fitted, horizon_s=task.duration_s)
-        return (load_cluster_spec("8xA100-nvlink"), mix), make_trace
-    mix = load_mix(task.name)
-
-    def make(load: float) -> Workload:
-        return sample_workload(mix, np.random.default_rng(task.seed), duration_s=task.duration_s, load_scale=load)[0]
-    return (load_cluster_spec(MIXES.get(task.name, "8xA100-nvlink")), mix), make
+    walk = search.walk()
+    load, tokens, bracketed = sustained([(p.load, p.violation, p.tokens_per_s) for p in walk], target)
+    failing = next((p.load for p in walk if p.violation > target), None)
+    ok = max((p.load for p in walk if p.violation <= target and (failing is None or p.load < failing)), default=None)
+    width = (failing - ok) / ok if bracketed and failing is not None and ok else None
+    return Sustained(target, load, tokens, failing, bracketed, width)
 
 
-def run_task(task: Task) -> tuple[Task, dict[str, Any], int]:
-    """A task's figures, and the memory violations of all its runs."""
-    from learned.artifact import load_cost_model
-    from service.replay.report import plot_load_sweep, plot_timeline
-    from service.replay.runner import PolicyName, ReplayConfig, run_policy
-
-    (cluster, mix), make = _workload_maker(task)
-    config = ReplayConfig(cluster, mix, load_cost_model(task.cost_model).model, seed=task.seed,
-                          duration_s=task.duration_s)
-    tag = f"{task.kind} {task.name} s{task.seed}"
-    violations = 0
-    ran: dict[str, dict[float, Any]] = {}  # placement -> load -> result, for the ceiling's points
-
-    def run(placement: str, load: float) -> Any:
-        nonlocal violations
-        t = time.perf_counter()
-        w = make(load)
-        res, spans = run_policy(config, w, PolicyName.parse(f"fifo/{placement}"), load_scale=load)
-        violations += res.memory_violations
-        set_by = None
-        if placement == ORACLE_ELASTIC:  # the pooled run, raised to the placements' best at this load
-            ran.setdefault("pooled", {})[load] = res
-            res, set_by = ceiling_result(res, [r[load] for p, r in ran.items() if p != "pooled" and load in r])
-        ran.setdefault(placement, {})[load] = res
-        print(f"  {tag:30s} {placement:15s} x{load:<5g} {w.num_requests:6d} req {res.token_throughput_tps:8.0f} tok/s "
-              f"SLA viol {res.sla_violation_rate:6.1%}  moves {res.num_guest_replicas:3d}  "
-              f"({time.perf_counter() - t:.0f}s)" + (f"  set by {set_by}" if set_by else ""), flush=True)
-        return res, spans
-
-    placements = sorted(task.placements, key=lambda p: p == ORACLE_ELASTIC)  # the ceiling needs the others' runs
-    if task.kind == "saturated":
-        return task, {pl: round(run(pl, task.saturated_load)[0].horizon_tokens_per_s, 1)
-                      for pl in placements}, violations
-    name = f"{task.kind}-{task.name}-seed{task.seed}"
-    out: dict[str, Any] = {}
-    all_results = []
-    for placement in placements:
-        points = []
-        spans_best = None
-        for load in GRID:
-            res, spans = run(placement, load)
-            all_results.append(res)
-            points.append((load, res.sla_violation_rate, res.token_throughput_tps))
-            if res.sla_violation_rate > 0.09:
-                break
-            spans_best = spans  # the timeline at the highest load within the SLA
-        at9, at5 = sustained(points, 0.09), sustained(points, 0.05)
-        out[placement] = {"sustained_load_9pct": round(at9[0], 4), "tokens_per_s_at_9pct": round(at9[1], 1),
-                          "bracketed_9pct": at9[2], "sustained_load_5pct": round(at5[0], 4),
-                          "tokens_per_s_at_5pct": round(at5[1], 1), "bracketed_5pct": at5[2],
-                          "walk": [{"load": a, "sla_violation": round(b, 4), "tokens_per_s": round(c, 1)}
-                                   for a, b, c in points]}
-        if placement == ORACLE_ELASTIC:  # the pooled run's own figures, and which run set each point
-            pooled = [(a, ran["pooled"][a].sla_violation_rate, ran["pooled"][a].token_throughput_tps)
-                      for a, _, _ in points]
-            p9 = sustained(pooled, 0.09)
-            out[placement]["pooled"] = {
-                "sustained_load_9pct": round(p9[0], 4), "tokens_per_s_at_9pct": round(p9[1], 1),
-                "bracketed_9pct": p9[2], "decisions": [ran["pooled"][a].decisions for a, _, _ in points],
-                "walk": [{"load": a, "sla_violation": round(b, 4), "tokens_per_s": round(c, 1)} for a, b, c in pooled]}
-            for step, (a, _, _) in zip(out[placement]["walk"], points, strict=True):
-                step["set_by"] = ceiling_result(ran["pooled"][a], [r[a] for p, r in ran.items()
-                                                                   if p not in ("pooled", placement) and a in r])[1]
-        if spans_best is not None and task.seed == 0:
-            mid = task.duration_s / 2
-            plot_timeline(task.plots / f"timeline-{name}-{placement}.png", spans_best,
-                          title=f"{task.name} {placement}: device timeline (highest load within the SLA)")
-            plot_timeline(task.plots / f"timeline-{name}-{placement}-10s.png", spans_best, window_s=(mid, mid + 10),
-                          title=f"{task.name} {placement}: 10 s (thin bars: operator-level guest slices)")
-    plot_load_sweep(task.plots / f"load_sweep-{name}.png", all_results)
-    return task, {"placements": out, "ratios": ratios(out), "ceiling_holds": ceiling_holds(out)}, violations
+def combine_group(figures: dict[str, dict[str, Any]], targets: tuple[float, ...]) -> dict[str, Any]:
+    """A (mix or trace, seed)'s placements' figures with the ceiling made: ``oracle-elastic``'s
+    figures, figure by figure, the best of the pooled oracle's (kept under ``pooled``) and every
+    placement's, with which run set each (``set_by``)."""
+    out = {p: f for p, f in figures.items() if p != ORACLE_ELASTIC}
+    if ORACLE_ELASTIC in figures:
+        pooled = figures[ORACLE_ELASTIC]
+        runs = {"pooled": pooled, **out}
+        top: dict[str, Any] = {"pooled": pooled, "set_by": {}}
+        for target in targets:
+            for key in (f"sustained_load_{pct(target)}", f"tokens_per_s_at_{pct(target)}"):
+                by = max(runs, key=lambda p: runs[p][key])  # max keeps the first of equals: the pooled run
+                top[key], top["set_by"][key] = runs[by][key], by
+            top[f"bracketed_{pct(target)}"] = pooled[f"bracketed_{pct(target)}"]
+        out[ORACLE_ELASTIC] = top
+    return out
 
 
 def ratios(r: dict[str, Any]) -> dict[str, float | None]:
@@ -202,6 +270,10 @@ def ratios(r: dict[str, Any]) -> dict[str, float | None]:
             "pooled_over_container": pooled}
 
 
+RATIO_KEYS = ("slice_over_container", "slice_over_replica", "replica_over_container", "oracle_over_container",
+              "ceiling_share", "pooled_over_container")
+
+
 def ceiling_holds(r: dict[str, Any]) -> bool | None:
     """Whether the ceiling's sustained load and tokens/s at 9% are at least every placement's
     (``None`` without a ceiling)."""
@@ -211,18 +283,18 @@ def ceiling_holds(r: dict[str, Any]) -> bool | None:
     return all(top[k] >= x[k] for x in r.values() for k in ("sustained_load_9pct", "tokens_per_s_at_9pct"))
 
 
-def queues_and_calibration(task: Task) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Queue policies on container where requests queue, and output-length calibration."""
+def queues_and_calibration(cell: Cell) -> dict[str, Any]:
+    """Queue policies on container where requests queue, and output-length calibration; the
+    runs' results for the latency plot."""
     from learned.artifact import load_cost_model
     from learned.estimator import calibration_study
     from service.data import resolve
-    from service.replay.report import plot_latency_cdfs
     from service.replay.runner import PolicyName, ReplayConfig, run_policy
     from service.workload.readers import read_azure
 
-    (cluster, mix), make = _workload_maker(task)
-    config = ReplayConfig(cluster, mix, load_cost_model(task.cost_model).model, seed=task.seed,
-                          duration_s=task.duration_s)
+    (cluster, mix), make = _workload_maker(cell)
+    config = ReplayConfig(cluster, mix, load_cost_model(cell.cost_model).model, seed=cell.seed,
+                          duration_s=cell.duration_s)
     summary: dict[str, Any] = {}
     all_queue = []
     for queue_load in (1.2, 1.5):
@@ -239,10 +311,158 @@ def queues_and_calibration(task: Task) -> tuple[dict[str, Any], dict[str, Any]]:
                 "median_change": round(r.e2e_s["p50"] / fifo.e2e_s["p50"] - 1, 4),
                 "p99_change": round(r.e2e_s["p99"] / fifo.e2e_s["p99"] - 1, 4),
                 "max_wait_long_s": round(r.max_wait_s_long, 2), "sla_violation": round(r.sla_violation_rate, 4)}
-    plot_latency_cdfs(task.plots / "latency_cdf.png", all_queue)
     code = read_azure(resolve("azure-llm-2023/AzureLLMInferenceTrace_code.csv"), tenant_id="t", model="llama2-7b")
     conv = read_azure(resolve("azure-llm-2023/AzureLLMInferenceTrace_conv.csv"), tenant_id="t", model="llama2-7b")
-    return summary, calibration_study(code.requests, conv.requests)
+    return {"summary": summary, "calibration": calibration_study(code.requests, conv.requests), "results": all_queue}
+
+
+def run_any(job: tuple[str, Cell]) -> dict[str, Any]:
+    """What a worker runs: a sustained-load or saturated cell, or the queue/calibration part."""
+    kind, cell = job
+    return queues_and_calibration(cell) if kind == "queues" else run_cell(cell)
+
+
+# ---- the driver ----------------------------------------------------------------------------------
+def build_cells(args: Any, duration: float, sat_s: float, seeds: list[int], mixes: list[str],
+                placements: tuple[str, ...], traces: list[str]) -> list[tuple[str, Cell]]:
+    """Every job of the run, in the order results are reported."""
+    common = {"cost_model": args.cost_model, "load_scaling": args.load_scaling, "search": args.search,
+              "targets": args.targets, "tolerance": args.tolerance, "start_load": args.start_load}
+    cells = [Cell("mix", m, s, duration, p, keep_spans=s == 0, **common)
+             for m in mixes for s in seeds for p in placements]
+    cells += [Cell("trace", t, seeds[0], duration, p, **common) for t in traces for p in placements]
+    if mixes:
+        cells += [Cell("saturated", m, seeds[0], sat_s, p, saturated_load=args.saturated_load, **common)
+                  for m in mixes for p in placements]
+    jobs = [("cell", c) for c in cells]
+    if mixes and not args.no_queues:
+        jobs.append(("queues", Cell("mix", mixes[0], seeds[0], duration, "container", **common)))
+    return jobs
+
+
+def run_jobs(jobs: list[tuple[str, Cell]], ray: str | None, n_workers: int) -> list[dict[str, Any]]:
+    """Every job's output, in the order of ``jobs`` (not of completion)."""
+    from benchmarks import replay_headline as this  # by module name, so that workers import it
+    from service.replay.sweep import open_runner
+
+    started = time.perf_counter()
+    outputs: list[dict[str, Any] | None] = [None] * len(jobs)
+    with open_runner(ray, n_workers) as runner:
+        print(f"{len(jobs)} jobs on {runner.name}", flush=True)
+        for n, (i, result) in enumerate(runner.map(this.run_any, jobs), start=1):
+            outputs[i] = result
+            kind, cell = jobs[i]
+            print(f"[{n}/{len(jobs)}] {kind} {cell.kind} {cell.name} seed {cell.seed} {cell.placement} done "
+                  f"({result.get('runs', '-')} runs, {time.perf_counter() - started:.0f}s)", flush=True)
+    return [o for o in outputs if o is not None]
+
+
+def bootstrap_summary(per_mix_ratios: dict[str, list[dict[str, float | None]]], seed: int) -> dict[str, Any]:
+    """Bootstrap intervals (over seeds, within each mix) of the summary's ratios."""
+    from service.replay.sweep import bootstrap
+
+    def values(mix: str, key: str) -> list[float]:
+        return [float(v) for r in per_mix_ratios.get(mix, []) if (v := r.get(key)) is not None]
+
+    out: dict[str, Any] = {}
+    for key, mix in (("slice_over_container_4tenants", "a100-4tenants"),
+                     ("slice_over_container_8tenants", "a100-8tenants"),
+                     ("slice_over_container_traces", "a100-4tenants-traces")):
+        if values(mix, "slice_over_container"):
+            out[f"{key}_ci"] = bootstrap([values(mix, "slice_over_container")], lambda g: statistics.median(g[0]),
+                                         seed=seed)
+    mixes = [m for m in per_mix_ratios if values(m, "slice_over_replica")]
+    if mixes:
+        groups = [values(m, "slice_over_replica") for m in mixes]
+        out["slice_over_replica_min_ci"] = bootstrap(groups, lambda g: min(statistics.median(x) for x in g), seed=seed)
+        out["slice_over_replica_median_ci"] = bootstrap(groups, lambda g: statistics.median([v for x in g for v in x]),
+                                                        seed=seed)
+    for key in ("ceiling_share", "pooled_over_container"):
+        groups = [values(m, key) for m in per_mix_ratios if values(m, key)]
+        if groups:
+            out[f"{key}_ci"] = bootstrap(groups, lambda g: statistics.median([v for x in g for v in x]), seed=seed)
+    return out
+
+
+def assemble(jobs: list[tuple[str, Cell]], outputs: list[dict[str, Any]], mixes: list[str], seeds: list[int],
+             plots: Path, boot_seed: int) -> dict[str, Any]:
+    """The record's results from every job's output (plots written into ``plots``)."""
+    from service.replay.report import plot_latency_cdfs, plot_load_sweep, plot_timeline
+    from service.replay.sweep import bootstrap
+
+    groups: dict[tuple[str, str, int], dict[str, Any]] = {}
+    queue_out: dict[str, Any] = {}
+    for (kind, cell), out in zip(jobs, outputs, strict=True):
+        if kind == "queues":
+            queue_out = out
+            plot_latency_cdfs(plots / "latency_cdf.png", out["results"])
+            continue
+        groups.setdefault(cell.group, {})[cell.placement] = out
+    per_group: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for (kind, name, seed), by_placement in groups.items():
+        if kind == "saturated":
+            per_group[(kind, name, seed)] = {p: o["figures"]["horizon_tokens_per_s"] for p, o in by_placement.items()}
+            continue
+        targets = next(iter(by_placement.values()))["cell"].targets
+        figures = combine_group({p: o["figures"] for p, o in by_placement.items()}, targets)
+        per_group[(kind, name, seed)] = {"placements": figures, "ratios": ratios(figures),
+                                         "ceiling_holds": ceiling_holds(figures),
+                                         "runs": sum(o["runs"] for o in by_placement.values())}
+        stem = f"{kind}-{name}-seed{seed}"
+        plot_load_sweep(plots / f"load_sweep-{stem}.png", [r for o in by_placement.values() for r in o["results"]])
+        for placement, o in by_placement.items():
+            if o.get("spans"):
+                mid = o["cell"].duration_s / 2
+                plot_timeline(plots / f"timeline-{stem}-{placement}.png", o["spans"],
+                              title=f"{name} {placement}: device timeline (highest load within the SLA)")
+                plot_timeline(plots / f"timeline-{stem}-{placement}-10s.png", o["spans"], window_s=(mid, mid + 10),
+                              title=f"{name} {placement}: 10 s (thin bars: operator-level guest slices)")
+    per_mix: dict[str, Any] = {}
+    for m in mixes:
+        per_seed = {str(s): per_group[("mix", m, s)] for s in seeds if ("mix", m, s) in per_group}
+        ratio_lists = {k: [float(v) for r in per_seed.values() if (v := r["ratios"][k]) is not None]
+                       for k in RATIO_KEYS}
+        medians = {k: _median(v) for k, v in ratio_lists.items()}
+        intervals = {f"{k}_ci": bootstrap([v], lambda g: statistics.median(g[0]), seed=boot_seed)
+                     for k, v in ratio_lists.items() if v}
+        per_mix[m] = {"cluster": MIXES.get(m, "8xA100-nvlink"), "seeds": per_seed, "median": medians,
+                      "intervals": intervals}
+    return {"per_mix": per_mix, "queues": queue_out,
+            "saturated": {n: r for (k, n, _), r in per_group.items() if k == "saturated"},
+            "traces": {n: r for (k, n, _), r in per_group.items() if k == "trace"},
+            "memory_violations": sum(o.get("memory_violations", 0) for o in outputs),
+            "runs": sum(o.get("runs", 0) for o in outputs)}
+
+
+def summarise(per_mix: dict[str, Any], per_trace: dict[str, Any], mem_violations: int, boot_seed: int
+              ) -> dict[str, Any]:
+    """``results.summary``: the headline ratios and, beside each, its bootstrap interval."""
+    def med(mix: str, key: str) -> float | None:
+        value = per_mix.get(mix, {}).get("median", {}).get(key)
+        return None if value is None else float(value)
+
+    def every(key: str) -> list[float]:
+        return [float(s["ratios"][key]) for m in per_mix.values() for s in m["seeds"].values()
+                if s["ratios"][key] is not None]
+
+    over_replica = [m["median"]["slice_over_replica"] for m in per_mix.values()
+                    if m["median"]["slice_over_replica"] is not None]
+    holds = [s["ceiling_holds"] for m in per_mix.values() for s in m["seeds"].values()
+             if s["ceiling_holds"] is not None]
+    holds += [r["ceiling_holds"] for r in per_trace.values() if r["ceiling_holds"] is not None]
+    shares, pooled, replica_all = every("ceiling_share"), every("pooled_over_container"), every("slice_over_replica")
+    summary: dict[str, Any] = {
+        "slice_over_container_4tenants": med("a100-4tenants", "slice_over_container"),
+        "slice_over_container_8tenants": med("a100-8tenants", "slice_over_container"),
+        "slice_over_container_traces": med("a100-4tenants-traces", "slice_over_container"),
+        "slice_over_replica_min": min(over_replica) if over_replica else None,
+        "slice_over_replica_median": round(statistics.median(replica_all), 3) if replica_all else None,
+        "memory_violations": mem_violations,
+        "ceiling_share": round(statistics.median(shares), 3) if shares else None,
+        "ceiling_holds": all(holds) if holds else None,
+        "pooled_over_container": round(statistics.median(pooled), 3) if pooled else None}
+    ratio_lists = {m: [s["ratios"] for s in v["seeds"].values()] for m, v in per_mix.items()}
+    return summary | bootstrap_summary(ratio_lists, boot_seed)
 
 
 def main() -> int:
@@ -256,9 +476,39 @@ def main() -> int:
     p.add_argument("--saturated-load", type=float, default=4.0)
     p.add_argument("--saturated-s", type=float, help="seconds of the saturated run (default 600; quick 150)")
     p.add_argument("--no-queues", action="store_true", help="skip the queue-policy and calibration part")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes (each runs whole walks)")
+    p.add_argument("--load-scaling", choices=LOAD_SCALINGS, default=DEFAULT_LOAD_SCALING,
+                   help="how load is applied: thin (thinned / superposed copies of the load-1 workload; a trace "
+                        "keeps its shape) or compress (rates multiplied, a trace's clock sped up: the old way)")
+    p.add_argument("--search", choices=("bisect", "grid"), default="bisect",
+                   help="sustained load by bisection to --tolerance, or the old walk up a fixed grid (interpolated)")
+    p.add_argument("--tolerance", type=float, default=0.02,
+                   help="bisection: stop when (failing - passing) / passing <= this")
+    p.add_argument("--start-load", type=float, default=0.5, help="bisection: the first load tried")
+    p.add_argument("--targets", default=",".join(f"{t:g}" for t in TARGETS),
+                   help="SLA violation rates to find the sustained load for (comma-separated; 0.09 is the headline's "
+                        "and must be among them; 0.01 is 99%% attainment); each adds its keys, e.g. "
+                        "sustained_load_1pct")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (each runs whole cells)")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="run the cells as Ray tasks: a cluster's address, or 'auto' for a local Ray of --jobs CPUs "
+                        "(needs the ray extra: pip install 'slicesched[ray]')")
     add_cost_model_argument(p)
     args = p.parse_args()
+    if not (0 < args.tolerance < 1 and args.start_load > 0 and args.jobs >= 1):
+        p.error("--tolerance must be in (0, 1), --start-load positive and --jobs at least 1")
+    try:
+        args.targets = tuple(sorted({float(x) for x in args.targets.split(",") if x}, reverse=True))
+    except ValueError:
+        p.error(f"--targets expects numbers separated by commas, got {args.targets!r}")
+    if 0.09 not in args.targets or not all(0 <= t < 1 for t in args.targets):
+        p.error("--targets are violation rates in [0, 1) and must include 0.09 (the headline's)")
+    if args.ray is not None:
+        from service.domain.error import InvalidInputError
+        from service.replay.sweep import import_ray
+        try:
+            import_ray()
+        except InvalidInputError as exc:
+            p.error(str(exc))
     duration = args.duration or (240.0 if args.quick else 900.0)
     sat_s = args.saturated_s or (150.0 if args.quick else 600.0)
     seeds = [int(x) for x in (args.seeds or "0,1,2").split(",")]
@@ -269,99 +519,54 @@ def main() -> int:
     from learned.artifact import load_cost_model
 
     cost = load_cost_model(args.cost_model)  # trained here if missing, before the workers load it
-    plots = args.out / "replay_headline"
+    # the trace variants alone (no mixes) are a record of their own
+    plots = args.out / ("replay_headline" if mixes else "replay_headline-traces")
     plots.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    tasks = [Task("mix", m, s, duration, placements, args.cost_model, plots) for m in mixes for s in seeds]
-    tasks += [Task("trace", t, seeds[0], duration, placements, args.cost_model, plots) for t in traces]
-    tasks += [Task("saturated", m, seeds[0], sat_s, placements, args.cost_model, plots, args.saturated_load)
-              for m in mixes]
-    queue_task = Task("mix", mixes[0], seeds[0], duration, ("container",), args.cost_model, plots) if mixes else None
-    if not mixes:
-        plots = args.out / "replay_headline-traces"
-        plots.mkdir(parents=True, exist_ok=True)
-        tasks = [Task("trace", t, seeds[0], duration, placements, args.cost_model, plots) for t in traces]
-    done: list[tuple[Task, dict[str, Any], int]] = []
-    queue_summary: dict[str, Any] = {}
-    calib: dict[str, Any] = {}
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        queued = pool.submit(queues_and_calibration, queue_task) if queue_task and not args.no_queues else None
-        for fut in as_completed([pool.submit(run_task, t) for t in tasks]):
-            task, _, _ = result = fut.result()
-            done.append(result)
-            print(f"[{len(done)}/{len(tasks)}] {task.kind} {task.name} seed {task.seed} done "
-                  f"({time.perf_counter() - started:.0f}s)", flush=True)
-        if queued is not None:
-            queue_summary, calib = queued.result()
-
-    mem_violations = sum(v for _, _, v in done)
-    per_mix: dict[str, Any] = {}
-    for m in mixes:
-        per_seed = {str(t.seed): r for t, r, _ in sorted(done, key=lambda x: x[0].seed)
-                    if t.kind == "mix" and t.name == m}
-        medians = {k: _median([s["ratios"][k] for s in per_seed.values()])
-                   for k in ("slice_over_container", "slice_over_replica", "replica_over_container",
-                             "oracle_over_container", "ceiling_share", "pooled_over_container")}
-        per_mix[m] = {"cluster": MIXES.get(m, "8xA100-nvlink"), "seeds": per_seed, "median": medians}
-    saturated = {t.name: r for t, r, _ in done if t.kind == "saturated"}
-    per_trace = {t.name: r for t, r, _ in done if t.kind == "trace"}
-
-    def med(mix: str, key: str) -> float | None:
-        value = per_mix.get(mix, {}).get("median", {}).get(key)
-        return None if value is None else float(value)
-
-    over_replica = [m["median"]["slice_over_replica"] for m in per_mix.values()
-                    if m["median"]["slice_over_replica"] is not None]
-    shares = [s["ratios"]["ceiling_share"] for m in per_mix.values() for s in m["seeds"].values()
-              if s["ratios"]["ceiling_share"] is not None]
-    holds = [s["ceiling_holds"] for m in per_mix.values() for s in m["seeds"].values()
-             if s["ceiling_holds"] is not None]
-    holds += [r["ceiling_holds"] for r in per_trace.values() if r["ceiling_holds"] is not None]
-    ceiling_ok = all(holds)
-    pooled = [s["ratios"]["pooled_over_container"] for m in per_mix.values() for s in m["seeds"].values()
-              if s["ratios"]["pooled_over_container"] is not None]
-    summary = {"slice_over_container_4tenants": med("a100-4tenants", "slice_over_container"),
-               "slice_over_container_8tenants": med("a100-8tenants", "slice_over_container"),
-               "slice_over_replica_min": min(over_replica) if over_replica else None,
-               "memory_violations": mem_violations,
-               "ceiling_share": round(statistics.median(shares), 3) if shares else None,
-               "ceiling_holds": ceiling_ok if holds else None,
-               "pooled_over_container": round(statistics.median(pooled), 3) if pooled else None}
+    jobs = build_cells(args, duration, sat_s, seeds, mixes, placements, traces)
+    outputs = run_jobs(jobs, args.ray, args.jobs)
+    parts = assemble(jobs, outputs, mixes, seeds, plots, args.seed)
+    per_mix, per_trace, queues = parts["per_mix"], parts["traces"], parts["queues"]
+    summary = summarise(per_mix, per_trace, parts["memory_violations"], args.seed)
+    calib = queues.get("calibration", {})
     s4, s8, sr = (summary["slice_over_container_4tenants"], summary["slice_over_container_8tenants"],
                   summary["slice_over_replica_min"])
-    # the trace variants alone (no mixes) are a record of their own
+    ceiling_ok = bool(summary["ceiling_holds"])
     _record.write("replay_headline" if mixes else "replay_headline-traces", args, {
         "mixes": {m: MIXES.get(m, "8xA100-nvlink") for m in mixes}, "seeds": seeds, "placements": list(placements),
         "traces": {t: "dealt to a100-4tenants' tenants (" + ("session" if t == "mooncake" else "round-robin")
                    + f"), seed {seeds[0]}" for t in traces},
-        "duration_s": duration, "grid": list(GRID), "saturated_load": args.saturated_load,
-        "saturated_s": sat_s, "cost_model": cost.describe(), "kv": "paged", "jobs": args.jobs,
+        "duration_s": duration, "load_scaling": args.load_scaling,
+        "search": {"method": args.search, "tolerance": args.tolerance, "start_load": args.start_load,
+                   "targets": list(args.targets)} if args.search == "bisect" else {"method": "grid", "grid": list(GRID)},
+        "saturated_load": args.saturated_load, "saturated_s": sat_s, "cost_model": cost.describe(), "kv": "paged",
+        "jobs": args.jobs, "ray": args.ray,
     }, {
         "summary": summary,
         "mixes": per_mix,
-        "saturated_tokens_per_s": saturated,
+        "saturated_tokens_per_s": parts["saturated"],
         "traces": per_trace,
-        "queue_policies": queue_summary,
+        "queue_policies": queues.get("summary", {}),
         "calibration": calib,
         "targets": {"slice_over_container_4tenants_ge_1_5": bool(s4 and s4 >= 1.5),
                     "slice_over_container_8tenants_ge_2_29": bool(s8 and s8 >= 2.29),
                     "slice_over_replica_ge_1_15": bool(sr and sr >= 1.15),
-                    "memory_violations_0": mem_violations == 0,
+                    "memory_violations_0": parts["memory_violations"] == 0,
                     # a share means something only where the ceiling beats every placement
                     "ceiling_share_ge_0_9": bool(summary["ceiling_share"] is not None and ceiling_ok
                                                  and summary["ceiling_share"] >= 0.9),
                     "ceiling_holds": ceiling_ok,
                     "calibration_ge_35pct": bool(calib) and min(calib.get("mae_reduction", 0),
                                                                 calib.get("rmse_reduction", 0)) >= 0.35},
+        "runs": parts["runs"],
         "plots": sorted(str(x.relative_to(args.out)) for x in plots.iterdir()),
         "wall_s": round(time.perf_counter() - started, 1),
     })
     return 0
 
 
-def _median(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return round(statistics.median(known), 3) if known else None
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -27,7 +28,8 @@ from service.domain.experiment import DEFAULT_PROJECT, Experiment, Plot
 from service.domain.request import Workload
 from service.harness.console import print_table
 from service.replay.binding import DEAL_MODES, TraceBinding
-from service.replay.context import CONTEXT_MODES, ContextCounts
+from service.replay.context import CONTEXT_MODES, ContextCounts, ContextMode
+from service.replay.loadscale import DEFAULT_LOAD_SCALING, LOAD_SCALINGS, LoadScaling
 from service.sim.config import KV_MODES, SimConfig
 
 
@@ -54,6 +56,16 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--duration", type=float, help="seconds of trace to replay (default: the mix's)")
     p.add_argument("--load", type=float, default=1.0, help="offered load as a multiple of the mix's rates")
     p.add_argument("--load-sweep", help="comma-separated load multiples, e.g. 0.5,1,1.5,2")
+    p.add_argument("--load-scaling", choices=LOAD_SCALINGS, default=DEFAULT_LOAD_SCALING,
+                   help="how a load multiple is applied: 'thin' (default) keeps each request of the load-1 workload "
+                        "with probability LOAD below 1 and lays thinned copies from other windows of its traces over "
+                        "it above 1, so bursts stay where they are; 'compress' multiplies every rate (a trace's "
+                        "clock sped up, pulling later bursts into the window)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="run the sweep's (load, policy) cells on this many worker processes (default 1: in this one)")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="run the cells as Ray tasks: a running cluster's address, or 'auto' for a local Ray of "
+                        "--jobs CPUs (needs the ray extra: pip install 'slicesched[ray]')")
     p.add_argument("--interval", type=float, default=5.0, help="scheduling step in simulated seconds")
     p.add_argument("--kv", choices=KV_MODES, default="paged",
                    help="KV management: paged (blocks grow with the tokens, the newest request preempted and "
@@ -105,14 +117,115 @@ def _sources(mix: Any, bindings: list[TraceBinding], dealing: str) -> dict[str, 
 
 
 def _dealt_workload(binding: TraceBinding, mix: Any, *, mode: Any, context: Any, skip_bad: bool, load: float,
-                    horizon_s: float) -> tuple[Workload, ContextCounts]:
-    from service.replay.binding import deal, read_source, retime
+                    horizon_s: float, scaling: LoadScaling, seed: int) -> tuple[Workload, ContextCounts]:
+    from service.replay.binding import deal, read_source
     from service.replay.context import fit_context
+    from service.replay.loadscale import scale_trace
 
-    requests = retime(read_source(binding.source, skip_bad).requests, offset_s=binding.offset_s,
-                      rate_scale=binding.rate_scale * load, horizon_s=horizon_s)
-    fitted, counts = fit_context(deal(requests, mix.tenants, mode, source=binding.source), context)
+    requests = scale_trace(read_source(binding.source, skip_bad).requests, offset_s=binding.offset_s,
+                           rate_scale=binding.rate_scale, horizon_s=horizon_s, load=load, scaling=scaling,
+                           rng=np.random.default_rng(seed),
+                           arrange=lambda rs: deal(rs, mix.tenants, mode, source=binding.source))
+    fitted, counts = fit_context(requests, context)
     return Workload(f"{mix.name}+trace", fitted, horizon_s=horizon_s), counts
+
+
+@dataclass(frozen=True)
+class ReplaySetup:
+    """What a replay's cells share, from the parsed options: hashable and picklable, so that a
+    worker process (or a Ray task) rebuilds the cluster, mix and workloads from it alone."""
+
+    cluster: str
+    tenants: str
+    trace: tuple[str, ...]
+    deal: str | None
+    context: ContextMode
+    skip_bad: bool
+    seed: int
+    duration_s: float | None
+    interval_s: float
+    kv: str
+    cost_model: str | None
+    load_scaling: LoadScaling
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> ReplaySetup:
+        from service.replay.loadscale import parse_load_scaling
+
+        return cls(args.cluster, args.tenants, tuple(args.trace), args.deal, cast(ContextMode, args.context),
+                   bool(args.skip_bad),
+                   int(args.seed), args.duration, float(args.interval), args.kv, args.cost_model,
+                   parse_load_scaling(getattr(args, "load_scaling", DEFAULT_LOAD_SCALING)))
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A setup made concrete: the validated mix (traces bound), its bindings, the cost model and
+    the replay's configuration."""
+
+    mix: Any
+    bindings: list[TraceBinding]
+    dealing: str
+    cost: Any
+    config: Any
+
+
+@lru_cache(maxsize=4)
+def prepare(setup: ReplaySetup) -> Prepared:
+    """Validate and build ``setup`` (once per process): :class:`InvalidInputError` names what is wrong."""
+    from learned.artifact import load_cost_model
+    from service.cluster.spec import load_cluster_spec
+    from service.replay.mix import load_mix
+    from service.replay.runner import ReplayConfig, check_fits
+
+    cluster = load_cluster_spec(setup.cluster)
+    mix = load_mix(setup.tenants)
+    check_fits(cluster, mix)
+    bindings, dealing = _bindings(list(setup.trace), setup.deal)
+    for b in bindings:
+        if b.tenant_id is not None:
+            mix = mix.bind_trace(b.tenant_id, b.describe())
+    if setup.duration_s is not None and not setup.duration_s > 0:
+        raise InvalidInputError("--duration must be positive")
+    cost = load_cost_model(setup.cost_model)
+    config = ReplayConfig(cluster, mix, cost.model, seed=setup.seed, duration_s=setup.duration_s,
+                          interval_s=setup.interval_s, sim=SimConfig(kv=setup.kv))
+    return Prepared(mix, bindings, dealing, cost, config)
+
+
+@lru_cache(maxsize=2)
+def cell_workload(setup: ReplaySetup, load: float) -> tuple[Workload, ContextCounts]:
+    """The workload at ``load`` (the same for every policy; kept for the next cell at that load)."""
+    from service.replay.mix import sample_workload
+
+    p = prepare(setup)
+    if p.dealing in DEAL_MODES:
+        return _dealt_workload(p.bindings[0], p.mix, mode=p.dealing, context=setup.context, skip_bad=setup.skip_bad,
+                               load=load, horizon_s=p.config.horizon_s, scaling=setup.load_scaling, seed=setup.seed)
+    return sample_workload(p.mix, np.random.default_rng(setup.seed), duration_s=p.config.horizon_s, load_scale=load,
+                           context=setup.context, skip_bad=setup.skip_bad, scaling=setup.load_scaling)
+
+
+@dataclass(frozen=True)
+class ReplayCell:
+    """One policy at one load: a task of the sweep."""
+
+    setup: ReplaySetup
+    load: float
+    policy: str
+    keep_spans: bool = False  # the device timeline comes back (the plotted load)
+
+
+def run_cell(cell: ReplayCell, progress: Any = None) -> dict[str, Any]:
+    """A cell's result (``result``), its timeline (``spans``, where kept) and the workload's
+    context counts (``counts``)."""
+    from service.replay.runner import PolicyName, run_policy
+
+    workload, counts = cell_workload(cell.setup, cell.load)
+    res, spans = run_policy(prepare(cell.setup).config, workload, PolicyName.parse(cell.policy),
+                            load_scale=cell.load, progress=progress)
+    return {"result": res, "spans": spans if cell.keep_spans else None, "counts": counts.summary(),
+            "num_requests": workload.num_requests}
 
 
 def _sla_targets(mix: Any) -> dict[str, dict[str, float | None]]:
@@ -158,35 +271,32 @@ def run(args: argparse.Namespace) -> int:
 
 
 def execute(args: argparse.Namespace) -> ReplayRun:
-    """Run the replay ``args`` describe and write ``args.out``; print nothing but progress."""
+    """Run the replay ``args`` describe and write ``args.out``; print nothing but progress.
+    Its (load, policy) cells run in this process (``--jobs 1``), on a process pool or on Ray
+    (:func:`service.replay.sweep.open_runner`); the report is the same wherever they ran."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from learned.artifact import load_cost_model
-    from service.cluster.spec import load_cluster_spec
     from service.replay.binding import read_source
-    from service.replay.mix import load_mix, sample_workload
     from service.replay.report import plot_latency_cdfs, plot_load_sweep, plot_timeline
-    from service.replay.runner import PolicyName, ReplayConfig, check_fits, run_policy, sustained_load
+    from service.replay.runner import PolicyName, sustained_load
+    from service.replay.sweep import InProcess, import_ray, open_runner
 
+    if getattr(args, "ray", None) is not None:
+        import_ray()  # before anything loads: a missing extra is a message, not a wait
     policies = [PolicyName.parse(p) for p in (args.policy or ["fifo/container", "fifo/replica", "fifo/slice"])]
-    cluster = load_cluster_spec(args.cluster)
-    mix = load_mix(args.tenants)
-    check_fits(cluster, mix)
-    bindings, dealing = _bindings(args.trace, args.deal)
-    for b in bindings:
-        if b.tenant_id is not None:
-            mix = mix.bind_trace(b.tenant_id, b.describe())
+    prepare.cache_clear()  # a rerun in a long-lived process reads its files afresh
+    cell_workload.cache_clear()
+    setup = ReplaySetup.of(args)
+    prepared = prepare(setup)
+    mix, bindings, dealing, cost, config = (prepared.mix, prepared.bindings, prepared.dealing, prepared.cost,
+                                            prepared.config)
+    cluster = config.cluster
     try:
         loads = [float(x) for x in args.load_sweep.split(",")] if args.load_sweep else [args.load]
     except ValueError:
         raise InvalidInputError(f"--load-sweep expects numbers separated by commas, got {args.load_sweep!r}") from None
     if any(not x > 0 for x in loads):
         raise InvalidInputError("loads must be positive")
-    if args.duration is not None and not args.duration > 0:
-        raise InvalidInputError("--duration must be positive")
-    cost = load_cost_model(args.cost_model)
-    config = ReplayConfig(cluster, mix, cost.model, seed=args.seed, duration_s=args.duration,
-                          interval_s=args.interval, sim=SimConfig(kv=args.kv))
     # read (and check) every trace file before anything runs; they stay cached for the loads
     files = {b.source for b in bindings} | {t.trace["source"] for t in mix.tenants if t.trace is not None}
     bad_lines = sum(read_source(f, args.skip_bad).num_bad for f in sorted(files))
@@ -196,33 +306,35 @@ def execute(args: argparse.Namespace) -> ReplayRun:
     digests = data_digests(args.cluster, args.tenants, mix, files)
 
     started = time.perf_counter()
-    results = []
-    context_by_load = []
-    timelines: dict[str, Any] = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TimeElapsedColumn()) as bar:
-        for load in loads:
-            if dealing in DEAL_MODES:
-                workload, counts = _dealt_workload(bindings[0], mix, mode=dealing, context=args.context,
-                                                   skip_bad=args.skip_bad, load=load, horizon_s=config.horizon_s)
-            else:
-                workload, counts = sample_workload(mix, np.random.default_rng(args.seed), duration_s=config.horizon_s,
-                                                   load_scale=load, context=args.context, skip_bad=args.skip_bad)
-            context_by_load.append({"load": load, **counts.summary()})
-            for policy in policies:
-                task = bar.add_task(f"{policy} x{load:g} ({workload.num_requests} requests)", total=1.0)
+    mid = loads[len(loads) // 2]
+    cells = [ReplayCell(setup, load, str(policy), keep_spans=load == mid) for load in loads for policy in policies]
+    outputs: list[dict[str, Any]] = [{} for _ in cells]
+    with open_runner(getattr(args, "ray", None), getattr(args, "jobs", 1)) as runner, \
+            Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                     TimeElapsedColumn()) as bar:
+        if isinstance(runner, InProcess):  # each run's own progress
+            for i, cell in enumerate(cells):
+                task = bar.add_task(f"{cell.policy} x{cell.load:g}", total=1.0)
+
                 def advance(_label: str, frac: float, task: Any = task) -> None:
                     bar.update(task, completed=frac)
-
-                res, spans = run_policy(config, workload, policy, load_scale=load, progress=advance)
-                bar.update(task, completed=1.0)
-                results.append(res)
-                if load == loads[len(loads) // 2]:
-                    timelines[str(policy)] = spans
+                outputs[i] = run_cell(cell, advance)
+                bar.update(task, completed=1.0,
+                           description=f"{cell.policy} x{cell.load:g} ({outputs[i]['num_requests']} requests)")
+        else:
+            task = bar.add_task(f"{len(cells)} runs on {runner.name}", total=len(cells))
+            for i, output in runner.map(run_cell, cells):
+                outputs[i] = output
+                bar.advance(task)
+    results = [o["result"] for o in outputs]
+    context_by_load = [{"load": load, **next(o["counts"] for c, o in zip(cells, outputs, strict=True)
+                                             if c.load == load)} for load in loads]
+    timelines = {c.policy: o["spans"] for c, o in zip(cells, outputs, strict=True) if o["spans"] is not None}
 
     report = {
         "config": {"cluster": cluster.name, "tenants": mix.name, "trace": args.trace or "synthetic",
                    "seed": args.seed, "duration_s": config.horizon_s, "loads": loads, "interval_s": args.interval,
+                   "load_scaling": setup.load_scaling,
                    "policies": [str(p) for p in policies], "cost_model": cost.describe(), "kv": args.kv,
                    "bad_trace_lines": bad_lines,
                    "sla_classes": _sla_targets(mix)},
@@ -258,7 +370,7 @@ def execute(args: argparse.Namespace) -> ReplayRun:
 
 # ---- experiment records -------------------------------------------------------------------------
 #: Options that say where and whether to write, not what runs: a rerun chooses its own.
-_NOT_RERUN = frozenset({"func", "command", "out", "record", "project", "for_tenant"})
+_NOT_RERUN = frozenset({"func", "command", "out", "record", "project", "for_tenant", "jobs", "ray"})
 
 
 def rerun_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -287,7 +399,8 @@ def _binding_text(b: TraceBinding) -> str:
 
 def replay_arguments(options: dict[str, Any], out: Path) -> argparse.Namespace:
     """The ``argparse.Namespace`` of a replay with ``options`` (from :func:`rerun_options`)
-    writing into ``out``: today's defaults for options the record does not hold, not recorded."""
+    writing into ``out``: today's defaults for options the record does not hold, not recorded,
+    except ``load_scaling``: a record without it was made with ``compress``, the only way then."""
     parser = argparse.ArgumentParser(prog="slicesched")
     add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["replay", "--out", str(out)])
@@ -297,6 +410,8 @@ def replay_arguments(options: dict[str, Any], out: Path) -> argparse.Namespace:
                                 "version's replay: it cannot be rerun as recorded")
     for key, value in options.items():
         setattr(args, key, value)
+    if "load_scaling" not in options:  # recorded before the option: its loads compressed time
+        args.load_scaling = "compress"
     args.record = False
     return args
 

@@ -60,6 +60,7 @@ from service.domain.request import RequestSpec, Workload
 from service.replay.binding import TRACE_FILES as TRACE_FILES
 from service.replay.binding import read_source, tenant_requests
 from service.replay.context import ContextCounts, ContextMode, fit_context
+from service.replay.loadscale import LoadScaling, parse_load_scaling, rotate_requests, rotate_times, superpose
 from service.sim.sla import SLA_CLASSES, SlaClass
 
 ARRIVAL_KINDS = ("poisson", "gamma", "servegen", "trace")
@@ -237,7 +238,8 @@ def forget_read_data() -> None:
     _servegen_clients.cache_clear()
 
 
-def _arrivals(rng: np.random.Generator, t: TenantSpec, duration_s: float, load_scale: float) -> tuple[np.ndarray, Any]:
+def _arrivals(rng: np.random.Generator, t: TenantSpec, duration_s: float, load_scale: float,
+              rotation: np.random.Generator | None = None) -> tuple[np.ndarray, Any]:
     a = t.arrivals
     kind = a["kind"]
     if kind in ("poisson", "gamma"):
@@ -253,7 +255,8 @@ def _arrivals(rng: np.random.Generator, t: TenantSpec, duration_s: float, load_s
     if kind == "trace":
         arrivals, _ = _trace_pairs(a["source"])
         scale = float(a.get("rate_scale", 1.0)) * load_scale
-        times = (arrivals - arrivals[0]) / scale
+        file_s = arrivals - arrivals[0] if rotation is None else rotate_times(arrivals, rotation, duration_s * scale)
+        times = file_s / scale
         return times[times < duration_s], None
     clients = _servegen_clients(a["source"])
     idx = int(a.get("client", 0))
@@ -291,24 +294,42 @@ def build_workload(mix: TenantMix, rng: np.random.Generator, *, duration_s: floa
 
 def sample_workload(mix: TenantMix, rng: np.random.Generator, *, duration_s: float | None = None,
                     load_scale: float = 1.0, context: ContextMode = "clamp",
-                    skip_bad: bool = False) -> tuple[Workload, ContextCounts]:
+                    skip_bad: bool = False, scaling: LoadScaling = "compress") -> tuple[Workload, ContextCounts]:
     """Sample the mix's requests and fit them to their models' context.
 
     Generated lengths are drawn to fit (output at most a quarter of the context); a tenant with a
     ``trace`` gets its file's requests, fitted by ``context`` (clamped or rejected, counted).
-    ``skip_bad`` skips malformed lines of trace files.
+    ``skip_bad`` skips malformed lines of trace files. ``scaling`` says how ``load_scale`` is
+    applied (:mod:`service.replay.loadscale`): ``compress`` multiplies every rate (a trace's
+    clock sped up), ``thin`` thins and superposes copies of the load-1 workload.
     """
     if not load_scale > 0:
         raise InvalidInputError("load_scale must be positive")
     horizon = duration_s or mix.duration_s
+    if parse_load_scaling(scaling) == "thin":
+        requests = superpose(lambda _k, g, rot: _sample_requests(mix, g, horizon, 1.0, skip_bad, rot), load_scale, rng)
+    else:
+        requests = _sample_requests(mix, rng, horizon, load_scale, skip_bad, None)
+    fitted, counts = fit_context(requests, context)
+    return Workload(mix.name, fitted, horizon_s=horizon), counts
+
+
+def _sample_requests(mix: TenantMix, rng: np.random.Generator, horizon: float, load_scale: float, skip_bad: bool,
+                     rotation: np.random.Generator | None) -> list[RequestSpec]:
+    """The mix's requests at ``load_scale`` before context fitting, sorted; with ``rotation``,
+    every trace-timed tenant's file is first rotated to another window
+    (:func:`~service.replay.loadscale.rotate_times`)."""
     requests: list[RequestSpec] = []
     for t in mix.tenants:
         if t.trace is not None:
-            requests += tenant_requests(read_source(t.trace["source"], skip_bad).requests, t,
-                                        offset_s=t.trace["offset_s"], rate_scale=t.trace["rate_scale"] * load_scale,
+            scale = t.trace["rate_scale"] * load_scale
+            file_reqs = read_source(t.trace["source"], skip_bad).requests
+            if rotation is not None:
+                file_reqs = rotate_requests(file_reqs, rotation, horizon * scale)
+            requests += tenant_requests(file_reqs, t, offset_s=t.trace["offset_s"], rate_scale=scale,
                                         horizon_s=horizon)
             continue
-        times, servegen = _arrivals(rng, t, horizon, load_scale)
+        times, servegen = _arrivals(rng, t, horizon, load_scale, rotation)
         lengths = _lengths(rng, t, len(times), servegen)
         max_ctx = MODEL_CONFIGS[t.model].max_seq_len
         for i, (at, (prompt, output)) in enumerate(zip(times, lengths, strict=True)):
@@ -317,5 +338,4 @@ def sample_workload(mix: TenantMix, rng: np.random.Generator, *, duration_s: flo
             requests.append(RequestSpec(f"{t.tenant_id}:{i}", t.tenant_id, t.model, float(at), pr, out, t.sla_class))
     # ties by tenant, then in the tenant's own order (a trace's equal timestamps keep the file's order)
     requests.sort(key=lambda r: (r.arrival_s, r.tenant_id, int(r.request_id.rpartition(":")[2])))
-    fitted, counts = fit_context(requests, context)
-    return Workload(mix.name, fitted, horizon_s=horizon), counts
+    return requests
