@@ -48,7 +48,7 @@ from service.sim.engine import (
     StepRequested,
     TransferFinished,
 )
-from service.sim.iteration import IterationCostTable, weight_bytes
+from service.sim.iteration import CostTables, IterationCostTable, weight_bytes
 from service.sim.pipeline import SlicedReplicas
 from service.sim.replica import (
     Live,
@@ -110,6 +110,7 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas, SharedDevices):
             raise InvalidInputError(f"queue policy {queue_policy.name!r} needs an estimator", culprit=queue_policy.name)
         self.overheads = dict(overheads or {})  # per model name; none means zero
         self.cost_model = cost_model
+        self._tables = CostTables(cost_model)  # shared with every fork (see CostTables)
         self.sla_classes = dict(sla_classes or SLA_CLASSES)
         self.router = router
         self._configs = model_configs or MODEL_CONFIGS
@@ -157,7 +158,7 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas, SharedDevices):
                                     "not sliced ones", culprit=rs.replica_id)
         waiting: WaitingQueue[Live] = make_waiting_queue(self.queue_policy)
         r = build_replica(rs, cluster=self.spec, devices=self._devices, configs=self._configs,
-                          cost_model=self.cost_model, overheads=self.overheads, ledger=self.state.ledger,
+                          tables=self._tables, overheads=self.overheads, ledger=self.state.ledger,
                           waiting=waiting)
         self.state.add_replica(r)
 
@@ -169,6 +170,14 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas, SharedDevices):
     @property
     def ledger(self) -> MemoryLedger:
         return self.state.ledger
+
+    @property
+    def version(self) -> tuple[float, int, int, int]:
+        """Changes whenever the state may have: with the clock, every event handled or scheduled
+        (requests submitted, slices committed, transfers), every replica added, removed or
+        drained, every arrival noted. Equal versions of one cluster: the same state (what-if
+        memos are keyed on it)."""
+        return self.engine.now_s, self.engine.num_handled, self.engine.num_scheduled, self.state.changes
 
     @property
     def rng(self) -> np.random.Generator:
@@ -229,6 +238,7 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas, SharedDevices):
         ``seen_since``: tenant -> since when its arrivals have been watched, where that is earlier
         than the first of ``requests`` (a mirror's window is recent history of a longer past)."""
         requests = list(requests)
+        self.state.changes += 1
         self.state.arrived.extend(requests)
         self.state.arrived.sort(key=lambda r: r.arrival_s)
         seen = self.state.seen_since
@@ -420,7 +430,7 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas, SharedDevices):
         f.estimator = None  # a what-if must not calibrate the real estimator (no arrivals to estimate)
         f.on_done = None  # nor release the next steps of the real workflows
         f.tenant_priority, f.tenant_weight = self.tenant_priority, self.tenant_weight
-        f._configs, f._devices = self._configs, self._devices
+        f._configs, f._devices, f._tables = self._configs, self._devices, self._tables
         f._assemble(state, self.engine.fork(keep), ())
         return f
 
@@ -464,6 +474,7 @@ class SimulatedCluster(PlacedSlices, SlicedReplicas, SharedDevices):
         if replica_id not in st.replicas:
             raise InvalidInputError(f"unknown replica {replica_id!r}", culprit=replica_id)
         st.dynamic = True
+        st.changes += 1
         st.draining.add(replica_id)
         r = st.replicas[replica_id]
         now = self.engine.now_s

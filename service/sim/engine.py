@@ -138,6 +138,11 @@ class Engine:
     def now_s(self) -> float:
         return self._now_s
 
+    @property
+    def num_scheduled(self) -> int:
+        """Events ever scheduled on this engine (a fork starts from its original's count)."""
+        return self._seq
+
     def on(self, kind: type[Event], handler: Handler) -> None:
         """Register the handler of one event type (one per type; re-registering replaces it)."""
         self._handlers[kind] = handler

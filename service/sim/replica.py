@@ -42,6 +42,7 @@ from service.domain.error import InvalidInputError
 from service.domain.model_config import ModelConfig
 from service.domain.request import RequestSpec
 from service.sim.iteration import (
+    CostTables,
     IterationCostTable,
     activation_bytes_per_token,
     kv_bytes_per_token,
@@ -195,7 +196,7 @@ class Replica:
 
 
 def build_replica(rs: ReplicaSpec, *, cluster: ClusterSpec, devices: Mapping[str, Device],
-                  configs: Mapping[str, ModelConfig], cost_model: CostModel,
+                  configs: Mapping[str, ModelConfig], tables: CostTables,
                   overheads: Mapping[str, IterationOverhead], ledger: MemoryLedger,
                   waiting: WaitingQueue[Live]) -> Replica:
     """Validate ``rs`` and allocate its weights (and an empty KV allocation) on its devices;
@@ -209,14 +210,13 @@ def build_replica(rs: ReplicaSpec, *, cluster: ClusterSpec, devices: Mapping[str
             raise InvalidInputError(f"replica {rs.replica_id}: unknown device {d!r}", culprit=d)
     config = configs[rs.model]
     if rs.stages:
-        return _build_sliced(rs, config, devices=devices, cost_model=cost_model, overheads=overheads,
+        return _build_sliced(rs, config, devices=devices, tables=tables, overheads=overheads,
                              ledger=ledger, waiting=waiting)
     tp = len(rs.device_ids)
     link = cluster.link(rs.device_ids[0], rs.device_ids[1]) if tp > 1 else None
     if tp > 1 and link is None:
         raise InvalidInputError(f"replica {rs.replica_id}: no link between its devices", culprit=rs.replica_id)
-    table = IterationCostTable(config, cost_model, devices[rs.device_ids[0]], tp_degree=tp, link=link,
-                               overhead=overheads.get(rs.model))
+    table = tables.table(config, devices[rs.device_ids[0]], tp_degree=tp, link=link, overhead=overheads.get(rs.model))
     per_device_weights = -(-weight_bytes(config) // tp)
     kv_allocs = []
     for d in rs.device_ids:
@@ -234,7 +234,7 @@ def build_replica(rs: ReplicaSpec, *, cluster: ClusterSpec, devices: Mapping[str
                    decoding_by_tenant={}, ends=np.zeros(1024))
 
 
-def _build_sliced(rs: ReplicaSpec, config: ModelConfig, *, devices: Mapping[str, Device], cost_model: CostModel,
+def _build_sliced(rs: ReplicaSpec, config: ModelConfig, *, devices: Mapping[str, Device], tables: CostTables,
                   overheads: Mapping[str, IterationOverhead], ledger: MemoryLedger,
                   waiting: WaitingQueue[Live]) -> Replica:
     """A replica whose iterations run as slices of consecutive layers, each on its device:
@@ -272,9 +272,9 @@ def _build_sliced(rs: ReplicaSpec, config: ModelConfig, *, devices: Mapping[str,
             raise InvalidInputError(f"replica {rs.replica_id}: no KV allocation on {d}", culprit=d)
         kv_allocs.append(kv)
     first = devices[order[0]]
-    table = IterationCostTable(config, cost_model, first, overhead=overheads.get(rs.model))
+    table = tables.table(config, first, overhead=overheads.get(rs.model))
     ranges = tuple((st.first_layer, st.last_layer) for st in stages)
-    shares, p90_ratio = slice_latency_shares(config, ranges, cost_model, first)
+    shares, p90_ratio = slice_latency_shares(config, ranges, tables.cost_model, first)
     n = config.n_layers
     return Replica(spec=rs, config=config, table=table, kv_bytes_per_token=kv_bytes_per_token(config),
                    act_bytes_per_token=activation_bytes_per_token(config), waiting=waiting, preempted=FifoQueue(),

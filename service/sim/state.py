@@ -116,6 +116,9 @@ class SimState:
     holder: dict[str, str] = field(metadata=_forked(_holders_kept))
     wanting: dict[str, list[str]] = field(metadata=_forked(_ids_kept))
     vtime: dict[str, float] = field(metadata=_forked(_copied))
+    # Replicas added, removed or drained and arrivals noted so far: with the engine's counters, a
+    # version of the state (SimulatedCluster.version) that what-if memos are keyed on
+    changes: int = field(metadata=_forked(_same))
 
     @staticmethod
     def empty(device_ids: list[str], ledger: MemoryLedger, rng: np.random.Generator) -> SimState:
@@ -123,7 +126,7 @@ class SimState:
                         by_model={}, by_device={d: [] for d in device_ids}, shared=False, served={}, slices={},
                         slice_timings={}, transfer_buffers={}, dynamic=False, ready_at={}, draining=set(),
                         last_active_s={}, arrived=[], seen_since={}, tokens_out=0, guest_waiting={d: [] for d in device_ids},
-                        holder={}, wanting={d: [] for d in device_ids}, vtime={})
+                        holder={}, wanting={d: [] for d in device_ids}, vtime={}, changes=0)
 
     def fork(self, scope: ForkScope) -> SimState:
         """A copy sharing nothing mutable with this state, restricted to ``scope``."""
@@ -137,6 +140,7 @@ class SimState:
 
     def add_replica(self, r: Replica) -> None:
         rid = r.spec.replica_id
+        self.changes += 1
         self.replicas[rid] = r
         for d in r.device_ids:
             self.by_device[d].append(rid)
@@ -145,6 +149,7 @@ class SimState:
 
     def remove_replica(self, replica_id: str) -> Replica:
         r = self.replicas.pop(replica_id)
+        self.changes += 1
         for d in r.device_ids:
             self.by_device[d].remove(replica_id)
         self.by_model[r.spec.model].remove(replica_id)

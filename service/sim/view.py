@@ -52,6 +52,7 @@ class SimClusterView:
         self._utilisation: dict[str, float] = {}
         self._guests = 0
         self._tables: dict[tuple[str, int], IterationCostTable] = {}
+        self._whatif = WhatIf(cluster)  # one for all what-ifs: its memo of baselines (see WhatIf)
         self.mark()
 
     # ---- ClusterView --------------------------------------------------------------------------
@@ -133,10 +134,10 @@ class SimClusterView:
 
     def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
         tenant = self._tenant_of(change)
-        return WhatIf(self.cluster).replica_change(self._spec(f"{tenant}/whatif", tenant, change), horizon_s)
+        return self._whatif.replica_change(self._spec(f"{tenant}/whatif", tenant, change), horizon_s)
 
     def drain_what_if(self, replica_id: str, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:
-        kept, drained = WhatIf(self.cluster).drain(replica_id, horizon_s)
+        kept, drained = self._whatif.drain(replica_id, horizon_s)
         tenant = self.cluster.replica_spec(replica_id).tenant_id
         return _without(kept, tenant), _without(drained, tenant)
 

@@ -68,14 +68,20 @@ class WhatIf:
     """Evaluates candidate placements against the cluster's state at ``cluster.now_s``.
 
     ``horizon_s`` bounds each re-simulation in simulated seconds after the snapshot (``None``:
-    until the affected replicas drain). Baselines are memoised per snapshot (the cluster's time
-    and number of handled events) and affected set.
+    until the affected replicas drain). Runs without a change (the baselines of
+    :meth:`evaluate` and :meth:`replica_change`, the kept side of :meth:`drain`) are memoised per
+    snapshot (:attr:`SimulatedCluster.version`), affected set and horizon: every candidate of a
+    step whose affected devices close over the same set shares one baseline, and a drain's kept
+    side is that baseline too. Only the current snapshot's entries are kept. Keep one
+    ``WhatIf`` per cluster across a step's what-ifs to share them.
     """
 
     def __init__(self, cluster: SimulatedCluster, *, horizon_s: float | None = None) -> None:
         self.cluster = cluster
         self.horizon_s = horizon_s
-        self._baselines: dict[tuple[float, int, frozenset[str]], dict[str, float]] = {}
+        self._baselines: dict[tuple[tuple[float, int, int, int], frozenset[str]], dict[str, float]] = {}
+        self._unchanged: dict[tuple[tuple[float, int, int, int], frozenset[str], float], WhatIfOutcome] = {}
+        self.num_baseline_runs = 0  # runs without a change simulated (not answered from the memo)
 
     def evaluate(self, candidates: Sequence[tuple[SliceSpec, Placement]]) -> WhatIfResult:
         cluster = self.cluster
@@ -91,9 +97,10 @@ class WhatIf:
         fork.run(until)
         outcomes = fork.metrics.outcomes
 
-        key = (cluster.now_s, cluster.engine.num_handled, frozenset(devices))
+        key = (cluster.version, frozenset(devices))
         baseline = self._baselines.get(key)
         if baseline is None:
+            self._baselines = {k: v for k, v in self._baselines.items() if k[0] == cluster.version}
             base = cluster.fork(devices)
             base_in_flight = base.in_flight()
             base.run(until)
@@ -121,9 +128,7 @@ class WhatIf:
         homes = [d for rid in cluster.replica_ids if cluster.replica_spec(rid).tenant_id == spec.tenant_id
                  for d in cluster.replica_spec(rid).device_ids]
         devices = set(homes) | set(spec.device_ids)
-        base = self._forecast_run(cluster.fork(devices), None, horizon_s)
-        if base is None:
-            raise InvariantError("a what-if without a change always has an outcome")
+        base = self._unchanged_run(devices, horizon_s)
         source = homes[0] if homes else None
         weights_from = source if source not in spec.device_ids else None
         return base, self._forecast_run(cluster.fork(devices), spec, horizon_s, weights_from=weights_from)
@@ -136,11 +141,29 @@ class WhatIf:
         tenant = cluster.replica_spec(replica_id).tenant_id
         devices = {d for rid in cluster.replica_ids if rid == replica_id or cluster.replica_spec(rid).tenant_id == tenant
                    for d in cluster.replica_spec(rid).device_ids}
-        kept = self._forecast_run(cluster.fork(devices), None, horizon_s)
+        kept = self._unchanged_run(devices, horizon_s)
         drained = self._forecast_run(cluster.fork(devices), None, horizon_s, drain=replica_id)
-        if kept is None or drained is None:
+        if drained is None:
             raise InvariantError("a what-if without a replica to add always has an outcome")
         return kept, drained
+
+    def _unchanged_run(self, device_ids: set[str], horizon_s: float) -> WhatIfOutcome:
+        """The next ``horizon_s`` of the part of the cluster ``device_ids`` close over, changed in
+        nothing (memoised: the class doc). The run depends only on that part, the snapshot and
+        the horizon: the fork holds exactly the affected replicas, and the forecast is of their
+        tenants."""
+        cluster = self.cluster
+        devices, _ = cluster.affected(device_ids)
+        key = (cluster.version, frozenset(devices), horizon_s)
+        got = self._unchanged.get(key)
+        if got is None:
+            self._unchanged = {k: v for k, v in self._unchanged.items() if k[0] == cluster.version}
+            got = self._forecast_run(cluster.fork(devices), None, horizon_s)
+            if got is None:
+                raise InvariantError("a what-if without a change always has an outcome")
+            self.num_baseline_runs += 1
+            self._unchanged[key] = got
+        return got
 
     def _forecast(self, fork: SimulatedCluster, horizon_s: float) -> list[RequestSpec]:
         """Persistence forecast: the next ``horizon_s`` brings what the last ``horizon_s`` brought,
