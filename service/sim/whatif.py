@@ -191,7 +191,27 @@ class WhatIf:
             late[req.tenant_id] = late.get(req.tenant_id, 0) + 1
         peaks = {d: fork.ledger.peak_bytes(d) for d in {d for rid in fork.replica_ids
                                                         for d in fork.replica_spec(rid).device_ids}}
-        return WhatIfOutcome(horizon_s, tokens, late, len(fork.ledger.violations) - violations_before, peaks)
+        return WhatIfOutcome(horizon_s, tokens, late, len(fork.ledger.violations) - violations_before, peaks,
+                             pending_lateness(fork, end))
+
+
+def pending_lateness(fork: SimulatedCluster, at_s: float) -> dict[str, float]:
+    """Per tenant, the sum over its requests in flight at ``at_s`` and not yet late (those
+    :meth:`SimulatedCluster.late_in_flight` does not count) of the share of their allowance they
+    have used: the TTFT allowance while they wait for a first token, the end-to-end one after.
+    Each share is in [0, 1): a request about to be late counts nearly one, one just arrived
+    nearly nothing (the score of :func:`service.core.placement.sustained_then_tokens`)."""
+    first = fork.state.first_token_s()
+    out: dict[str, float] = {}
+    for _, req in fork.in_flight():
+        sla = fork.sla_classes.get(req.sla_class) or fork.sla_classes["standard"]
+        waited = max(0.0, at_s - req.arrival_s)
+        no_token = math.isnan(first.get(req.request_id, math.nan))
+        allowance = sla.ttft_target_s(req.prompt_tokens) if no_token else sla.e2e_s
+        if waited > sla.e2e_s or waited > allowance or allowance <= 0.0:
+            continue  # late: counted among the violations
+        out[req.tenant_id] = out.get(req.tenant_id, 0.0) + waited / allowance
+    return out
 
 
 def not_before(now_s: float, at_s: float) -> float:
