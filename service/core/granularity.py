@@ -23,10 +23,11 @@ tokens, no tenant predicted worse, no memory violation; see
 
 The guest replicas come first and a later plan must score strictly better to be chosen, so on
 the policy's score the step never picks below the best guest replica it judged. The score is
-sustained lateness spared (the late requests within the horizon plus, for every request still
-in flight at its end, the share of its allowance used), then tokens: ``replica``'s score (late
-requests within the horizon, then tokens) ranked a guest that admits less and decodes faster
-above a sliced plan that spares as many late requests and leaves a shorter queue.
+sustained lateness spared (the late requests within the horizon plus those in flight at its
+end that end late when the what-if runs on for ``lateness_drain_s`` without arrivals), then
+tokens: ``replica``'s score (late requests within the horizon, then tokens) ranked a guest that
+admits less and decodes faster above a sliced plan that spares as many late requests and
+leaves a shorter queue (:func:`~service.core.placement.sustained_then_tokens`).
 
 Wall time: ``max_candidates`` and ``max_slice_plans`` cap a step's what-ifs by count;
 ``whatif_wall_s`` (off by default) caps them by wall seconds as well. The guest replicas are
@@ -94,12 +95,18 @@ class GranularPlacementPolicy:
     whatif_wall_s: float | None = None
     clock: Callable[[], float] | None = None
     score: WhatIfScore = field(default_factory=lambda: sustained_then_tokens)  # how a plan's good is ranked
+    # How long each what-if runs on after the horizon, without arrivals, to count the requests it
+    # leaves behind that end late (0: none, and the score sees only the horizon). Twice the
+    # horizon: what a step leaves queued has that long to clear before it counts as late.
+    lateness_drain_s: float = 40.0
     find_devices: DeviceFinder = field(default_factory=lambda: candidate_groups)
     find_plans: QuantumPlanFinder = field(default_factory=lambda: plans_at_quantum)
     name: str = "slice"
     _replica: ReplicaPlacementPolicy = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not self.lateness_drain_s >= 0.0:
+            raise InvalidInputError(f"lateness_drain_s must be at least 0 seconds, got {self.lateness_drain_s}")
         if self.whatif_wall_s is not None and (self.clock is None or not self.whatif_wall_s > 0.0):
             raise InvalidInputError(f"whatif_wall_s ({self.whatif_wall_s}) needs a clock and a cap above 0 seconds")
         # The whole-replica half is replica's own code and state (its record of pressing owners).
@@ -118,7 +125,7 @@ class GranularPlacementPolicy:
         changes = chain(self._replica.guest_changes(state, pressing, family_of, closed),
                         (c for model in pressing for c in self.sliced_changes(state, model, family_of[model], closed)))
         best = best_by_what_if(state, changes, self.horizon_s, decision, score=self.score,
-                               out_of_time=self._out_of_time(started_s))
+                               drain_s=self.lateness_drain_s, out_of_time=self._out_of_time(started_s))
         if best is not None:
             decision.add.append(best.change)
             decision.notes.append(f"{describe(best.change)}: {best.gain:+.0f} tokens in {self.horizon_s:.0f}s, "
@@ -173,8 +180,9 @@ class GranularPlacementPolicy:
 def granular_policy(*, find_devices: DeviceFinder | None = None, horizon_s: float = 20.0, max_candidates: int = 3,
                     max_slice_plans: int = 4, min_backlog: int = 2, idle_drain_s: float = 30.0,
                     max_guests_per_tenant: int = 4, yield_share: float = 0.5,
-                    slice_budget_s: float = 0.02, whatif_wall_s: float | None = None,
-                    clock: Callable[[], float] | None = None) -> GranularPlacementPolicy:
+                    slice_budget_s: float = 0.02, lateness_drain_s: float = 40.0,
+                    whatif_wall_s: float | None = None, clock: Callable[[], float] | None = None
+                    ) -> GranularPlacementPolicy:
     """The ``slice`` policy; ``find_devices`` is the whole replicas' device search (default: in
     memory); ``whatif_wall_s`` caps a step's what-ifs in wall seconds read from ``clock``
     (default none: a cap makes a replay depend on the machine's speed); a cap without a clock,
@@ -183,4 +191,5 @@ def granular_policy(*, find_devices: DeviceFinder | None = None, horizon_s: floa
                                    max_slice_plans=max_slice_plans, min_backlog=min_backlog,
                                    idle_drain_s=idle_drain_s, max_guests_per_tenant=max_guests_per_tenant,
                                    yield_share=yield_share, slice_budget_s=slice_budget_s,
-                                   whatif_wall_s=whatif_wall_s, clock=clock, find_devices=find_devices or candidate_groups)
+                                   lateness_drain_s=lateness_drain_s, whatif_wall_s=whatif_wall_s, clock=clock,
+                                   find_devices=find_devices or candidate_groups)

@@ -97,10 +97,9 @@ class WhatIfOutcome:
     violations_by_tenant: dict[str, int]  # requests finishing late (or predicted late) per tenant
     memory_violations: int  # forced allocations over a device's limit
     peak_bytes: dict[str, int]  # per affected device
-    # Lateness still to come at the horizon, per tenant: for each request in flight then and not
-    # yet late, the share of its allowance it has used (TTFT allowance while it waits for its
-    # first token, end-to-end after), each in [0, 1). Late requests are in violations_by_tenant.
-    pending_lateness_by_tenant: dict[str, float] = field(default_factory=dict)
+    # Requests in flight at the horizon and not yet late that end late when the run goes on
+    # without arrivals (filled only when the what-if is asked for it: ``drain_s`` > 0).
+    late_after_horizon_by_tenant: dict[str, int] = field(default_factory=dict)
 
     @property
     def late(self) -> int:
@@ -108,11 +107,10 @@ class WhatIfOutcome:
         return sum(self.violations_by_tenant.values())
 
     @property
-    def sustained_lateness(self) -> float:
-        """Late requests plus the lateness still to come of those in flight at the horizon (each
-        weighted by the share of its allowance it has used): what a change leaves behind, not
-        only what it does within the horizon."""
-        return self.late + sum(self.pending_lateness_by_tenant.values())
+    def sustained_lateness(self) -> int:
+        """Late requests within the horizon plus those in flight at its end that end late after
+        it: what a change leaves behind, not only what it does within the horizon."""
+        return self.late + sum(self.late_after_horizon_by_tenant.values())
 
 
 Verdict = Literal["accepted", "no_fit", "memory", "tenant_worse", "no_gain", "beaten"]
@@ -133,7 +131,7 @@ class WhatIfReason:
     late_before: int = 0  # requests predicted late without the change, all tenants
     late_after: int = 0  # ... and with it (0 when it does not fit)
     tokens_gain: int = 0  # output tokens within the horizon, with minus without
-    lateness_gain: float = 0.0  # sustained lateness spared (WhatIfOutcome.sustained_lateness, without minus with)
+    lateness_gain: int = 0  # sustained lateness spared (WhatIfOutcome.sustained_lateness, without minus with)
     tenant: str | None = None  # tenant_worse: the tenant (the one with most added late requests)
     late_delta: int = 0  # tenant_worse: its added late requests
     beaten_by: str | None = None  # beaten: the change chosen instead, in a line
@@ -142,7 +140,7 @@ class WhatIfReason:
         """The reason as plain JSON values, fields that do not apply left out."""
         out: dict[str, object] = {"verdict": self.verdict, "late_before": self.late_before,
                                   "late_after": self.late_after, "tokens_gain": self.tokens_gain,
-                                  "lateness_gain": round(self.lateness_gain, 3)}
+                                  "lateness_gain": self.lateness_gain}
         if self.tenant is not None:
             out.update(tenant=self.tenant, late_delta=self.late_delta)
         if self.beaten_by is not None:
@@ -218,10 +216,12 @@ class ClusterView(Protocol):
         """A typical iteration of the family on ``tp`` devices (the slot a guest needs)."""
         ...
 
-    def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
+    def what_if(self, change: ReplicaChange, horizon_s: float, *, drain_s: float = 0.0
+                ) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
         """Simulate the queued work for ``horizon_s`` without and with ``change``, over the same
         affected devices: ``(baseline, changed)``; ``changed`` is ``None`` when the change cannot
-        be applied (its weights do not fit)."""
+        be applied (its weights do not fit). ``drain_s`` > 0: each run also goes on for up to
+        ``drain_s`` without arrivals to fill ``late_after_horizon_by_tenant``."""
         ...
 
     def drain_what_if(self, replica_id: str, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:

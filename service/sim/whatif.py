@@ -113,20 +113,24 @@ class WhatIf:
         )
 
 
-    def replica_change(self, spec: ReplicaSpec, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
+    def replica_change(self, spec: ReplicaSpec, horizon_s: float, *, drain_s: float = 0.0
+                       ) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
         """The next ``horizon_s`` without and with the replica ``spec`` (its weights copied from
         the tenant's first home device unless that is one of its own), over the same affected
-        devices: ``(baseline, changed)``; ``changed`` is ``None`` when its weights do not fit."""
+        devices: ``(baseline, changed)``; ``changed`` is ``None`` when its weights do not fit.
+        ``drain_s`` > 0: each run then goes on for up to ``drain_s`` without arrivals, and counts
+        which requests in flight at the horizon end late (``late_after_horizon_by_tenant``)."""
         cluster = self.cluster
         homes = [d for rid in cluster.replica_ids if cluster.replica_spec(rid).tenant_id == spec.tenant_id
                  for d in cluster.replica_spec(rid).device_ids]
         devices = set(homes) | set(spec.device_ids)
-        base = self._forecast_run(cluster.fork(devices), None, horizon_s)
+        base = self._forecast_run(cluster.fork(devices), None, horizon_s, drain_s=drain_s)
         if base is None:
             raise InvariantError("a what-if without a change always has an outcome")
         source = homes[0] if homes else None
         weights_from = source if source not in spec.device_ids else None
-        return base, self._forecast_run(cluster.fork(devices), spec, horizon_s, weights_from=weights_from)
+        return base, self._forecast_run(cluster.fork(devices), spec, horizon_s, weights_from=weights_from,
+                                        drain_s=drain_s)
 
     def drain(self, replica_id: str, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:
         """The next ``horizon_s`` with the replica kept and with it drained (its queue handed to
@@ -171,7 +175,8 @@ class WhatIf:
         return out
 
     def _forecast_run(self, fork: SimulatedCluster, spec: ReplicaSpec | None, horizon_s: float, *,
-                      weights_from: str | None = None, drain: str | None = None) -> WhatIfOutcome | None:
+                      weights_from: str | None = None, drain: str | None = None,
+                      drain_s: float = 0.0) -> WhatIfOutcome | None:
         now = fork.now_s
         violations_before = len(fork.ledger.violations)
         tokens_before = fork.tokens_out
@@ -187,30 +192,43 @@ class WhatIf:
         for o in fork.metrics.outcomes:
             if not o.sla_met:
                 late[o.tenant_id] = late.get(o.tenant_id, 0) + 1
-        for req in fork.late_in_flight(end):
+        late_now = fork.late_in_flight(end)
+        for req in late_now:
             late[req.tenant_id] = late.get(req.tenant_id, 0) + 1
         peaks = {d: fork.ledger.peak_bytes(d) for d in {d for rid in fork.replica_ids
                                                         for d in fork.replica_spec(rid).device_ids}}
-        return WhatIfOutcome(horizon_s, tokens, late, len(fork.ledger.violations) - violations_before, peaks,
-                             pending_lateness(fork, end))
+        memory = len(fork.ledger.violations) - violations_before
+        after = late_after_horizon(fork, end, drain_s, {r.request_id for r in late_now}) if drain_s > 0.0 else {}
+        return WhatIfOutcome(horizon_s, tokens, late, memory, peaks, after)
 
 
-def pending_lateness(fork: SimulatedCluster, at_s: float) -> dict[str, float]:
-    """Per tenant, the sum over its requests in flight at ``at_s`` and not yet late (those
-    :meth:`SimulatedCluster.late_in_flight` does not count) of the share of their allowance they
-    have used: the TTFT allowance while they wait for a first token, the end-to-end one after.
-    Each share is in [0, 1): a request about to be late counts nearly one, one just arrived
-    nearly nothing (the score of :func:`service.core.placement.sustained_then_tokens`)."""
-    first = fork.state.first_token_s()
-    out: dict[str, float] = {}
-    for _, req in fork.in_flight():
-        sla = fork.sla_classes.get(req.sla_class) or fork.sla_classes["standard"]
-        waited = max(0.0, at_s - req.arrival_s)
-        no_token = math.isnan(first.get(req.request_id, math.nan))
-        allowance = sla.ttft_target_s(req.prompt_tokens) if no_token else sla.e2e_s
-        if waited > sla.e2e_s or waited > allowance or allowance <= 0.0:
-            continue  # late: counted among the violations
-        out[req.tenant_id] = out.get(req.tenant_id, 0.0) + waited / allowance
+DRAIN_STEP_S = 1.0  # how often a drain run checks whether every request it follows is settled
+
+
+def late_after_horizon(fork: SimulatedCluster, end_s: float, drain_s: float, late_ids: set[str]) -> dict[str, int]:
+    """Per tenant, the requests in flight at ``end_s`` (the horizon) and not late then (not in
+    ``late_ids``) that end late once ``fork`` runs on, for at most ``drain_s``, with no further
+    arrivals (the forecast stops at the horizon): finished past their SLA, or in flight and late
+    by the time the run stops. The run stops early, checked every :data:`DRAIN_STEP_S`, once
+    each of those requests has finished or is late (nothing it follows can change after that).
+    Runs ``fork`` on; call it after every other figure is read."""
+    pending = {req.request_id for _, req in fork.in_flight() if req.request_id not in late_ids}
+    done = len(fork.metrics.outcomes)
+    out: dict[str, int] = {}
+    until = end_s
+    while pending and until < end_s + drain_s:
+        until = min(end_s + drain_s, until + DRAIN_STEP_S)
+        fork.run(until=until)
+        for o in fork.metrics.outcomes[done:]:
+            if o.request_id in pending:
+                pending.discard(o.request_id)
+                if not o.sla_met:
+                    out[o.tenant_id] = out.get(o.tenant_id, 0) + 1
+        done = len(fork.metrics.outcomes)
+        for req in fork.late_in_flight(until):
+            if req.request_id in pending:
+                pending.discard(req.request_id)
+                out[req.tenant_id] = out.get(req.tenant_id, 0) + 1
     return out
 
 
