@@ -2,8 +2,9 @@
 
 At every step, for each model with a backlog, the policy judges with the what-if simulator
 plans at every granularity it can place, and commits the one that does most good over the
-horizon (:func:`~service.core.placement.best_by_what_if`: SLAs first, then output tokens, no
-tenant predicted worse, no memory violation):
+horizon (:func:`~service.core.placement.best_by_what_if`: sustained lateness first, then output
+tokens, no tenant predicted worse, no memory violation; see
+:func:`~service.core.placement.sustained_then_tokens`):
 
 - the whole model as a guest replica (tensor parallel on one host where it needs several
   devices), taking turns with the owners iteration by iteration: exactly the guest replicas
@@ -21,7 +22,17 @@ tenant predicted worse, no memory violation):
   above).
 
 The guest replicas come first and a later plan must score strictly better to be chosen, so on
-the what-if's own score the step never does worse than ``replica`` would from the same state.
+the policy's score the step never picks below the best guest replica it judged. The score is
+sustained lateness spared (the late requests within the horizon plus those in flight at its
+end that end late when the what-if runs on for ``lateness_drain_s`` without arrivals), then
+tokens: ``replica``'s score (late requests within the horizon, then tokens) ranked a guest that
+admits less and decodes faster above a sliced plan that spares as many late requests and
+leaves a shorter queue (:func:`~service.core.placement.sustained_then_tokens`).
+
+Wall time: ``max_candidates`` and ``max_slice_plans`` cap a step's what-ifs by count;
+``whatif_wall_s`` (off by default) caps them by wall seconds as well. The guest replicas are
+judged first, so a cap cuts sliced plans before them; a capped replay depends on the machine's
+speed and is not reproducible, which is why replay leaves it off.
 
 Drains: a guest that takes turns leaves under ``replica``'s rules (idle ``idle_drain_s``, or an
 owner of one of its devices whose backlog presses); a guest that yields to owners leaves when
@@ -39,15 +50,19 @@ from itertools import chain
 from service.core.placement import (
     DeviceFinder,
     ReplicaPlacementPolicy,
+    WhatIfScore,
     best_by_what_if,
     candidate_groups,
+    describe,
     drain_guests,
     pressing_models,
+    sustained_then_tokens,
 )
 from service.core.scheduler import ClusterView, Decision, ReplicaChange, ReplicaInfo
 from service.core.slicing import Stage, plans_at_quantum, quantum
+from service.domain.error import InvalidInputError
 
-__all__ = ["GranularPlacementPolicy", "QuantumPlanFinder", "granular_policy", "quanta"]
+__all__ = ["GranularPlacementPolicy", "QuantumPlanFinder", "describe", "granular_policy", "quanta"]
 
 QuantumPlanFinder = Callable[[ClusterView, str, int, int], list[tuple[Stage, ...]]]
 """``(state, model_uid, layers_per_slice, k) -> plans, best first``: where a model's slices may go."""
@@ -74,12 +89,26 @@ class GranularPlacementPolicy:
     max_guests_per_tenant: int = 4  # guests (whole or sliced) per served model
     yield_share: float = 0.5  # an owner presses once a waiting request has this share of its TTFT allowance left
     slice_budget_s: float = 0.02  # the finest quantum: a slice's typical run time stays within this
+    # Wall seconds of what-ifs per step (None: no cap), read from ``clock`` (the caller's wall
+    # clock: core reads none itself). Off by default: with a cap, which plans a step judges
+    # depends on the machine's speed and load, and a replay is no longer reproducible.
+    whatif_wall_s: float | None = None
+    clock: Callable[[], float] | None = None
+    score: WhatIfScore = field(default_factory=lambda: sustained_then_tokens)  # how a plan's good is ranked
+    # How long each what-if runs on after the horizon, without arrivals, to count the requests it
+    # leaves behind that end late (0: none, and the score sees only the horizon). Twice the
+    # horizon: what a step leaves queued has that long to clear before it counts as late.
+    lateness_drain_s: float = 40.0
     find_devices: DeviceFinder = field(default_factory=lambda: candidate_groups)
     find_plans: QuantumPlanFinder = field(default_factory=lambda: plans_at_quantum)
     name: str = "slice"
     _replica: ReplicaPlacementPolicy = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not self.lateness_drain_s >= 0.0:
+            raise InvalidInputError(f"lateness_drain_s must be at least 0 seconds, got {self.lateness_drain_s}")
+        if self.whatif_wall_s is not None and (self.clock is None or not self.whatif_wall_s > 0.0):
+            raise InvalidInputError(f"whatif_wall_s ({self.whatif_wall_s}) needs a clock and a cap above 0 seconds")
         # The whole-replica half is replica's own code and state (its record of pressing owners).
         self._replica = ReplicaPlacementPolicy(
             horizon_s=self.horizon_s, max_candidates=self.max_candidates, min_backlog=self.min_backlog,
@@ -87,6 +116,7 @@ class GranularPlacementPolicy:
             yield_share=self.yield_share, find_devices=self.find_devices)
 
     def step(self, now_s: float, state: ClusterView) -> Decision:
+        started_s = self.clock() if self.clock is not None and self.whatif_wall_s is not None else 0.0
         decision = Decision()
         replicas = list(state.replicas())
         self._drains(state, replicas, decision)
@@ -94,12 +124,23 @@ class GranularPlacementPolicy:
         pressing, family_of = pressing_models(replicas, self.min_backlog, self.max_guests_per_tenant)
         changes = chain(self._replica.guest_changes(state, pressing, family_of, closed),
                         (c for model in pressing for c in self.sliced_changes(state, model, family_of[model], closed)))
-        best = best_by_what_if(state, changes, self.horizon_s, decision)
+        best = best_by_what_if(state, changes, self.horizon_s, decision, score=self.score,
+                               drain_s=self.lateness_drain_s, out_of_time=self._out_of_time(started_s))
         if best is not None:
             decision.add.append(best.change)
             decision.notes.append(f"{describe(best.change)}: {best.gain:+.0f} tokens in {self.horizon_s:.0f}s, "
                                   f"{best.sla_note()}")
+        if decision.whatifs_skipped:
+            decision.notes.append(f"{decision.whatifs_skipped} plans left unjudged: the step's "
+                                  f"{self.whatif_wall_s:g} s of what-ifs ran out")
         return decision
+
+    def _out_of_time(self, started_s: float) -> Callable[[], bool] | None:
+        """The wall-time cap as :func:`best_by_what_if` asks it (``None``: no cap)."""
+        cap, clock = self.whatif_wall_s, self.clock
+        if cap is None or clock is None:
+            return None
+        return lambda: clock() - started_s >= cap
 
     def sliced_changes(self, state: ClusterView, model_uid: str, family: str, closed: set[str]
                        ) -> Iterator[ReplicaChange]:
@@ -135,25 +176,20 @@ class GranularPlacementPolicy:
         drain_guests(replicas, self.idle_drain_s, decision, reason)
 
 
-def describe(change: ReplicaChange) -> str:
-    """A change in a line, for a decision's note."""
-    where = ",".join(change.device_ids)
-    if not change.stages:
-        return f"add {change.model_uid} on {where} (whole, turns)"
-    sizes = sorted({b - a + 1 for _, a, b in change.stages})
-    layers = "/".join(str(n) for n in sizes)
-    mode = "turns" if change.turns else "owner priority"
-    return f"slice {change.model_uid}: {len(change.stages)} slices of {layers} layers on {where} ({mode})"
-
 
 def granular_policy(*, find_devices: DeviceFinder | None = None, horizon_s: float = 20.0, max_candidates: int = 3,
                     max_slice_plans: int = 4, min_backlog: int = 2, idle_drain_s: float = 30.0,
                     max_guests_per_tenant: int = 4, yield_share: float = 0.5,
-                    slice_budget_s: float = 0.02) -> GranularPlacementPolicy:
+                    slice_budget_s: float = 0.02, lateness_drain_s: float = 40.0,
+                    whatif_wall_s: float | None = None, clock: Callable[[], float] | None = None
+                    ) -> GranularPlacementPolicy:
     """The ``slice`` policy; ``find_devices`` is the whole replicas' device search (default: in
-    memory)."""
+    memory); ``whatif_wall_s`` caps a step's what-ifs in wall seconds read from ``clock``
+    (default none: a cap makes a replay depend on the machine's speed); a cap without a clock,
+    or not above 0, is ``InvalidInputError``."""
     return GranularPlacementPolicy(horizon_s=horizon_s, max_candidates=max_candidates,
                                    max_slice_plans=max_slice_plans, min_backlog=min_backlog,
                                    idle_drain_s=idle_drain_s, max_guests_per_tenant=max_guests_per_tenant,
                                    yield_share=yield_share, slice_budget_s=slice_budget_s,
+                                   lateness_drain_s=lateness_drain_s, whatif_wall_s=whatif_wall_s, clock=clock,
                                    find_devices=find_devices or candidate_groups)

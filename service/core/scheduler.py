@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from service.core.slot import ClusterState
 from service.domain.cluster import ClusterSpec
@@ -97,16 +97,67 @@ class WhatIfOutcome:
     violations_by_tenant: dict[str, int]  # requests finishing late (or predicted late) per tenant
     memory_violations: int  # forced allocations over a device's limit
     peak_bytes: dict[str, int]  # per affected device
+    # Requests in flight at the horizon and not yet late that end late when the run goes on
+    # without arrivals (filled only when the what-if is asked for it: ``drain_s`` > 0).
+    late_after_horizon_by_tenant: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def late(self) -> int:
+        """Requests predicted late within the horizon, all tenants."""
+        return sum(self.violations_by_tenant.values())
+
+    @property
+    def sustained_lateness(self) -> int:
+        """Late requests within the horizon plus those in flight at its end that end late after
+        it: what a change leaves behind, not only what it does within the horizon."""
+        return self.late + sum(self.late_after_horizon_by_tenant.values())
+
+
+Verdict = Literal["accepted", "no_fit", "memory", "tenant_worse", "no_gain", "beaten"]
+"""Why a what-if's change was or was not chosen (:class:`WhatIfReason`): ``accepted`` the step
+commits it; ``no_fit`` its weights do not fit; ``memory`` the what-if predicts more memory
+violations with it; ``tenant_worse`` a tenant has more requests predicted late with it;
+``no_gain`` safe but doing no good by the policy's score; ``beaten`` safe and doing good (or,
+ahead of a backlog, doing no harm), but another change scored better."""
+
+VERDICTS: tuple[Verdict, ...] = ("accepted", "no_fit", "memory", "tenant_worse", "no_gain", "beaten")
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIfReason:
+    """A what-if's verdict in fields, not prose (for reports and audits)."""
+
+    verdict: Verdict
+    late_before: int = 0  # requests predicted late without the change, all tenants
+    late_after: int = 0  # ... and with it (0 when it does not fit)
+    tokens_gain: int = 0  # output tokens within the horizon, with minus without
+    lateness_gain: int = 0  # sustained lateness spared (WhatIfOutcome.sustained_lateness, without minus with)
+    tenant: str | None = None  # tenant_worse: the tenant (the one with most added late requests)
+    late_delta: int = 0  # tenant_worse: its added late requests
+    beaten_by: str | None = None  # beaten: the change chosen instead, in a line
+
+    def as_dict(self) -> dict[str, object]:
+        """The reason as plain JSON values, fields that do not apply left out."""
+        out: dict[str, object] = {"verdict": self.verdict, "late_before": self.late_before,
+                                  "late_after": self.late_after, "tokens_gain": self.tokens_gain,
+                                  "lateness_gain": self.lateness_gain}
+        if self.tenant is not None:
+            out.update(tenant=self.tenant, late_delta=self.late_delta)
+        if self.beaten_by is not None:
+            out["beaten_by"] = self.beaten_by
+        return out
 
 
 @dataclass(frozen=True, slots=True)
 class WhatIfRun:
     """One what-if a step ran: the change it judged, and the predictions without and with it
-    (``changed`` None: the change does not fit)."""
+    (``changed`` None: the change does not fit), and why it was or was not chosen (``reason``:
+    set by :func:`~service.core.placement.best_by_what_if` once the step has chosen)."""
 
     change: ReplicaChange
     baseline: WhatIfOutcome
     changed: WhatIfOutcome | None
+    reason: WhatIfReason | None = None
 
 
 @dataclass(slots=True)
@@ -117,7 +168,8 @@ class Decision:
     drain: list[str] = field(default_factory=list)  # replica ids to stop routing to and remove when empty
     notes: list[str] = field(default_factory=list)  # why, one line per change (for logs and reports)
     num_whatifs: int = 0  # simulations run to decide
-    whatifs: list[WhatIfRun] = field(default_factory=list)  # their figures (the audit log's evidence)
+    whatifs: list[WhatIfRun] = field(default_factory=list)  # their figures and verdicts (the audit log's evidence)
+    whatifs_skipped: int = 0  # candidate changes left unjudged because the step's what-if wall time ran out
 
 
 @dataclass(slots=True)
@@ -164,10 +216,12 @@ class ClusterView(Protocol):
         """A typical iteration of the family on ``tp`` devices (the slot a guest needs)."""
         ...
 
-    def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
+    def what_if(self, change: ReplicaChange, horizon_s: float, *, drain_s: float = 0.0
+                ) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
         """Simulate the queued work for ``horizon_s`` without and with ``change``, over the same
         affected devices: ``(baseline, changed)``; ``changed`` is ``None`` when the change cannot
-        be applied (its weights do not fit)."""
+        be applied (its weights do not fit). ``drain_s`` > 0: each run also goes on for up to
+        ``drain_s`` without arrivals to fill ``late_after_horizon_by_tenant``."""
         ...
 
     def drain_what_if(self, replica_id: str, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:

@@ -177,9 +177,10 @@ class LiveClusterView:
         observed = self.snap.iteration_s.get(family)
         return observed / tp if observed else self._sim.iteration_s(family, tp)
 
-    def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
+    def what_if(self, change: ReplicaChange, horizon_s: float, *, drain_s: float = 0.0
+                ) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
         with self._timed():
-            return self._sim.what_if(change, horizon_s)
+            return self._sim.what_if(change, horizon_s, drain_s=drain_s)
 
     def drain_what_if(self, replica_id: str, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:
         with self._timed():

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from service.core.placement import describe
+from service.core.scheduler import VERDICTS, Decision
 from service.domain.request import Workload
 from service.sim.report import SimReport
 
@@ -49,12 +51,46 @@ class PolicyResult:
     wall_s: float = 0.0
     horizon_tokens_per_s: float = 0.0  # output tokens produced before the horizon, per second (saturation)
     decisions: list[str] = field(default_factory=list)  # the placement's notes, first 100, with their times
+    # Every what-if the placement ran, with its structured reason (WhatIfLog.summary): counts by
+    # verdict over the run, and the first WhatIfLog.max_runs of them, each with its step's time.
+    whatifs: dict[str, Any] = field(default_factory=dict)
     e2e_samples_s: list[float] = field(default_factory=list, repr=False)  # for CDF plots
 
     def summary(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("e2e_samples_s")
         return d
+
+
+@dataclass
+class WhatIfLog:
+    """The what-ifs of a run's steps, as a report lists them: counts by verdict (every one), and
+    the first ``max_runs`` with their step's time, plan, and reason's fields
+    (:meth:`WhatIfReason.as_dict`); ``skipped``: plans a step's wall-time cap left unjudged."""
+
+    max_runs: int = 200
+    by_verdict: dict[str, int] = field(default_factory=lambda: dict.fromkeys(VERDICTS, 0))
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    num_runs: int = 0
+    skipped: int = 0
+
+    def add(self, t_s: float, decision: Decision) -> None:
+        """Log the what-ifs of the step at ``t_s`` (a run without a reason counts as ``unjudged``:
+        a policy that keeps no reasons)."""
+        self.skipped += decision.whatifs_skipped
+        for run in decision.whatifs:
+            verdict = run.reason.verdict if run.reason is not None else "unjudged"
+            self.by_verdict[verdict] = self.by_verdict.get(verdict, 0) + 1
+            self.num_runs += 1
+            if len(self.runs) < self.max_runs:
+                entry: dict[str, Any] = {"t_s": round(t_s, 3), "model": run.change.model_uid,
+                                         "plan": describe(run.change)}
+                entry.update(run.reason.as_dict() if run.reason is not None else {"verdict": verdict})
+                self.runs.append(entry)
+
+    def summary(self) -> dict[str, Any]:
+        return {"num_runs": self.num_runs, "by_verdict": dict(self.by_verdict), "skipped": self.skipped,
+                "runs_kept": len(self.runs), "runs": list(self.runs)}
 
 
 def _pcts(values: Sequence[float]) -> dict[str, float]:

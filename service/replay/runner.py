@@ -35,7 +35,7 @@ from service.domain.model_config import MODEL_CONFIGS
 from service.domain.request import Workload
 from service.replay.mix import TenantMix, build_workload
 from service.replay.oracle import ORACLE_ELASTIC, OracleElastic
-from service.replay.report import PolicyResult, summarise
+from service.replay.report import PolicyResult, WhatIfLog, summarise
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
 from service.sim.config import SimConfig
 from service.sim.iteration import BatchFeatures, IterationCostTable, kv_bytes_per_token, weight_bytes
@@ -178,6 +178,8 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
     started = time.perf_counter()
     queue = make_queue_policy(policy.queue)
     params = config.slice_params if policy.placement in ("replica", "slice", "slice-fixed") else {}
+    if policy.placement == "slice" and params.get("whatif_wall_s") is not None:
+        params = {**params, "clock": time.perf_counter}  # the wall-time cap's clock (core reads none)
     oracle = policy.placement == ORACLE_ELASTIC
     scheduler = Scheduler(make_placement_policy("container" if oracle else policy.placement, **params))
     horizon = config.horizon_s
@@ -205,6 +207,7 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
     label = f"{policy} x{load_scale:g}"
     guests = whatifs = 0
     notes: list[str] = []
+    log = WhatIfLog()
     t = 0.0
     steps = 0
     if elastic is not None:
@@ -224,6 +227,7 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
         view.mark()
         decision, applied = scheduler.step_and_apply(t, view)
         whatifs += decision.num_whatifs
+        log.add(t, decision)
         guests += len(applied.added)
         if len(notes) < 100:
             notes += [f"t={t:.0f}s {n}" for n in decision.notes][:100 - len(notes)]
@@ -235,6 +239,7 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
     result.num_guest_replicas = guests
     result.num_whatifs = whatifs
     result.decisions = notes
+    result.whatifs = log.summary()
     if elastic is not None:  # how often each of its options won the step
         result.decisions = ["oracle steps: " + ", ".join(f"{k} {v}" for k, v in elastic.choices.items())]
     result.horizon_tokens_per_s = produced / horizon

@@ -132,9 +132,11 @@ class SimClusterView:
     def kv_reserve_bytes(self, family: str) -> int:
         return self.batching.kv_reserve_tokens * kv_bytes_per_token(self.cluster.model_config(family))
 
-    def what_if(self, change: ReplicaChange, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
+    def what_if(self, change: ReplicaChange, horizon_s: float, *, drain_s: float = 0.0
+                ) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
         tenant = self._tenant_of(change)
-        return self._whatif.replica_change(self._spec(f"{tenant}/whatif", tenant, change), horizon_s)
+        return self._whatif.replica_change(self._spec(f"{tenant}/whatif", tenant, change), horizon_s,
+                                           drain_s=drain_s)
 
     def drain_what_if(self, replica_id: str, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:
         kept, drained = self._whatif.drain(replica_id, horizon_s)

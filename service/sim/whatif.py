@@ -80,7 +80,7 @@ class WhatIf:
         self.cluster = cluster
         self.horizon_s = horizon_s
         self._baselines: dict[tuple[tuple[float, int, int, int], frozenset[str]], dict[str, float]] = {}
-        self._unchanged: dict[tuple[tuple[float, int, int, int], frozenset[str], float], WhatIfOutcome] = {}
+        self._unchanged: dict[tuple[tuple[float, int, int, int], frozenset[str], float, float], WhatIfOutcome] = {}
         self.num_baseline_runs = 0  # runs without a change simulated (not answered from the memo)
 
     def evaluate(self, candidates: Sequence[tuple[SliceSpec, Placement]]) -> WhatIfResult:
@@ -120,18 +120,22 @@ class WhatIf:
         )
 
 
-    def replica_change(self, spec: ReplicaSpec, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
+    def replica_change(self, spec: ReplicaSpec, horizon_s: float, *, drain_s: float = 0.0
+                       ) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
         """The next ``horizon_s`` without and with the replica ``spec`` (its weights copied from
         the tenant's first home device unless that is one of its own), over the same affected
-        devices: ``(baseline, changed)``; ``changed`` is ``None`` when its weights do not fit."""
+        devices: ``(baseline, changed)``; ``changed`` is ``None`` when its weights do not fit.
+        ``drain_s`` > 0: each run then goes on for up to ``drain_s`` without arrivals, and counts
+        which requests in flight at the horizon end late (``late_after_horizon_by_tenant``)."""
         cluster = self.cluster
         homes = [d for rid in cluster.replica_ids if cluster.replica_spec(rid).tenant_id == spec.tenant_id
                  for d in cluster.replica_spec(rid).device_ids]
         devices = set(homes) | set(spec.device_ids)
-        base = self._unchanged_run(devices, horizon_s)
+        base = self._unchanged_run(devices, horizon_s, drain_s=drain_s)
         source = homes[0] if homes else None
         weights_from = source if source not in spec.device_ids else None
-        return base, self._forecast_run(cluster.fork(devices), spec, horizon_s, weights_from=weights_from)
+        return base, self._forecast_run(cluster.fork(devices), spec, horizon_s, weights_from=weights_from,
+                                        drain_s=drain_s)
 
     def drain(self, replica_id: str, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:
         """The next ``horizon_s`` with the replica kept and with it drained (its queue handed to
@@ -147,18 +151,18 @@ class WhatIf:
             raise InvariantError("a what-if without a replica to add always has an outcome")
         return kept, drained
 
-    def _unchanged_run(self, device_ids: set[str], horizon_s: float) -> WhatIfOutcome:
+    def _unchanged_run(self, device_ids: set[str], horizon_s: float, *, drain_s: float = 0.0) -> WhatIfOutcome:
         """The next ``horizon_s`` of the part of the cluster ``device_ids`` close over, changed in
         nothing (memoised: the class doc). The run depends only on that part, the snapshot and
         the horizon: the fork holds exactly the affected replicas, and the forecast is of their
         tenants."""
         cluster = self.cluster
         devices, _ = cluster.affected(device_ids)
-        key = (cluster.version, frozenset(devices), horizon_s)
+        key = (cluster.version, frozenset(devices), horizon_s, drain_s)
         got = self._unchanged.get(key)
         if got is None:
             self._unchanged = {k: v for k, v in self._unchanged.items() if k[0] == cluster.version}
-            got = self._forecast_run(cluster.fork(devices), None, horizon_s)
+            got = self._forecast_run(cluster.fork(devices), None, horizon_s, drain_s=drain_s)
             if got is None:
                 raise InvariantError("a what-if without a change always has an outcome")
             self.num_baseline_runs += 1
@@ -194,7 +198,8 @@ class WhatIf:
         return out
 
     def _forecast_run(self, fork: SimulatedCluster, spec: ReplicaSpec | None, horizon_s: float, *,
-                      weights_from: str | None = None, drain: str | None = None) -> WhatIfOutcome | None:
+                      weights_from: str | None = None, drain: str | None = None,
+                      drain_s: float = 0.0) -> WhatIfOutcome | None:
         now = fork.now_s
         violations_before = len(fork.ledger.violations)
         tokens_before = fork.tokens_out
@@ -210,11 +215,44 @@ class WhatIf:
         for o in fork.metrics.outcomes:
             if not o.sla_met:
                 late[o.tenant_id] = late.get(o.tenant_id, 0) + 1
-        for req in fork.late_in_flight(end):
+        late_now = fork.late_in_flight(end)
+        for req in late_now:
             late[req.tenant_id] = late.get(req.tenant_id, 0) + 1
         peaks = {d: fork.ledger.peak_bytes(d) for d in {d for rid in fork.replica_ids
                                                         for d in fork.replica_spec(rid).device_ids}}
-        return WhatIfOutcome(horizon_s, tokens, late, len(fork.ledger.violations) - violations_before, peaks)
+        memory = len(fork.ledger.violations) - violations_before
+        after = late_after_horizon(fork, end, drain_s, {r.request_id for r in late_now}) if drain_s > 0.0 else {}
+        return WhatIfOutcome(horizon_s, tokens, late, memory, peaks, after)
+
+
+DRAIN_STEP_S = 1.0  # how often a drain run checks whether every request it follows is settled
+
+
+def late_after_horizon(fork: SimulatedCluster, end_s: float, drain_s: float, late_ids: set[str]) -> dict[str, int]:
+    """Per tenant, the requests in flight at ``end_s`` (the horizon) and not late then (not in
+    ``late_ids``) that end late once ``fork`` runs on, for at most ``drain_s``, with no further
+    arrivals (the forecast stops at the horizon): finished past their SLA, or in flight and late
+    by the time the run stops. The run stops early, checked every :data:`DRAIN_STEP_S`, once
+    each of those requests has finished or is late (nothing it follows can change after that).
+    Runs ``fork`` on; call it after every other figure is read."""
+    pending = {req.request_id for _, req in fork.in_flight() if req.request_id not in late_ids}
+    done = len(fork.metrics.outcomes)
+    out: dict[str, int] = {}
+    until = end_s
+    while pending and until < end_s + drain_s:
+        until = min(end_s + drain_s, until + DRAIN_STEP_S)
+        fork.run(until=until)
+        for o in fork.metrics.outcomes[done:]:
+            if o.request_id in pending:
+                pending.discard(o.request_id)
+                if not o.sla_met:
+                    out[o.tenant_id] = out.get(o.tenant_id, 0) + 1
+        done = len(fork.metrics.outcomes)
+        for req in fork.late_in_flight(until):
+            if req.request_id in pending:
+                pending.discard(req.request_id)
+                out[req.tenant_id] = out.get(req.tenant_id, 0) + 1
+    return out
 
 
 def not_before(now_s: float, at_s: float) -> float:

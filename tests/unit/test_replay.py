@@ -67,6 +67,11 @@ def test_replay_writes_a_report_and_plots(tmp_path: Path) -> None:
     assert first["token_throughput_tps"] > 0 and 0 <= first["sla_violation_rate"] <= 1
     assert set(first["sla_violation_rate_by_tenant"]) == {"acme", "globex", "initech"}
     assert {"latency_cdf.png", "load_sweep.png", "timeline-fifo-container.png"} <= {p.name for p in out.iterdir()}
+    for r in report["results"]:  # every what-if listed with its reason, counted by verdict
+        whatifs = r["whatifs"]
+        assert sum(whatifs["by_verdict"].values()) == whatifs["num_runs"] == r["num_whatifs"]
+        assert whatifs["runs_kept"] == len(whatifs["runs"]) <= 200
+        assert all(run["verdict"] in whatifs["by_verdict"] for run in whatifs["runs"])
 
 
 @pytest.mark.parametrize(("args", "message"), [
