@@ -33,8 +33,8 @@ def _old_path(mp: pytest.MonkeyPatch) -> None:
     def cold_table(self: CostTables, config: Any, device: Any, **kw: Any) -> IterationCostTable:
         return IterationCostTable(config, self.cost_model, device, **kw)
 
-    def every_time(self: WhatIf, device_ids: set[str], horizon_s: float) -> WhatIfOutcome:
-        got = self._forecast_run(self.cluster.fork(device_ids), None, horizon_s)
+    def every_time(self: WhatIf, device_ids: set[str], horizon_s: float, *, drain_s: float = 0.0) -> WhatIfOutcome:
+        got = self._forecast_run(self.cluster.fork(device_ids), None, horizon_s, drain_s=drain_s)
         assert got is not None
         return got
 
