@@ -36,24 +36,12 @@ import torch
 from torch import nn
 
 from benchmarks._record import parser, write
+from benchmarks.gpu_profile import build  # the same random-weight model the profile times
 from executor.slices import SliceAssignment, SliceLayers, StreamSelector
-from service.models.family import DecoderLM, ModelConfig, empty_model, model_config
+from service.models.family import DecoderLM, model_config
 
 NAME = "gpu_slices"
 PHASES = ("alone", "same_stream", "equal_priority", "low_priority")
-
-
-def build(config: ModelConfig, device: torch.device, seed: int) -> DecoderLM:
-    """Random weights drawn on ``device`` (values do not matter for timing, only that they are finite)."""
-    model = empty_model(config, device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
-    return model.to(dtype=getattr(torch, config.dtype)).eval()
 
 
 class Guest:
