@@ -20,10 +20,11 @@ KUSTOMIZE := $(KUSTOMIZE_HOME)/kustomize
 .PHONY: venv kustomize browser neo4j data demo test test-fast lint typecheck docs bench clean
 
 # The environment: exactly uv.lock (--locked also fails if pyproject.toml changed without
-# `uv lock`), the dev extra included. A .venv of the old bootstrap layout is replaced.
+# `uv lock`), the dev extra included, and the ray extra so that the tests run the sweeps on a
+# local Ray too (tests/unit/test_sweep.py). A .venv of the old bootstrap layout is replaced.
 venv: $(UV)
 	@if [ -f $(VENV)/.slicesched-key ]; then rm -rf $(VENV); fi
-	@$(UV) sync --locked --extra dev --python $(PY) --no-python-downloads
+	@$(UV) sync --locked --extra dev --extra ray --python $(PY) --no-python-downloads
 
 # uv itself, pinned, in a small environment of its own under $(SLICESCHED_CACHE)/tools (once
 # per machine; a venv, so that a Debian "externally managed" Python does not refuse it).

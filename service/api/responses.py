@@ -371,6 +371,8 @@ class AuditVerifyOut(Out):
     last_hash: str = Field(description="its hash: keep it, and check later with anchor_seq/anchor_hash")
     first_bad_seq: int | None = Field(description="the first entry that breaks the chain; null when intact")
     reason: str | None = Field(description="why it breaks the chain (altered, removed, inserted, reordered)")
+    start_seq: int = Field(0, description="checked from after this seq: the last entry of an archived prefix "
+                                          "(0: from the first entry)")
     seconds: float
 
 
