@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         stage_server = StageServer(args.stage_host, args.stage_port).start()
         settings = replace(settings, stage_url=stage_server.url)
     daemon = ExecutorDaemon(settings)
+    if stage_server is not None:  # sliced guests' layers sent here wait for this node's owners' iteration
+        stage_server.gate = daemon.worker.compute_lock
     daemon.install_signal_handlers()
     try:
         return daemon.run()

@@ -20,6 +20,7 @@ Wire format: ``torch.save`` of a dict of tensors and plain values, read back wit
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import threading
@@ -68,10 +69,11 @@ class RemoteStage(nn.Module):
     """
 
     def __init__(self, url: str, family: str, seed: int, start: int, end: int, device: str,
-                 *, path: str | None = None, timeout_s: float = 60.0) -> None:
+                 *, path: str | None = None, timeout_s: float = 60.0, yields: bool = False) -> None:
         super().__init__()
         self.url = url.rstrip("/") + PATH
-        self.spec = {"family": family, "seed": seed, "start": start, "end": end, "device": device, "path": path}
+        self.spec = {"family": family, "seed": seed, "start": start, "end": end, "device": device, "path": path,
+                     "yields": yields}
         self._client = httpx.Client(timeout=timeout_s)
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -93,7 +95,12 @@ class StageServer:
     """Serves this node's stages over HTTP on ``host:port`` (0: any free port), in threads.
 
     One forward at a time (the node's torch threads are its compute). ``url`` is what the
-    executor registers so that drivers on other nodes can reach it.
+    executor registers so that drivers on other nodes can reach it. ``gate``: the node's worker
+    holds it through each of its owners' iterations (:attr:`executor.worker.Worker.compute_lock`);
+    a sliced guest's stage (``yields`` in the request) runs under it, so it waits for the owner's
+    iteration in progress and an owner waits for at most that one stage. Other stages (a home
+    replica's layers) never take it: two nodes' replicas calling each other's stages cannot
+    deadlock.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
@@ -101,6 +108,7 @@ class StageServer:
         self._device = device_map or torch_device
         self._blocks: dict[tuple[str, int, str | None, int, int, str], nn.ModuleList] = {}
         self._lock = threading.Lock()
+        self.gate: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         self.calls = 0
         server = self
 
@@ -156,7 +164,8 @@ class StageServer:
         bias: Tensor | None = None if msg["bias"] is None else msg["bias"].to(device)
         if cache is not None and cache.shape[0] != end - start:
             raise ValueError(f"cache has {cache.shape[0]} layers, the stage {end - start}")
-        with self._lock, torch.inference_mode():
+        gate = self.gate if msg.get("yields") else contextlib.nullcontext()
+        with gate, self._lock, torch.inference_mode():
             kvs = []
             for i, block in enumerate(blocks):
                 x, kv = block(x, rope, cache[i] if cache is not None else None, bias)

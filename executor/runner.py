@@ -34,12 +34,14 @@ from service.models.family import DecoderLM, build_model, embed_inputs
 @dataclass(frozen=True)
 class Stage:
     """Layers ``[start, end)`` of a model, run on ``device_id``; on another node when ``url``
-    (that node's stage server, :mod:`executor.remote`) is given."""
+    (that node's stage server, :mod:`executor.remote`) is given, where ``yields`` (a sliced
+    guest's) makes it wait for that node's owners' iteration in progress."""
 
     device_id: str
     start: int
     end: int
     url: str | None = None
+    yields: bool = False
 
 
 def check_stages(stages: Sequence[Stage], n_layers: int) -> None:
@@ -87,7 +89,7 @@ class StagedModel(nn.Module):
             inv_freq: Tensor = model.inv_freq  # type: ignore[assignment]  # a registered buffer
             self.register_buffer("inv_freq", inv_freq.to(first), persistent=False)
         self.stage_blocks = nn.ModuleList(
-            RemoteStage(s.url, c.name, seed or 0, s.start, s.end, s.device_id, path=path) if s.url
+            RemoteStage(s.url, c.name, seed or 0, s.start, s.end, s.device_id, path=path, yields=s.yields) if s.url
             else nn.ModuleList(b.to(d) for b in model.blocks[s.start : s.end])
             for s, d in zip(stages, self.devices, strict=True)
         )

@@ -39,6 +39,10 @@ Sharing the executor
     ones. A batcher
     ahead of its pace still runs whenever none is due, so no time is left idle, and a tenant's
     cheap iterations then batch more requests at once instead of taking time from the others.
+    A sliced guest under owner priority (``Lease.yields``: placement ``slice``) runs only in the
+    owners' gaps: while any other batcher is due or admitting, it is not picked; and its layers
+    on another node run there under that node's :attr:`Worker.compute_lock`, which the node's
+    owners hold through each iteration, so an owner waits for at most one guest stage.
     Before all of these, a batcher with a request waiting for its prefill and a free KV slot
     (:attr:`~executor.batcher.ContinuousBatcher.admitting`) is picked first: that request's TTFT
     is running, and one iteration admits all that wait, so this claims at most one pick a round.
@@ -49,9 +53,11 @@ Sharing the executor
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -108,6 +114,7 @@ class Lease:
     stream: bool = False  # report its tokens as they come
     guest: bool = False  # its replica is a guest here: weighed by the worker's guest_weight
     tpot_s: float = 0.0  # its request's time-per-output-token target (0: none given, as DEFAULT_TPOT_S)
+    yields: bool = False  # a sliced guest under owner priority: it runs in the owners' gaps (Worker.step_round)
 
     @staticmethod
     def from_json(raw: Mapping[str, Any], received_s: float) -> Lease:
@@ -115,9 +122,9 @@ class Lease:
         ``KeyError``, ``TypeError``, ``ValueError`` or ``InvalidInputError`` if it is malformed."""
         g = LeaseGrant.from_json(raw)
         return Lease(g.lease_id, g.request_id, g.replica_id, g.family, g.seed,
-                     tuple(Stage(s.device_id, s.start, s.end, s.url) for s in g.stages), g.prompt_tokens,
+                     tuple(Stage(s.device_id, s.start, s.end, s.url, g.yields) for s in g.stages), g.prompt_tokens,
                      g.max_tokens, received_s, g.model_path, g.sampling, frozenset(g.stop_ids), g.stream, g.guest,
-                     g.tpot_s)
+                     g.tpot_s, g.yields)
 
     @property
     def model_key(self) -> ModelKey:
@@ -184,6 +191,9 @@ class Worker:
         self._held: dict[str, tuple[Lease, ContinuousBatcher]] = {}
         self._streaming: dict[str, tuple[GenerationRequest, int]] = {}  # lease id -> (request, tokens reported)
         self.busy_s = 0.0  # wall seconds spent in iterations, all replicas (the service's utilisation)
+        # Held through each iteration of a replica that does not yield: a sliced guest's layers
+        # that another node's worker sends to this node's stage server wait on it (StageServer.gate).
+        self.compute_lock = threading.Lock()
         # Guest slices (executor.slices): their weights, and one run queue per compute unit.
         self.slice_budget_s = slice_budget_s
         self.streams = streams or StreamSelector()
@@ -353,6 +363,7 @@ class Worker:
         result = RoundResult()
         self._admit_built(result)
         weight, tpot = self._targets()
+        yielding = {(lease.replica_id, lease.model_key) for lease, _ in self._held.values() if lease.yields}
         busy = [k for k, b in self._batchers.items() if not b.idle]
         waking = [k for k in busy if k not in self._busy_keys]
         if waking:  # they start level with the least busy virtual time (all level when none was busy)
@@ -366,11 +377,15 @@ class Worker:
                 break
             if len(ready) > 1:
                 now = self.clock()
-                ready = [k for k in ready if self._batchers[k].admitting] or \
-                    [k for k in ready if self._batchers[k].pressed or now - self._started.get(k, -math.inf)
-                     >= TPOT_PACE * tpot.get(k, DEFAULT_TPOT_S)] or ready
+
+                def due(k: BatcherKey, now: float = now) -> bool:
+                    b = self._batchers[k]
+                    return b.pressed or now - self._started.get(k, -math.inf) >= TPOT_PACE * tpot.get(k, DEFAULT_TPOT_S)
+                if yielding and any(k not in yielding and (self._batchers[k].admitting or due(k)) for k in ready):
+                    ready = [k for k in ready if k not in yielding]  # an owner is due: sliced guests wait for a gap
+                ready = [k for k in ready if self._batchers[k].admitting] or [k for k in ready if due(k)] or ready
             key = min(ready, key=lambda k: (self._vtime[k], k[0]))
-            self._step(key, weight.get(key, 1.0), result)
+            self._step(key, weight.get(key, 1.0), result, gated=key not in yielding)
         self._busy_keys = {k for k, b in self._batchers.items() if not b.idle}
         self._run_gaps(result)
         return result
@@ -387,11 +402,13 @@ class Worker:
             tpot[key] = min(tpot.get(key, math.inf), target)
         return weight, tpot
 
-    def _step(self, key: tuple[str, ModelKey], weight: float, result: RoundResult) -> None:
+    def _step(self, key: tuple[str, ModelKey], weight: float, result: RoundResult, *, gated: bool = True) -> None:
+        """One iteration of the batcher ``key``; ``gated`` (it does not yield): under
+        :attr:`compute_lock`, so that sliced guests' stages sent here wait for it."""
         batcher = self._batchers[key]
         role: Literal["owner", "guest"] = "guest" if weight_is_guest(self._held.values(), key) else "owner"
         try:
-            with self.streams.running(batcher.device, role):
+            with self.compute_lock if gated else contextlib.nullcontext(), self.streams.running(batcher.device, role):
                 record = batcher.step()
         except Exception as exc:
             log.exception("replica %s failed an iteration; failing its leases", key[0])

@@ -54,7 +54,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     _v("EXECUTOR_KINDS", "service", "list", "", "comma-separated device kinds the bootstrap pool may register; unset: "
        "the catalogue's"),
     _v("QUEUE", "service", "text", "fifo", "the queue policy (service.core.queue.QUEUE_POLICIES)"),
-    _v("PLACEMENT", "service", "text", "container", "the live placement policy: container or replica"),
+    _v("PLACEMENT", "service", "text", "container", "the live placement policy: container, replica or slice"),
     _v("LEASE_TTL_S", "service", "number", "10", "a lease not renewed within this many seconds expires", 0, 3600, True),
     _v("HEARTBEAT_S", "service", "number", "2", "executors heartbeat this often (seconds)", 0, 600, True),
     _v("MAX_BATCH", "service", "integer", "8", "leases per replica at once (its KV slots)", 1, 4096),

@@ -54,7 +54,9 @@ def stats(svc: LiveService) -> dict[str, Any]:
     errors = reads.token_budget_errors()
     return {"counters": reads.counters(), "gmg_write_lag_s": reads.gmg_writes(),
             "replicas": [{"replica_id": r.replica_id, "model": r.model_uid, "devices": list(r.device_ids),
-                          "guest": r.guest, "draining": r.draining, "leases": len(r.leases)}
+                          "guest": r.guest, "draining": r.draining, "leases": len(r.leases),
+                          **({"slices": [{"device": d, "layers": [s, e]} for d, s, e in r.plan],
+                              "yields": r.yields} if r.plan else {})}
                          for r in reads.replicas()],
             "decisions": svc.decisions[-50:], "iteration_s": reads.iteration_s(),
             "queue_policy": reads.queue_policy_name(),

@@ -78,6 +78,11 @@ class WriteLagOut(Out):
     pending: int = Field(description="rows waiting")
 
 
+class SliceStatOut(Out):
+    device: str
+    layers: list[int] = Field(description="[start, end): the layers this slice runs")
+
+
 class ReplicaStatOut(Out):
     replica_id: str
     model: str = Field(description="the model's uid, tenant_id/model_id")
@@ -85,6 +90,10 @@ class ReplicaStatOut(Out):
     guest: bool
     draining: bool
     leases: int
+    slices: list[SliceStatOut] | None = Field(None, description="a sliced guest's cut (placement slice), in "
+                                                                 "execution order; absent: layers split evenly")
+    yields: bool | None = Field(None, description="a sliced guest runs in its devices' owners' gaps (owner "
+                                                  "priority); false: it takes turns with them; absent: not sliced")
 
 
 class StatsOut(Out):
@@ -228,6 +237,9 @@ class LeaseOut(Out):
                                            "iterations a smaller share of its time than the owners'; only when true")
     tpot_s: float = Field(0.0, description="the request's time-per-output-token target, seconds: its replica's "
                                            "claim on the executor's time grows with 1 / tpot_s (absent: none given)")
+    yields: bool = Field(False, description="a sliced guest under owner priority (placement slice): its iterations "
+                                            "run only while no owner's is due, and its stages on other nodes wait "
+                                            "for those nodes' owners' iteration in progress; only when true")
 
 
 class PollOut(Out):

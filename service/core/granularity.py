@@ -181,10 +181,11 @@ def granular_policy(*, find_devices: DeviceFinder | None = None, horizon_s: floa
                     max_slice_plans: int = 4, min_backlog: int = 2, idle_drain_s: float = 30.0,
                     max_guests_per_tenant: int = 4, yield_share: float = 0.5,
                     slice_budget_s: float = 0.02, lateness_drain_s: float = 40.0,
-                    whatif_wall_s: float | None = None, clock: Callable[[], float] | None = None
-                    ) -> GranularPlacementPolicy:
-    """The ``slice`` policy; ``find_devices`` is the whole replicas' device search (default: in
-    memory); ``whatif_wall_s`` caps a step's what-ifs in wall seconds read from ``clock``
+                    whatif_wall_s: float | None = None, clock: Callable[[], float] | None = None,
+                    find_plans: QuantumPlanFinder | None = None) -> GranularPlacementPolicy:
+    """The ``slice`` policy; ``find_devices`` is the whole replicas' device search and
+    ``find_plans`` the sliced plans' (default: both in memory; live: the Cypher slot search);
+    ``whatif_wall_s`` caps a step's what-ifs in wall seconds read from ``clock``
     (default none: a cap makes a replay depend on the machine's speed); a cap without a clock,
     or not above 0, is ``InvalidInputError``."""
     return GranularPlacementPolicy(horizon_s=horizon_s, max_candidates=max_candidates,
@@ -192,4 +193,5 @@ def granular_policy(*, find_devices: DeviceFinder | None = None, horizon_s: floa
                                    idle_drain_s=idle_drain_s, max_guests_per_tenant=max_guests_per_tenant,
                                    yield_share=yield_share, slice_budget_s=slice_budget_s,
                                    lateness_drain_s=lateness_drain_s, whatif_wall_s=whatif_wall_s, clock=clock,
-                                   find_devices=find_devices or candidate_groups)
+                                   find_devices=find_devices or candidate_groups,
+                                   find_plans=find_plans or plans_at_quantum)

@@ -64,6 +64,9 @@ class LeaseGrant:
     stream: bool = False  # report tokens as they come (POST /v1/leases/progress)
     guest: bool = False  # its replica is a guest on these devices: their owners' work comes first
     tpot_s: float = 0.0  # the request's time-per-output-token target (0: none given)
+    # a sliced guest under owner priority (placement ``slice``): its iterations run only in the
+    # gaps of its devices' owners, and its layers on another node wait for that node's owners
+    yields: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The lease as sent; sampling (when not greedy), stop ids, streaming, guest and the TPOT
@@ -83,6 +86,8 @@ class LeaseGrant:
             out["guest"] = True
         if self.tpot_s > 0:
             out["tpot_s"] = self.tpot_s
+        if self.yields:
+            out["yields"] = True
         return out
 
     @staticmethod
@@ -111,6 +116,7 @@ class LeaseGrant:
             stream=bool(raw.get("stream", False)),
             guest=bool(raw.get("guest", False)),
             tpot_s=max(0.0, float(raw.get("tpot_s") or 0.0)),
+            yields=bool(raw.get("yields", False)),
         )
 
 

@@ -81,6 +81,8 @@ class LiveRunResult:
     cpu_cores: dict[str, float] = field(default_factory=dict)  # cores each part kept busy (CpuMeter)
     machine_speed: float | None = None  # matrix products/s just before the arrivals (capacity.machine_speed)
     load_scale: float = 1.0  # the factor the arrival rates were scaled by (capacity.load_scale), 1.0: as given
+    sliced_guests: int = 0  # sliced guests the scheduler placed (placement slice)
+    good_tokens_per_s: float = 0.0  # output tokens of the requests that met their SLA, per second
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -274,24 +276,28 @@ def summarise(placement: str, rows: list[dict[str, Any]], stats: dict[str, Any])
                                      _pct(e2e, 0.5), _pct(e2e, 0.99)))
     violations = sum(t.sla_violations for t in tenants)
     guests = sum(1 for d in stats["decisions"] if d.startswith("add "))
+    sliced = sum(1 for d in stats["decisions"] if d.startswith("slice "))
+    good = sum(len(r.output_tokens) for r in reqs if sla_met(r))
     return LiveRunResult(placement, wall, tokens, tokens / wall, violations / max(1, len(reqs)), tenants,
                          stats["gmg_write_lag_s"], stats["counters"], stats["decisions"], guests,
                          unfinished=len(rows) - len(done), scheduler_steps=stats["scheduler_steps"],
-                         scheduler_cpu_s=stats["scheduler_step_s_total"])
+                         scheduler_cpu_s=stats["scheduler_step_s_total"], sliced_guests=sliced,
+                         good_tokens_per_s=good / wall)
 
 
 def compare_placements(workload: Workload, out_dir: Path, *, neo4j: Neo4jSettings | None = None, seed: int = 0,
                        progress: Callable[[str], None] | None = None,
-                       calibration: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The same workload served once with ``container`` and once with ``replica`` placement;
-    writes ``live.json`` and ``live_latency.png`` into ``out_dir`` and returns the record (with
-    ``calibration``, what the load was sized from, when given)."""
+                       calibration: dict[str, Any] | None = None,
+                       placements: Sequence[str] = ("container", "replica")) -> dict[str, Any]:
+    """The same workload served once per placement (``container`` first, then the others at its
+    pace); writes ``live.json`` and ``live_latency.png`` into ``out_dir`` and returns the record
+    (with ``calibration``, what the load was sized from, when given)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = offered_work(calibration) if calibration is not None else None
     speed = calibration.get("machine", {}).get("speed") if calibration is not None else None
     runs: dict[str, LiveRunResult] = {}
-    for p in ("container", "replica"):  # one pace for both, the first run's: the same rates side by side
-        pace = runs["container"].load_scale if runs else None
+    for p in placements:  # one pace for all, the first run's: the same rates side by side
+        pace = next(iter(runs.values())).load_scale if runs else None
         runs[p] = run_live(p, workload, neo4j=neo4j, seed=seed, progress=progress, weights=weights, probe_speed=speed,
                            pace=pace)
     c, s = runs["container"], runs["replica"]
@@ -301,7 +307,7 @@ def compare_placements(workload: Workload, out_dir: Path, *, neo4j: Neo4jSetting
                      / max(1e-9, workload.duration_s)},
         "runs": {p: r.to_dict() for p, r in runs.items()},
         "tokens_per_s_ratio": s.tokens_per_s / c.tokens_per_s if c.tokens_per_s else float("nan"),
-        "sla_violation_rate": {"container": c.sla_violation_rate, "replica": s.sla_violation_rate},
+        "sla_violation_rate": {p: r.sla_violation_rate for p, r in runs.items()},
         **({"calibration": calibration} if calibration is not None else {}),
     }
     (out_dir / "live.json").write_text(json.dumps(record, indent=2, default=float) + "\n")

@@ -39,7 +39,7 @@ async def poll_leases(svc: LiveService, executor_id: str, max_leases: int, wait_
                     model_id=req.model_id, expires_in_s=svc.settings.lease_ttl_s, model_path=model.path,
                     sampling=req.sampling, stop_ids=model.tokenizer.stop_ids,
                     stream=svc.streams.wants_progress(req.request_id), guest=replica.guest,
-                    tpot_s=req.sla.tbt_s).to_json())
+                    tpot_s=req.sla.tbt_s, yields=replica.yields).to_json())
             return leases
         remaining = deadline - loop.time()
         if remaining <= 0:

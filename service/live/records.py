@@ -93,6 +93,12 @@ class LiveReplica:
     draining: bool = False
     last_active: float = 0.0
     pinned: bool = False  # placed by an admin: the home planner leaves it alone
+    # A sliced guest (placement ``slice``): ``(device_id, start, end)`` per slice in execution
+    # order, layers ``[start, end)``, a device possibly more than once; empty: layers split evenly
+    # over ``device_ids``. ``yields``: its slices run in its devices' owners' gaps (owner
+    # priority); else it takes turns with them as a whole guest does.
+    plan: tuple[tuple[str, int, int], ...] = ()
+    yields: bool = False
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from itertools import pairwise
 
 from service.core.batching import LIVE_BATCHING
 from service.core.scheduler import Applied, Decision
@@ -114,42 +115,68 @@ class Registry:
 
     # ---- replicas ----------------------------------------------------------------------------
     def add_replica(self, model_uid: str, device_ids: tuple[str, ...], *, guest: bool,
-                    pinned: bool = False) -> LiveReplica:
-        rid = f"{model_uid}@{'+'.join(device_ids)}"
+                    pinned: bool = False, plan: tuple[tuple[str, int, int], ...] = (),
+                    yields: bool = False) -> LiveReplica:
+        """A replica of the model on ``device_ids``; ``plan`` (a sliced guest): its slices,
+        ``(device_id, start, end)`` in execution order (its id names the cut: ``...@d1:0-12+d2:12-24``)."""
+        where = "+".join(f"{d}:{s}-{e}" for d, s, e in plan) if plan else "+".join(device_ids)
+        rid = f"{model_uid}@{where}"
         replica = LiveReplica(rid, model_uid, device_ids, guest, self.max_batch, last_active=self.clock(),
-                              pinned=pinned)
+                              pinned=pinned, plan=plan, yields=yields)
         self.replicas[rid] = replica
         return replica
 
     def apply(self, decision: Decision, devices_of: Mapping[str, tuple[str, ...]]) -> Applied:
         """Carry out a scheduler decision made on compute units (``devices_of``: unit -> its
         devices): drain, then add each guest replica on the roomiest device of each unit (a
-        change whose model or units are gone is skipped)."""
+        change whose model or units are gone, or a sliced one whose cut does not cover the
+        model's layers or that exists already, is skipped). A sliced change (``stages``: units
+        and inclusive layer ranges) keeps its cut: each slice on its unit's chosen device, layers
+        ``[first, last + 1)``, yielding to the owners unless it takes turns."""
         applied = Applied()
         for rid in decision.drain:
             if rid in self.replicas:
                 self.replicas[rid].draining = True
                 applied.drained.append(rid)
         for change in decision.add:
-            real = [max(members, key=lambda d: (self.free_bytes(d), d))
+            real = {unit: max(members, key=lambda d: (self.free_bytes(d), d))
                     for unit in change.device_ids
-                    if (members := [d for d in devices_of.get(unit, ()) if d in self.devices])]
-            if change.model_uid in self.models and len(real) == len(change.device_ids):
-                applied.added.append(self.add_replica(change.model_uid, tuple(real), guest=True).replica_id)
-            else:
+                    if (members := [d for d in devices_of.get(unit, ()) if d in self.devices])}
+            model = self.models.get(change.model_uid)
+            if model is None or len(real) != len(change.device_ids):
                 applied.skipped.append(change)
+                continue
+            devices = tuple(real[u] for u in change.device_ids)
+            if not change.stages:
+                applied.added.append(self.add_replica(change.model_uid, devices, guest=True).replica_id)
+                continue
+            plan = tuple((real[u], first, last + 1) for u, first, last in change.stages)
+            bounds = [(s, e) for _, s, e in plan]
+            covers = bounds[0][0] == 0 and bounds[-1][1] == model.config.n_layers and all(
+                s < e for s, e in bounds) and all(a[1] == b[0] for a, b in pairwise(bounds))
+            if not covers or any(r.plan == plan for r in self.replicas.values() if r.model_uid == model.uid):
+                applied.skipped.append(change)
+                continue
+            applied.added.append(self.add_replica(change.model_uid, devices, guest=True, plan=plan,
+                                                  yields=not change.turns).replica_id)
         return applied
 
     def kv_reserve_bytes(self, model: LiveModel) -> int:
         return self.kv_reserve_tokens * kv_bytes_per_token(model.config)
 
     def free_bytes(self, device_id: str) -> int:
+        """The device's memory less its replicas' weights and KV reserves: an even share of each
+        replica's, or a sliced replica's layers there over the model's."""
         d = self.devices[device_id]
         used = 0
         for r in self.replicas.values():
             if device_id in r.device_ids:
                 m = self.models[r.model_uid]
-                used += (m.weight_bytes + self.kv_reserve_bytes(m)) // len(r.device_ids)
+                whole = m.weight_bytes + self.kv_reserve_bytes(m)
+                if r.plan:
+                    used += whole * sum(e - s for dev, s, e in r.plan if dev == device_id) // m.config.n_layers
+                else:
+                    used += whole // len(r.device_ids)
         return d.mem_bytes - used
 
     def remove_drained(self) -> bool:
@@ -171,13 +198,17 @@ class Registry:
         return True
 
     def stages(self, replica: LiveReplica, executor_id: str, n_layers: int) -> tuple[WireStage, ...]:
-        """The lease's placement: layers split evenly over the replica's devices in order; a stage
-        on another executor carries that executor's stage server URL."""
-        n = len(replica.device_ids)
-        bounds = [round(i * n_layers / n) for i in range(n + 1)]
+        """The lease's placement: a sliced replica's cut, else layers split evenly over the
+        replica's devices in order; a stage on another executor carries that executor's stage
+        server URL."""
+        plan = replica.plan
+        if not plan:
+            n = len(replica.device_ids)
+            bounds = [round(i * n_layers / n) for i in range(n + 1)]
+            plan = tuple((d, bounds[i], bounds[i + 1]) for i, d in enumerate(replica.device_ids))
         out = []
-        for i, d in enumerate(replica.device_ids):
+        for d, start, end in plan:
             device = self.devices[d]
             url = self.executors[device.executor_id].stage_url if device.executor_id != executor_id else None
-            out.append(WireStage(device.local, bounds[i], bounds[i + 1], url, global_device_id=d))
+            out.append(WireStage(device.local, start, end, url, global_device_id=d))
         return tuple(out)

@@ -16,6 +16,7 @@ from service.core.cost import CostModel
 from service.core.placement import candidate_groups
 from service.core.policies import make_placement_policy
 from service.core.scheduler import ClusterView, Decision, DeviceInfo, ReplicaChange, ReplicaInfo, Scheduler
+from service.core.slicing import plans_at_quantum
 from service.core.slot import InputDep, Slot, SlotQuery
 from service.domain.audit import SCHEDULER
 from service.domain.error import InvalidInputError, InvariantError
@@ -24,6 +25,7 @@ from service.live.audit import decision_details, replica_model
 from service.live.homes import HomePlanner
 from service.live.records import TERMINAL
 from service.live.view import LiveClusterView, LiveSnapshot, live_spec
+from service.sim.replica import SliceStage
 from service.sim.sla import SLA_CLASSES
 
 log = logging.getLogger("slicesched.service")
@@ -53,6 +55,7 @@ class SchedulingLoop(HomePlanner):
         family = {uid: m.family for uid, m in state.models.items()}
         unit_of = {d.device_id: d.executor_id for d in state.devices.values()}
         replicas = []
+        plans: dict[str, tuple[SliceStage, ...]] = {}
         first_home: dict[str, str] = {}
         for r in sorted(state.replicas.values(), key=lambda r: (r.guest, r.replica_id)):
             if not r.guest and not r.draining:
@@ -65,7 +68,9 @@ class SchedulingLoop(HomePlanner):
             units = tuple(dict.fromkeys(unit_of[d] for d in r.device_ids))
             replicas.append(ReplicaInfo(r.replica_id, state.models[r.model_uid].tenant_id, r.model_uid,
                                         family[r.model_uid], units, waiting, len(r.leases), r.guest, r.draining, idle,
-                                        share.get(r.model_uid, 1.0) if first else 1.0))
+                                        share.get(r.model_uid, 1.0) if first else 1.0, yields_to_owners=r.yields))
+            if r.plan:  # a sliced guest: its cut on compute units (inclusive layer ranges, as the policy plans)
+                plans[r.replica_id] = tuple(SliceStage(unit_of[d], s, e - 1) for d, s, e in r.plan)
         devices, rows, devices_of = [], [], {}
         for e in state.executors.values():
             members = [state.devices[d] for d in e.device_ids if d in state.devices]
@@ -102,7 +107,8 @@ class SchedulingLoop(HomePlanner):
                             window_start_wall=start, iteration_s=dict(state.iteration_s), devices_of=devices_of,
                             sla_classes=sla_classes, configs={m.family: m.config for m in state.models.values()},
                             pending=frozenset(pending),
-                            seen_since={m: t - start for m, t in first_seen.items() if m in state.models})
+                            seen_since={m: t - start for m, t in first_seen.items() if m in state.models},
+                            plans=plans)
 
     def _wait_slack_shares(self, now_wall: float) -> dict[str, float]:
         """Per model, the least TTFT allowance left among its queued requests, as a share of
@@ -150,6 +156,14 @@ class SchedulingLoop(HomePlanner):
             raise InvariantError("the Cypher candidate search needs a live view")
         return candidate_groups(view, model_uid, k, search=lambda q: self.cypher_slots(view, q))
 
+    def _cypher_plans(self, view: ClusterView, model_uid: str, layers_per_slice: int, k: int
+                      ) -> list[tuple[tuple[str, int, int], ...]]:
+        """Sliced plans for the ``slice`` policy, each slice's slot from the Cypher candidate-slot
+        search over the live busy windows (:meth:`cypher_slots`)."""
+        if not isinstance(view, LiveClusterView):
+            raise InvariantError("the Cypher candidate search needs a live view")
+        return plans_at_quantum(view, model_uid, layers_per_slice, k, search=lambda q: self.cypher_slots(view, q))
+
     async def _schedule_tick(self) -> None:
         """Wait (up to a few seconds) for arrivals or completions, then step the replica policy."""
         with contextlib.suppress(TimeoutError):
@@ -157,7 +171,7 @@ class SchedulingLoop(HomePlanner):
         if not self.changed.is_set():
             return
         self.changed.clear()
-        if self.settings.placement == "replica" and self.state.replicas:
+        if self.settings.placement in ("replica", "slice") and self.state.replicas:
             await self.step()
 
     async def step(self) -> Decision:

@@ -72,6 +72,7 @@ from service.live.writer import GmgWriter
 log = logging.getLogger("slicesched.service")
 
 RECOVER_FINISHED_S = 24 * 3600.0  # finished requests loaded at start (for status queries)
+SLICE_STEP_WHATIF_S = 5.0  # wall seconds of what-ifs in one step of the live slice policy (the loop stays responsive)
 
 
 class LiveService(DurableWrites, SchedulingLoop):
@@ -108,10 +109,14 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.writer: GmgWriter | None = None
         self.audit = AuditLog(enabled=settings.audit, wait_s=settings.call_timeout_s)  # its store: at start
         self.key_admin = KeyAdmin(self, self.pools, self.state, self.audit, self.persist, self.replan)
-        headroom = {"headroom_utilisation": settings.headroom_utilisation or None,
-                    "confirm_drains": settings.confirm_drains} if settings.placement == "replica" else {}
+        params: dict[str, Any] = {}
+        if settings.placement == "replica":
+            params = {"headroom_utilisation": settings.headroom_utilisation or None,
+                      "confirm_drains": settings.confirm_drains}
+        elif settings.placement == "slice":  # sliced plans from the Cypher slots; a step's what-ifs bounded in wall time
+            params = {"find_plans": self._cypher_plans, "whatif_wall_s": SLICE_STEP_WHATIF_S, "clock": time.monotonic}
         self.scheduler = Scheduler(make_placement_policy(settings.placement, find_devices=self._cypher_candidates,
-                                                         **headroom))
+                                                         **params))
         self.supervisor = Supervisor()
         self.retention: Retention | None = None  # archive-then-delete of what grows (needs the store: at start)
         self.metrics.watch(self._health_metrics)

@@ -15,7 +15,9 @@ from service.domain.error import InvalidInputError
 from service.graph.connection import Neo4jSettings
 from service.live.retention import RetentionSettings
 
-LIVE_PLACEMENTS = ("container", "replica")  # what the executors can run: whole replicas
+# what the executors can run: whole replicas, and sliced guests (a model's layers cut over
+# other tenants' devices, run in their owners' gaps)
+LIVE_PLACEMENTS = ("container", "replica", "slice")
 
 
 def state_dir() -> Path:
@@ -70,7 +72,7 @@ class ServiceSettings:
         if self.queue not in QUEUE_POLICIES:
             raise InvalidInputError(f"unknown queue policy {self.queue!r} (known: {', '.join(QUEUE_POLICIES)})")
         if self.placement not in LIVE_PLACEMENTS:
-            hint = (" (operator-level slices run in replay; live executors run whole replicas: use replica)"
+            hint = (" (a replay baseline; live placement is container, replica or slice)"
                     if self.placement in PLACEMENT_POLICIES else "")
             raise InvalidInputError(f"unknown live placement policy {self.placement!r} "
                                     f"(known: {', '.join(LIVE_PLACEMENTS)}){hint}")

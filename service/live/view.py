@@ -55,6 +55,7 @@ from service.domain.model_config import MODEL_CONFIGS, ModelConfig
 from service.domain.request import RequestSpec
 from service.sim.cluster import ReplicaSpec, SimulatedCluster
 from service.sim.config import SimConfig
+from service.sim.replica import SliceStage
 from service.sim.sla import SLA_CLASSES, SlaClass
 from service.sim.view import SimClusterView
 
@@ -98,6 +99,9 @@ class LiveSnapshot:
     configs: dict[str, ModelConfig] = field(default_factory=dict)  # family -> config, models from disk included
     pending: frozenset[str] = frozenset()  # ids of the recent requests not finished live (queued or running)
     seen_since: dict[str, float] = field(default_factory=dict)  # model uid -> its first arrival live (mirror seconds)
+    # sliced replicas' cuts on compute units (replica id -> its slices), and whether each takes
+    # turns with its owners (else it yields to them: ReplicaInfo.yields_to_owners)
+    plans: dict[str, tuple[SliceStage, ...]] = field(default_factory=dict)
 
 
 class DecisionTarget(Protocol):
@@ -120,20 +124,35 @@ class LiveClusterView:
         self.on_what_if = on_what_if
         self.batching = batching
         self.seed = seed
-        self._built: SimClusterView | None = None
+        self._built: dict[str, SimClusterView] = {}
 
     @property
     def _sim(self) -> SimClusterView:
-        """The mirror, built on first use: a step with no backlog never pays for it."""
-        if self._built is None:
+        """The mirror, built on first use: a step with no backlog never pays for it. It shares a
+        unit between replicas as the executor does (``LIVE_SIM``), a rule for whole replicas only:
+        with a sliced guest in place it is replay's mirror instead (:attr:`_sliced_sim`)."""
+        return self._sliced_sim if self.snap.plans else self._mirror(LIVE_SIM)
+
+    @property
+    def _sliced_sim(self) -> SimClusterView:
+        """The mirror that can run sliced replicas: units taken in turns, a sliced guest under
+        owner priority at slice boundaries (replay's rules, :mod:`service.sim.pipeline`). It
+        judges sliced plans; whole replicas are judged on :attr:`_sim` while none is in place."""
+        return self._mirror(SimConfig())
+
+    def _mirror(self, config: SimConfig) -> SimClusterView:
+        key = config.device_sharing
+        if key not in self._built:
             snap = self.snap
             overheads = {family: IterationOverhead(per_iteration_s=s, separate_prefill_passes=True)
                          for family, s in snap.iteration_s.items()}
             replicas = [ReplicaSpec(r.replica_id, r.family, r.device_ids, max_num_seqs=snap.max_batch[r.replica_id],
-                                    tenant_id=r.model_uid, guest=r.guest) for r in snap.replicas if not r.draining]
+                                    tenant_id=r.model_uid, guest=r.guest, stages=snap.plans.get(r.replica_id, ()),
+                                    turns=r.replica_id in snap.plans and not r.yields_to_owners)
+                        for r in snap.replicas if not r.draining]
             mirror = SimulatedCluster(snap.spec, replicas, self.cost_model, rng=np.random.default_rng(self.seed),
                                       overheads=overheads, model_configs={**MODEL_CONFIGS, **snap.configs},
-                                      sla_classes=snap.sla_classes, config=LIVE_SIM)
+                                      sla_classes=snap.sla_classes, config=config)
             # Anchored to the truth: every request counts as arrived (the forecast's history), but
             # only those unfinished live are simulated, handed over now with their true ages: the
             # mirror's queues are the live queues, whatever its speed over the window would say.
@@ -141,8 +160,8 @@ class LiveClusterView:
             mirror.note_arrivals(sorted(snap.recent, key=lambda r: r.arrival_s), seen_since=snap.seen_since)
             mirror.release([r for r in snap.recent if r.request_id in snap.pending], at_s=snap.window_s)
             mirror.run_to(snap.window_s)
-            self._built = SimClusterView(mirror, batching=self.batching, model_uid=lambda tenant, family: tenant)
-        return self._built
+            self._built[key] = SimClusterView(mirror, batching=self.batching, model_uid=lambda tenant, family: tenant)
+        return self._built[key]
 
     # ---- ClusterView: the live truth ----------------------------------------------------------
     @property
@@ -180,7 +199,7 @@ class LiveClusterView:
     def what_if(self, change: ReplicaChange, horizon_s: float, *, drain_s: float = 0.0
                 ) -> tuple[WhatIfOutcome, WhatIfOutcome | None]:
         with self._timed():
-            return self._sim.what_if(change, horizon_s, drain_s=drain_s)
+            return (self._sliced_sim if change.stages else self._sim).what_if(change, horizon_s, drain_s=drain_s)
 
     def drain_what_if(self, replica_id: str, horizon_s: float) -> tuple[WhatIfOutcome, WhatIfOutcome]:
         with self._timed():

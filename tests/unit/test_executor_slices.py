@@ -3,6 +3,7 @@ released, slices chained over the layers give the whole model's output."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from executor.remote import StageServer
+from executor.remote import RemoteStage, StageServer
 from executor.slices import (
     ComputeUnitQueue,
     GuestLayers,
@@ -306,3 +307,54 @@ def test_released_guests_fail_their_queued_slices() -> None:
     assert worker.busy
     (failure,) = worker.release_guests("cpu:1")
     assert failure.lease_id == "q1" and not worker.busy
+
+
+def _sliced_lease(lease_id: str, max_tokens: int) -> dict[str, Any]:
+    """A sliced guest's lease (placement ``slice``): another tenant's model, yielding to owners."""
+    return {**_owner_lease(lease_id, max_tokens), "request_id": f"req-{lease_id}", "seed": 9, "guest": True,
+            "yields": True, "replica_id": "acme/m@cpu:0:0-1+cpu:0:1-2",
+            "stages": [{"device_id": "cpu:0", "layers": [0, 1]}, {"device_id": "cpu:0", "layers": [1, 2]}]}
+
+
+def test_a_sliced_guest_replica_runs_only_while_no_owner_is_due() -> None:
+    """An owner with a full batch is always due: the sliced guest's iterations wait until the
+    owner's requests are done; a whole guest (no ``yields``) shares the time meanwhile."""
+    now = [0.0]
+    worker = Worker(max_batch=2, background_loads=False, clock=lambda: now[0])
+    for lid in ("o1", "o2"):
+        assert worker.accept(Lease.from_json(_owner_lease(lid, 4), 0.0))
+    sliced = Lease.from_json(_sliced_lease("s1", 3), 0.0)
+    assert sliced.yields and all(s.yields for s in sliced.stages)
+    assert worker.accept(sliced)
+    whole = Lease.from_json({**_sliced_lease("w1", 3), "yields": False, "replica_id": "initech/m@cpu:0",
+                             "stages": [{"device_id": "cpu:0", "layers": [0, 2]}]}, 0.0)
+    assert worker.accept(whole)
+    finished: list[str] = []
+    while worker.busy:
+        result = worker.step_round()
+        now[0] += 0.01
+        finished += [c.lease_id for _, c in result.completed]
+    assert finished.index("s1") > max(finished.index("o1"), finished.index("o2"))
+    assert finished.index("w1") < finished.index("s1")
+
+
+def test_a_yielding_stage_on_another_node_waits_for_its_owners_iteration() -> None:
+    """The stage server runs a sliced guest's layers under the node's compute lock (held by its
+    worker through each owner iteration); a home replica's stage never takes it."""
+    server = StageServer().start()
+    try:
+        gate = threading.Lock()
+        server.gate = gate
+        x = torch.randn(1, 3, model_config("tiny").d_model)
+        guest = RemoteStage(server.url, "tiny", 2, 0, 1, "cpu:0", yields=True)
+        home = RemoteStage(server.url, "tiny", 2, 1, 2, "cpu:0")
+        with gate:  # an owner's iteration in progress
+            home(x, None, None, None)  # not gated: runs now
+            waiting = threading.Thread(target=guest, args=(x, None, None, None))
+            waiting.start()
+            waiting.join(0.5)
+            assert waiting.is_alive() and server.calls == 1
+        waiting.join(10)
+        assert not waiting.is_alive() and server.calls == 2
+    finally:
+        server.close()

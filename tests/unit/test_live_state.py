@@ -234,3 +234,50 @@ class StopAt(ByteTokenizer):
     @property
     def stop_ids(self) -> tuple[int, ...]:
         return (self.stop,)
+
+
+def test_a_sliced_change_keeps_its_cut_its_leases_carry_it_and_it_yields_unless_it_takes_turns() -> None:
+    from service.core.scheduler import Decision, ReplicaChange
+
+    state, _ = make_state()
+    state.executors["e2"].stage_url = "http://e2:9000"
+    units = {"e1": ("e1/cpu:0",), "e2": ("e2/cpu:0",)}
+    sliced = ReplicaChange("a/m", "tiny", ("e2", "e1"), (("e2", 0, 0), ("e1", 1, 1)))  # inclusive layer ranges
+    applied = state.apply(Decision(add=[sliced]), units)
+    (rid,) = applied.added
+    replica = state.replicas[rid]
+    assert rid == "a/m@e2/cpu:0:0-1+e1/cpu:0:1-2" and replica.guest and replica.yields
+    assert replica.plan == (("e2/cpu:0", 0, 1), ("e1/cpu:0", 1, 2)) and replica.device_ids == ("e2/cpu:0", "e1/cpu:0")
+    # each device holds half the model's layers: half its weights and KV reserve
+    model = state.models["a/m"]
+    whole = model.weight_bytes + state.kv_reserve_bytes(model)
+    assert state.free_bytes("e2/cpu:0") == (2 << 30) - (model.weight_bytes + state.kv_reserve_bytes(model)) - whole // 2
+    # the first slice's executor leads: its own layers local, the other's through its stage server
+    state.executors["e1"].stage_url = "http://e1:9000"
+    stages = state.stages(replica, "e2", model.config.n_layers)
+    assert [(s.device_id, s.start, s.end, s.url) for s in stages] == [("cpu:0", 0, 1, None),
+                                                                       ("cpu:0", 1, 2, "http://e1:9000")]
+    # the same cut again, or one that does not cover the layers, is skipped; turns: no yield
+    again = state.apply(Decision(add=[sliced, ReplicaChange("a/m", "tiny", ("e2",), (("e2", 0, 0),))]), units)
+    assert again.added == [] and len(again.skipped) == 2
+    turns = state.apply(Decision(add=[ReplicaChange("b/m", "tiny", ("e1", "e2"), (("e1", 0, 0), ("e2", 1, 1)),
+                                                    turns=True)]), units)
+    assert not state.replicas[turns.added[0]].yields
+
+
+def test_a_sliced_replicas_lease_says_it_yields() -> None:
+    from service.core.scheduler import Decision, ReplicaChange
+    from service.domain.wire import LeaseGrant
+
+    state, _ = make_state()
+    state.executors["e1"].stage_url = "http://e1:9000"
+    state.replicas.pop("a/m@e1/cpu:0")  # tenant a's only replica: the sliced one
+    state.apply(Decision(add=[ReplicaChange("a/m", "tiny", ("e2", "e1"), (("e2", 0, 0), ("e1", 1, 1)))]),
+                {"e1": ("e1/cpu:0",), "e2": ("e2/cpu:0",)})
+    (req,) = submit(state, "a")
+    ((lease, replica, _),) = state.grant("e2", 8)
+    assert replica.yields and lease.request_id == req
+    grant = LeaseGrant(lease.lease_id, req, replica.replica_id, "tiny", 1, state.stages(replica, "e2", 2), (1, 2), 3,
+                       guest=True, yields=replica.yields)
+    assert LeaseGrant.from_json(grant.to_json()).yields
+    assert "yields" not in LeaseGrant(**{**grant.__dict__, "yields": False}).to_json()
