@@ -167,6 +167,8 @@ class Batcher:
         for a in r.act_allocs:
             ledger.free(a)
         r.act_allocs = []
+        if r.spec.stages:
+            r.gap_wait_s = max(0.0, now - r.current_start_s - r.iteration_s)
         # Decode steps are numbered (``r.iteration``; ``r.ends`` holds their end times): a
         # running request's tokens come at consecutive steps. A prefill-only iteration of
         # ``prefill_first`` is not a step: running decodes wait through it.

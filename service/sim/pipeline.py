@@ -11,9 +11,10 @@ Owner priority, at slice boundaries
     A device's owners are the non-guest replicas on it. A guest slice starts only when no owner
     is running or about to run there; otherwise it waits in the device's guest queue, which is
     served when the device falls idle. Between two owner iterations one waiting guest slice may
-    run when the owner's SLA slack covers it: the owner's last iteration plus the slice's
-    predicted p90 stays within ``guest_slack_fraction`` of the tightest TPOT target among the
-    owner's decoding requests. Hence the stated bound: an owner iteration is delayed by at most
+    run when the owner has no request waiting (a backlog has no gap: its requests' TTFT runs, as
+    the executor counts a pressed owner as due) and its SLA slack covers it: the owner's last
+    iteration plus the slice's predicted p90 stays within ``guest_slack_fraction`` of the
+    tightest TPOT target among the owner's decoding requests. Hence the stated bound: an owner iteration is delayed by at most
     one guest slice (its actual duration), whether it was queued or arrived while the slice ran.
 
 Turns (``ReplicaSpec.turns``)
@@ -162,7 +163,7 @@ class SlicedReplicas:
                 continue
             if tbt == math.inf:
                 tbt = self._tightest_tbt(owner)
-                if not owner.num_decodes or tbt == math.inf:
+                if not owner.num_decodes or tbt == math.inf or owner.waiting or owner.preempted:
                     return out
             p90 = self.stage_s(guest, stage) * guest.p90_ratio
             if (now - owner.current_start_s) + p90 <= self.config.guest_slack_fraction * tbt:

@@ -158,6 +158,10 @@ class Replica:
     p90_ratio: float = 1.0  # the cost model's p90 over p50 for an iteration of this model
     iteration_s: float = 0.0  # the current iteration's single-device duration (sliced)
     stage_start_s: float = 0.0  # when the current slice started (sliced)
+    # Sliced: what its last iteration waited for the owners' gaps (its span, start to end, less
+    # its own run time): what each token of a request there waits beyond the model's own pace
+    # (NaN until one ended); see service.sim.routing.
+    gap_wait_s: float = math.nan
 
     @property
     def device_ids(self) -> tuple[str, ...]:

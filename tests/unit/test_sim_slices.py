@@ -236,3 +236,30 @@ def test_a_sliced_guest_takes_no_share_of_the_queue_and_admits_from_its_tenants(
     report = c.report()
     assert len(report.requests) == 400 and all(not o.dropped for o in report.requests)
     assert any(o.replica_id == GUEST for o in report.requests) and report.violations == []
+
+
+def test_a_sliced_guest_that_cannot_keep_a_requests_pace_takes_no_more() -> None:
+    """Once a sliced guest's last iteration waited for its owners' gaps longer than the TBT
+    target of its tenant's requests, it pulls none from the home's queue and no arrival is
+    routed to it; within the target it does both."""
+    homes = [ReplicaSpec("busy/1", "llama2-13b", ("node0/gpu0",), tenant_id="busy")]
+    c = SimulatedCluster(A100, homes, RooflineCostModel(), rng=np.random.default_rng(0))
+    c.submit([RequestSpec(f"busy:{i}", "busy", "llama2-13b", 0.01 * i, 1000, 50) for i in range(400)])
+    c.run(until=0.5)
+    stages = _stages(40, ("node0/gpu1", "node0/gpu2"), [20])
+    ready = c.add_replica(ReplicaSpec(GUEST, "llama2-13b", ("node0/gpu1", "node0/gpu2"), tenant_id="busy", guest=True,
+                                      stages=stages), weights_from="node0/gpu0")
+    assert ready is not None
+    c.run(until=ready + 0.5)
+    guest, routing = c.state.replicas[GUEST], c._routing
+    assert guest.gap_wait_s < 0.2 and c.replica_state(GUEST)[1] > 0  # idle owners: no wait, pulling
+    now = ready + 0.5
+    assert routing.pull_from(guest, now)  # the home's queue: its head's standard class allows 200 ms
+    guest.gap_wait_s = 0.25  # waited 250 ms for gaps: past the standard class's 200 ms TBT
+    assert routing.pull_from(guest, now) == []
+    standard = RequestSpec("busy:s", "busy", "llama2-13b", now, 10, 5)
+    batch = RequestSpec("busy:b", "busy", "llama2-13b", now, 10, 5, sla_class="batch")
+    assert not routing._keeps_pace(guest, standard)  # an arrival is not routed to it either
+    assert routing._keeps_pace(guest, batch)  # a batch request's 1 s target: it keeps that pace
+    c.run()
+    assert len(c.report().requests) == 400
