@@ -253,7 +253,7 @@ class LeaseBook:
             progress = False
             for r in replicas:  # one lease per replica per round: replicas share the executor fairly
                 room = r.max_batch if ready is None or r.replica_id in ready else 1
-                if len(out) >= max_leases or len(r.leases) >= room:
+                if len(out) >= max_leases or len(r.leases) >= room or (r.yields and self._peers_have_room(r)):
                     continue
                 req = self._admit_one(r, lambda: len(out) < max_leases)
                 if req is None:
@@ -271,6 +271,14 @@ class LeaseBook:
                 out.append((lease, r, req))
                 progress = True
         return out
+
+    def _peers_have_room(self, r: LiveReplica) -> bool:
+        """Whether another replica of the sliced guest ``r``'s model that does not yield has a
+        free batch slot: a sliced guest takes only its tenant's overflow (what no such replica
+        can start now), as the simulator's sliced guest admits only what its peers left waiting,
+        so a request runs in the owners' gaps only when it would otherwise wait."""
+        return any(not o.draining and not o.yields and len(o.leases) < o.max_batch
+                   for o in self.registry.replicas.values() if o.model_uid == r.model_uid and o is not r)
 
     def _admit_one(self, r: LiveReplica, room: Callable[[], bool]) -> LiveRequest | None:
         """The queue policy's next queued request of the replica's model, if the replica has a

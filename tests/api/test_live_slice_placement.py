@@ -61,11 +61,17 @@ def test_a_sliced_guest_is_applied_shown_and_leased_with_its_cut(make_client: Ca
     assert shown[rid]["guest"] and shown[rid]["yields"]
     assert shown[rid]["slices"] == [{"device": f"e{b}/cpu:0", "layers": [0, 1]},
                                     {"device": f"e{a}/cpu:0", "layers": [1, 2]}]
-    # tenant a's home takes its requests first; with the home busy the sliced guest gets one
-    for _ in range(12):
+    for _ in range(24):
         r = client.post("/v1/requests", json={"model_id": "m", "prompt_tokens": [1, 2, 3], "max_tokens": 2},
                         headers=auth(keys[a]))
         assert r.status_code in (200, 202), r.text
+    # the sliced guest takes only the overflow: nothing while the home on a's executor has room
+    r = client.post("/v1/leases/poll", json={"executor_id": f"e{b}", "max_leases": 8, "wait_s": 0.0},
+                    headers=auth(EXECUTOR))
+    assert [x for x in r.json()["leases"] if x["replica_id"] == rid] == []
+    r = client.post("/v1/leases/poll", json={"executor_id": f"e{a}", "max_leases": 64, "wait_s": 0.0},
+                    headers=auth(EXECUTOR))
+    assert r.json()["leases"]  # the home fills its KV slots
     r = client.post("/v1/leases/poll", json={"executor_id": f"e{b}", "max_leases": 8, "wait_s": 0.0},
                     headers=auth(EXECUTOR))
     leases = [lease for lease in r.json()["leases"] if lease["replica_id"] == rid]
@@ -104,15 +110,17 @@ def test_the_live_slice_policy_judges_plans_from_the_cypher_slots_on_a_backlog(
         keys[tenant] = new_tenant(client, tenant)
         client.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny"}, headers=auth(keys[tenant]))
         register(client, f"e{tenant}", port)
-    for _ in range(24):
-        client.post("/v1/requests", json={"model_id": "m", "prompt_tokens": list(range(1, 200)), "max_tokens": 64},
-                    headers=auth(keys[a]))
     svc = client.app.state.service  # type: ignore[attr-defined]
     searched: list[int] = []
     cypher_slots = svc.cypher_slots
     svc.cypher_slots = lambda view, q: searched.append(1) or cypher_slots(view, q)
+    for _ in range(24):
+        client.post("/v1/requests", json={"model_id": "m", "prompt_tokens": list(range(1, 200)), "max_tokens": 64},
+                    headers=auth(keys[a]))
     decision = client.portal.call(svc.step)  # type: ignore[union-attr]
-    assert decision.num_whatifs >= 1 and searched, decision.notes
+    # the service's own loop may have stepped on the arrivals first and placed a guest already
+    placed = [n for n in svc.decisions if n.startswith(("add ", "slice "))]
+    assert searched and (decision.num_whatifs >= 1 or placed), (decision.notes, svc.decisions)
     # a sliced guest in place (its cut in the snapshot's plans): the mirror runs it under owner priority
     svc.state.apply(Decision(add=[ReplicaChange(f"{a}/m", "tiny", (f"e{b}",), ((f"e{b}", 0, 0), (f"e{b}", 1, 1)))]),
                     {f"e{b}": (f"e{b}/cpu:0",)})

@@ -281,3 +281,20 @@ def test_a_sliced_replicas_lease_says_it_yields() -> None:
                        guest=True, yields=replica.yields)
     assert LeaseGrant.from_json(grant.to_json()).yields
     assert "yields" not in LeaseGrant(**{**grant.__dict__, "yields": False}).to_json()
+
+
+def test_a_sliced_guest_leases_only_its_tenants_overflow() -> None:
+    """While tenant a's home has a free KV slot, a's requests wait for it, not for the sliced
+    guest; once the home is full, the guest takes the overflow."""
+    from service.core.scheduler import Decision, ReplicaChange
+
+    state, _ = make_state(max_batch=2)
+    state.executors["e1"].stage_url = "http://e1:9000"
+    state.apply(Decision(add=[ReplicaChange("a/m", "tiny", ("e2", "e1"), (("e2", 0, 0), ("e1", 1, 1)))]),
+                {"e1": ("e1/cpu:0",), "e2": ("e2/cpu:0",)})
+    submit(state, "a", 3)
+    assert state.grant("e2", 8) == []  # the home (on e1) has room: the guest waits
+    home = state.grant("e1", 8)
+    assert [r.replica_id for _, r, _ in home] == ["a/m@e1/cpu:0"] * 2  # the home full (2 slots)
+    (guest,) = state.grant("e2", 8)
+    assert guest[1].yields and guest[1].replica_id.startswith("a/m@e2/cpu:0:0-1")
