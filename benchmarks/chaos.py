@@ -499,6 +499,18 @@ def send_burst(load: Load, n: int, max_tokens: int, *, timeout_s: float = 5.0) -
     return {"burst": n, "burst_accepted": sum(r.accepted for r in reqs)}
 
 
+def sliced_guests_held(stack: Any, executor: str) -> int | None:
+    """Sliced guests (placement slice) holding leases with a slice on ``executor``, from
+    ``/v1/stats`` just before it is killed (None: the service did not answer within 2 s)."""
+    try:
+        with stack.client(timeout_s=2.0) as c:
+            replicas = c.get("/v1/stats").json()["replicas"]
+    except Exception:
+        return None
+    return sum(1 for r in replicas if r.get("slices") and r["leases"] > 0
+               and any(s["device"].startswith(f"{executor}/") for s in r["slices"]))
+
+
 def inject(f: Fault, cluster: Cluster, keys: Keys, rng: Any, load: Load, *, neo4j_down_s: float,
            burst: int, burst_max_tokens: int) -> None:
     """Run one fault; ``f.started_s`` becomes the moment it strikes (after its burst)."""
@@ -511,6 +523,7 @@ def inject(f: Fault, cluster: Cluster, keys: Keys, rng: Any, load: Load, *, neo4
         f.detail.update(send_burst(load, burst, burst_max_tokens), burst_sent_s=f.started_s)
         f.started_s, f.started_epoch = round(cluster.clock(), 2), time.time()
     if f.kind == "executor_kill":
+        f.detail.update(sliced_guests_held=sliced_guests_held(stack, f.target))
         cluster.kill_executor(f.target)
         pause = round(float(rng.uniform(0.5, 3.0)), 2)
         time.sleep(pause)
@@ -758,6 +771,9 @@ def main() -> int:
     p.add_argument("--burst", type=int, default=12,
                    help="requests sent right before each serve kill and Neo4j stop (work in flight when it strikes)")
     p.add_argument("--burst-max-tokens", type=int, default=128)
+    p.add_argument("--placement", choices=("container", "replica", "slice"), default="container",
+                   help="serve's placement: with slice, executor kills that strike an executor holding a sliced "
+                        "guest's leases are counted (results.executor_kills_holding_sliced_guests)")
     p.add_argument("--executor-kills", type=int, default=24)
     p.add_argument("--serve-kills", type=int, default=3)
     p.add_argument("--neo4j-restarts", type=int, default=3)
@@ -806,7 +822,7 @@ def main() -> int:
     print(f"chaos: {len(plan)} faults over {args.duration_s:.0f} s at {args.rate}/s; logs in {log_dir}", flush=True)
 
     tenants = ["chaos-a", "chaos-b"]
-    stack = LiveStack(admin_key=keys.admin, executor_key=executor_key(keys), managed=True,
+    stack = LiveStack(placement=args.placement, admin_key=keys.admin, executor_key=executor_key(keys), managed=True,
                       lease_ttl_s=args.lease_ttl_s, heartbeat_s=args.heartbeat_s, log_dir=log_dir)
     load: Load | None = None
     probe: HealthProbe | None = None
@@ -946,7 +962,7 @@ def main() -> int:
               "client_timeout_s": args.client_timeout_s, "give_up_s": args.give_up_s, "drain_s": args.drain_s,
               "neo4j_down_s": args.neo4j_down_s, "planned_faults": counts,
               "neo4j_port_changes": args.neo4j_port_changes, "bad_gap_s": args.bad_gap_s,
-              "serve_mode": "managed (SLICESCHED_STATE, no SLICESCHED_NEO4J_URI)", "placement": "container",
+              "serve_mode": "managed (SLICESCHED_STATE, no SLICESCHED_NEO4J_URI)", "placement": args.placement,
               "log_dir": str(log_dir)}
     _record.write("chaos", args, config, results)
     return 0
@@ -976,6 +992,9 @@ def report(args: Any, logical: list[Logical], verdict: dict[str, Any], violation
         "submitted": len(logical), "accepted": accepted, "done_once": c["done_once"], "lost": c["lost"],
         "duplicated": c["duplicated"], "stuck": c["stuck"], "reconciliation_violations": len(violations),
         "faults": dict(faults),
+        # executor kills that struck an executor holding a sliced guest's leases (placement slice)
+        "executor_kills_holding_sliced_guests": sum(1 for f in plan if f.ok and f.kind == "executor_kill"
+                                                    and (f.detail.get("sliced_guests_held") or 0) > 0),
         "done_not_durable": c["done_not_durable"],
         # faults after which no attempt sent was accepted until the load stopped: an outage the service never left
         "faults_never_recovered": sum(1 for f in plan if f.started_s is not None
