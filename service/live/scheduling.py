@@ -23,7 +23,7 @@ from service.domain.error import InvalidInputError, InvariantError
 from service.domain.request import RequestSpec, RequestStatus
 from service.live.audit import decision_details, replica_model
 from service.live.homes import HomePlanner
-from service.live.records import TERMINAL
+from service.live.records import TERMINAL, LiveReplica
 from service.live.view import LiveClusterView, LiveSnapshot, live_spec
 from service.sim.replica import SliceStage
 from service.sim.sla import SLA_CLASSES
@@ -187,6 +187,9 @@ class SchedulingLoop(HomePlanner):
         self.metrics.step_done(self.scheduler.name, self.step_s[-1])
         applied = view.apply(decision)  # on the event loop: the state is not shared with worker threads
         replicas = self.state.replicas
+        for rid in applied.added:  # a sliced guest in words: its layers, where, and whose gaps it runs in
+            if replicas[rid].plan:
+                decision.notes.append(self.sliced_in_words(replicas[rid]))
         self.metrics.placed(self.scheduler.name, "add", (replicas[rid] for rid in applied.added))
         self.metrics.placed(self.scheduler.name, "drain", (replicas[rid] for rid in applied.drained))
         if decision.add or decision.drain:  # a step that changes nothing is no decision to audit
@@ -204,6 +207,19 @@ class SchedulingLoop(HomePlanner):
             self.work.notify()
             await self._write_cluster()
         return decision
+
+    def sliced_in_words(self, replica: LiveReplica) -> str:
+        """``sliced: acme/m layers 0-11 on exec-b/cpu:1, layers 12-23 on exec-a/cpu:0, in
+        initech's idle windows (owner priority)``: the owners are the tenants whose own replicas
+        are on those devices."""
+        state = self.state
+        where = ", ".join(f"layers {s}-{e - 1} on {d}" for d, s, e in replica.plan)
+        devices = {d for d, _, _ in replica.plan}
+        owners = sorted({state.models[r.model_uid].tenant_id for r in state.replicas.values()
+                         if not r.guest and devices.intersection(r.device_ids)})
+        whose = f"in {' and '.join(owners)}'s idle windows" if owners else "on devices no tenant owns"
+        mode = "owner priority" if replica.yields else "taking turns with the owners"
+        return f"sliced: {replica.model_uid} {where}, {whose} ({mode})"
 
     def policy_what_if(self, horizon_s: float) -> dict[str, Any]:
         """What one step of the replica policy would decide on the current state (nothing applied)."""

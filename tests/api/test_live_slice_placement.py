@@ -57,6 +57,8 @@ def test_a_sliced_guest_is_applied_shown_and_leased_with_its_cut(make_client: Ca
                                                 notes=["slice test"])))
     client.portal.call(svc.step)  # type: ignore[union-attr]
     rid = f"{a}/m@e{b}/cpu:0:0-1+e{a}/cpu:0:1-2"
+    assert svc.decisions[-1] == (f"sliced: {a}/m layers 0-0 on e{b}/cpu:0, layers 1-1 on e{a}/cpu:0, "
+                                 f"in {a} and {b}'s idle windows (owner priority)")
     shown = {r["replica_id"]: r for r in client.get("/v1/stats", headers=auth(ADMIN)).json()["replicas"]}
     assert shown[rid]["guest"] and shown[rid]["yields"]
     assert shown[rid]["slices"] == [{"device": f"e{b}/cpu:0", "layers": [0, 1]},
