@@ -438,7 +438,8 @@ class UsageOut(Out):
 
 class TenantUsageOut(Out):
     tenant_id: str
-    tenant: UsageOut
+    tenant: UsageOut | None = Field(description="the tenant-wide meter (null for a key limited to projects: it "
+                                                "counts the tenant's other projects' work)")
     projects: dict[str, UsageOut]
 
 

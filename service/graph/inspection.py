@@ -80,8 +80,7 @@ class Inspection(GraphStore):
         if q.category != "inspect":
             raise InvalidInputError(f"{name!r} is not an inspection query "
                                     f"(available: {', '.join(self.inspection_names())})")
-        q.check_params(params or {})
-        return self.run_read(q.text, params)
+        return self.run_read(q.text, q.bind(params or {}))
 
     def inspection_names(self) -> list[str]:
         return sorted(q.name for q in self.catalog.by_category("inspect"))
