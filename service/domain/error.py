@@ -14,6 +14,7 @@ NotFoundError              404          not_found        2
 ReadOnlyViolationError     403          read_only        2
 UnauthorizedError          401          unauthorized     2
 ForbiddenError             403          forbidden        2
+PayloadTooLargeError       413          too_large        2
 ConflictError              409          conflict         2
 QueueFullError             429          overloaded       3
 QuotaExceededError [4]     429          quota_exceeded   3
@@ -115,6 +116,14 @@ class ForbiddenError(SliceschedError):
 
     http_status = 403
     kind = "forbidden"
+    exit_code = EXIT_BAD_INPUT
+
+
+class PayloadTooLargeError(SliceschedError):
+    """A request body larger than its route takes: refused before it was read (the API's 413)."""
+
+    http_status = 413
+    kind = "too_large"
     exit_code = EXIT_BAD_INPUT
 
 

@@ -17,6 +17,7 @@ TABLE = [  # class, HTTP status (None: unmapped, answered 500 internal), kind, e
     (e.ReadOnlyViolationError, 403, "read_only", 2),
     (e.UnauthorizedError, 401, "unauthorized", 2),
     (e.ForbiddenError, 403, "forbidden", 2),
+    (e.PayloadTooLargeError, 413, "too_large", 2),
     (e.ConflictError, 409, "conflict", 2),
     (e.QueueFullError, 429, "overloaded", 3),
     (e.QuotaExceededError, 429, "quota_exceeded", 3),
