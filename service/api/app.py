@@ -52,7 +52,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorOut, "description": "Contradicts the current state (exists already, finished, not live)"},
     413: {"model": ErrorOut, "description": "The body is larger than the route takes (SLICESCHED_MAX_BODY_BYTES; "
                                             "the bulk routes: SLICESCHED_MAX_BULK_BODY_BYTES)"},
-    429: {"model": ErrorOut, "description": "The model's queue is full (SLICESCHED_MAX_QUEUED); retry later"},
+    429: {"model": ErrorOut, "description": "The model's queue is full (SLICESCHED_MAX_QUEUED), a quota is spent, or "
+                                            "as many inspections run as may (SLICESCHED_MAX_INSPECTIONS); retry later"},
     422: {"model": ErrorOut, "description": "The body, path or query does not match the schema"},
     503: {"model": ErrorOut, "description": "Neo4j is unavailable; retry shortly"},
     500: {"model": ErrorOut, "description": "An unexpected error (logged on the server, nothing internal in it)"},

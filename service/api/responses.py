@@ -352,6 +352,8 @@ class QueuePolicyOut(Out):
 class InspectOut(Out):
     columns: list[str]
     rows: list[list[Any]] = Field(description="one list per row, in column order (nodes and relationships as maps)")
+    truncated: bool = Field(description="the query had more rows than an answer holds "
+                                        "(SLICESCHED_INSPECT_MAX_ROWS): rows are its first ones")
 
 
 # ---- audit -------------------------------------------------------------------------------------------

@@ -118,16 +118,26 @@ class Neo4jGate:
         self.previous_neo4j_uri, self.neo4j_uri = self.neo4j_uri, resolved.uri
         return driver
 
-    async def db(self, fn: Any, *args: Any, bound_s: float | None = -1.0, **kwargs: Any) -> Any:
+    async def db(self, fn: Any, *args: Any, bound_s: float | None = -1.0, read: bool = False,
+                 done: Callable[[], None] | None = None, **kwargs: Any) -> Any:
         """Run a repository call in a worker thread, failing fast when Neo4j is down: a
         :class:`DatabaseUnavailableError` (503 with ``Retry-After``) at once when the watcher
         knows it is down, within ``db_timeout_s`` when it cannot be reached, or when the call
         does not end within ``bound_s`` (default ``call_timeout_s``; None: no bound, for long
-        work such as tracing a model)."""
-        self._check_db()
+        work such as tracing a model). ``read``: the call changes nothing (its 503 says so, and
+        not to retry with an Idempotency-Key); ``done``: called once, on the event loop, when the
+        call's thread has ended (at once when it never starts), not when its caller stops waiting."""
+        try:
+            self._check_db()
+        except BaseException:
+            if done is not None:
+                done()
+            raise
         task = self.in_thread(fn, *args, **kwargs)
         task.add_done_callback(_retrieve)
-        return await self._bounded(task, self.settings.call_timeout_s if bound_s == -1.0 else bound_s)
+        if done is not None:
+            task.add_done_callback(lambda _: done())
+        return await self._bounded(task, self.settings.call_timeout_s if bound_s == -1.0 else bound_s, read)
 
     def in_thread(self, fn: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
         """``fn`` in a worker thread the stop waits for (:mod:`service.live.threads`); a caller
@@ -147,9 +157,9 @@ class Neo4jGate:
             raise DatabaseUnavailableError(f"Neo4j is unreachable ({self.db_error or 'reconnecting'})",
                                            retry_after_s=self.settings.db_timeout_s)
 
-    async def _bounded(self, task: asyncio.Future[Any], bound_s: float | None) -> Any:
+    async def _bounded(self, task: asyncio.Future[Any], bound_s: float | None, read: bool = False) -> Any:
         """Await ``task`` for at most ``bound_s``; past that the caller gets a 503 while the
-        task runs on (its outcome is unknown to the caller)."""
+        task runs on (its outcome is unknown to the caller, unless it is a ``read``)."""
         try:
             return await asyncio.wait_for(asyncio.shield(task), bound_s)
         except TimeoutError:
@@ -158,6 +168,9 @@ class Neo4jGate:
                 raise DatabaseUnavailableError("the service is busy: the call was not started (nothing was written); "
                                                "retry", retry_after_s=self.settings.db_timeout_s) from None
             log.warning("a Neo4j call took longer than %.1f s; answered 503", bound_s)
+            if read:
+                raise DatabaseUnavailableError(f"Neo4j did not answer this read within {bound_s:g} s (it changes "
+                                               "nothing); retry later", retry_after_s=self.settings.db_timeout_s) from None
             raise DatabaseUnavailableError("Neo4j did not answer in time; the outcome is unknown (retry with the "
                                            "same Idempotency-Key)", retry_after_s=self.settings.db_timeout_s) from None
         except Exception as exc:

@@ -92,7 +92,9 @@ class LiveService(DurableWrites, SchedulingLoop):
                                lease_ttl_s=settings.lease_ttl_s, max_attempts=settings.max_attempts,
                                max_batch=settings.max_batch)
         self.metrics = LiveMetrics(self.state)
-        self.reads = LiveReads(self.state, self)  # what the HTTP layer reads (the facade's read half)
+        self.reads = LiveReads(self.state, self, inspect_timeout_s=settings.inspect_timeout_s,
+                               max_inspections=settings.max_inspections,
+                               inspect_max_rows=settings.inspect_max_rows)  # what the HTTP layer reads
         self.streams = StreamBook()  # tokens on their way to waiting clients (the OpenAI endpoints)
         self.access = AccessBook()  # people's and services' keys, projects, tenant quotas
         self.quotas = QuotaBook()  # usage against them

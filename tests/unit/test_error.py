@@ -21,6 +21,7 @@ TABLE = [  # class, HTTP status (None: unmapped, answered 500 internal), kind, e
     (e.ConflictError, 409, "conflict", 2),
     (e.QueueFullError, 429, "overloaded", 3),
     (e.QuotaExceededError, 429, "quota_exceeded", 3),
+    (e.InspectionBusyError, 429, "overloaded", 3),
     (e.NotServedError, 409, "not_served", 3),
     (e.InvariantError, 500, "internal", 1),
     (e.DatabaseUnavailableError, 503, "unavailable", 3),
