@@ -60,9 +60,18 @@ class AuditWriterOut(Out):
     head_seq: int = Field(description="seq of the chain's last written entry")
 
 
+class LeasePathOut(Out):
+    failing: bool = Field(description="the last submissions' and completions' writes all "
+                                      "ended in a 503 past their bound while Neo4j answered its pings: not ready")
+    failures_in_a_row: int
+    last_failure_s_ago: float | None = Field(description="seconds; null: none yet")
+    last_error: str | None
+
+
 class ReadinessOut(Out):
     ready: bool
     neo4j: Neo4jStatusOut
+    lease_path: LeasePathOut
     loops: dict[str, LoopOut] = Field(description="by loop name")
     stuck_loops: list[str]
     gmg_pending_writes: int

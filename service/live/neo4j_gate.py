@@ -19,6 +19,7 @@ from service.graph.connection import Neo4jSettings, open_driver
 from service.graph.repository import GraphRepository
 from service.live import threads
 from service.live.audit import AuditLog
+from service.live.call_health import CallHealth
 from service.live.metrics import LiveMetrics
 from service.live.records import Write
 from service.live.settings import ServiceSettings
@@ -100,6 +101,7 @@ class Neo4jGate:
     audit: AuditLog
     db_up: bool
     db_error: str | None
+    calls: CallHealth  # submissions' and completions' writes: failing ones make the service not ready
     unplaced: dict[str, str]  # model uid -> why the last re-plan found it no home
     _reopening: asyncio.Future[None] | None = None  # the steps before traffic is taken again, across ticks
     _reopen_since: float = 0.0  # monotonic start of the reopening in progress
@@ -137,7 +139,8 @@ class Neo4jGate:
         task.add_done_callback(_retrieve)
         if done is not None:
             task.add_done_callback(lambda _: done())
-        return await self._bounded(task, self.settings.call_timeout_s if bound_s == -1.0 else bound_s, read)
+        return await self._bounded(task, self.settings.call_timeout_s if bound_s == -1.0 else bound_s, read,
+                                   request_path=False)
 
     def in_thread(self, fn: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
         """``fn`` in a worker thread the stop waits for (:mod:`service.live.threads`); a caller
@@ -157,12 +160,17 @@ class Neo4jGate:
             raise DatabaseUnavailableError(f"Neo4j is unreachable ({self.db_error or 'reconnecting'})",
                                            retry_after_s=self.settings.db_timeout_s)
 
-    async def _bounded(self, task: asyncio.Future[Any], bound_s: float | None, read: bool = False) -> Any:
+    async def _bounded(self, task: asyncio.Future[Any], bound_s: float | None, read: bool = False, *,
+                       request_path: bool = True) -> Any:
         """Await ``task`` for at most ``bound_s``; past that the caller gets a 503 while the
-        task runs on (its outcome is unknown to the caller, unless it is a ``read``)."""
+        task runs on (its outcome is unknown to the caller, unless it is a ``read``).
+        ``request_path``: a submission's or completion's write (its outcome is :attr:`calls`)."""
+        track = request_path and not read
         try:
-            return await asyncio.wait_for(asyncio.shield(task), bound_s)
+            result = await asyncio.wait_for(asyncio.shield(task), bound_s)
         except TimeoutError:
+            if track:
+                self.calls.failed(f"a submission or completion found no answer within {bound_s:g} s")
             if abandon(task):
                 log.warning("a Neo4j call waited %.1f s for a worker thread; not run, answered 503", bound_s)
                 raise DatabaseUnavailableError("the service is busy: the call was not started (nothing was written); "
@@ -174,11 +182,16 @@ class Neo4jGate:
             raise DatabaseUnavailableError("Neo4j did not answer in time; the outcome is unknown (retry with the "
                                            "same Idempotency-Key)", retry_after_s=self.settings.db_timeout_s) from None
         except Exception as exc:
-            if neo4j_down(exc):
+            if neo4j_down(exc):  # not ready already (Neo4j down), not counted here
                 self._db_failed(f"{type(exc).__name__}: {exc}")
                 raise DatabaseUnavailableError(f"Neo4j is unreachable: {type(exc).__name__}",
                                                retry_after_s=self.settings.db_timeout_s) from None
+            if track:
+                self.calls.succeeded()  # Neo4j answered (the call's own error is the caller's)
             raise
+        if track:
+            self.calls.succeeded()
+        return result
 
     def _db_failed(self, why: str) -> None:
         if self.db_up:
@@ -319,8 +332,9 @@ class Neo4jGate:
     def readiness(self) -> dict[str, Any]:
         stuck = self.supervisor.stuck()
         writer = self.writer
-        ready = self.db_up and not stuck and writer is not None
+        ready = self.db_up and not stuck and writer is not None and not self.calls.failing()
         return {"ready": ready, "neo4j": {"reachable": self.db_up, "uri": self.neo4j_uri, "error": self.db_error},
+                "lease_path": self.calls.report(),
                 "loops": self.supervisor.report(), "stuck_loops": stuck,
                 "gmg_pending_writes": writer.pending if writer else 0,
                 "gmg_dropped_writes": writer.rows_dropped if writer else 0,

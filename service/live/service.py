@@ -47,6 +47,7 @@ from service.graph.catalog import QueryCatalog
 from service.graph.repository import GraphRepository
 from service.live.access import DEFAULT_PROJECT, AccessBook, ApiKeyRecord, LiveProject
 from service.live.audit import AuditLog
+from service.live.call_health import CallHealth
 from service.live.credential import hash_key
 from service.live.durable import DurableWrites
 from service.live.key_admin import KeyAdmin
@@ -131,6 +132,7 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.unplaced: dict[str, str] = {}  # model uid -> why the last re-plan found it no home
         self.db_up = False
         self.db_error: str | None = None
+        self.calls = CallHealth()  # the request path's bounded writes (readiness)
         self._gmg_dirty = False  # the cluster's devices and weights in the GMG await a re-write
         self._busy_mark: dict[str, tuple[float, float]] = {}
         self._first_arrival: dict[str, float] = {}
@@ -409,6 +411,8 @@ class LiveService(DurableWrites, SchedulingLoop):
             return
         if (not self.db_up or self._unsettled) and not await self._reopened(self._before_traffic):
             return  # still getting ready: the gate stays as it is
+        if not self.db_up:
+            self.calls.succeeded()  # what failed in the outage is not the reopened gate's
         self.db_up, self.db_error = True, None
         if self._gmg_dirty:
             await self._write_cluster()
