@@ -78,6 +78,17 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
        0, 60, True),
     _v("CALL_TIMEOUT_S", "service", "number", "10", "a call that reached Neo4j but has no answer by then: 503",
        0, 600, True),
+    _v("MAX_BODY_BYTES", "service", "integer", "2097152", "a request body larger than this is refused (413) before "
+       "it is read, on every route but the bulk ones; a body over 64 KiB is read only after its key is known",
+       65536, 1e9),
+    _v("MAX_BULK_BODY_BYTES", "service", "integer", "67108864", "the same for the bulk routes (POST "
+       "/v1/requests/batch, /v1/leases/complete, /v1/leases/progress, /v1/workflows)", 65536, 4e9),
+    _v("INSPECT_TIMEOUT_S", "service", "number", "30", "an inspection query (POST /v1/inspect) or audit page is "
+       "stopped in Neo4j past this (its transaction timeout), and answered by then (seconds)", 0, 600, True),
+    _v("MAX_INSPECTIONS", "service", "integer", "2", "inspection queries and audit reads running at once; beyond, "
+       "a 429 at once (they share worker threads and Neo4j connections with the lease path)", 1, 64),
+    _v("INSPECT_MAX_ROWS", "service", "integer", "10000", "rows an inspection answers at most (the rest dropped "
+       "unread; the answer says truncated)", 1, 1e7),
     _v("MAX_PENDING_WRITES", "service", "integer", "500000", "GMG mirror rows kept during a Neo4j outage", 1000, 1e9),
     _v("MAX_QUEUED", "service", "integer", "200000", "requests waiting per model; beyond, a submission is a 429",
        1, 1e9),

@@ -23,9 +23,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from neo4j.exceptions import ServiceUnavailable, SessionExpired
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.api.body_limit import BodyLimit
+from service.api.deps import authenticate
 from service.api.openai import error_body as openai_error
 from service.api.openai import is_openai_route
 from service.api.routers import ROUTERS
@@ -47,7 +50,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     403: {"model": ErrorOut, "description": "The key's role may not do this, or a write in read-only Cypher"},
     404: {"model": ErrorOut, "description": "No such object, or one the key may not see"},
     409: {"model": ErrorOut, "description": "Contradicts the current state (exists already, finished, not live)"},
-    429: {"model": ErrorOut, "description": "The model's queue is full (SLICESCHED_MAX_QUEUED); retry later"},
+    413: {"model": ErrorOut, "description": "The body is larger than the route takes (SLICESCHED_MAX_BODY_BYTES; "
+                                            "the bulk routes: SLICESCHED_MAX_BULK_BODY_BYTES)"},
+    429: {"model": ErrorOut, "description": "The model's queue is full (SLICESCHED_MAX_QUEUED), a quota is spent, or "
+                                            "as many inspections run as may (SLICESCHED_MAX_INSPECTIONS); retry later"},
     422: {"model": ErrorOut, "description": "The body, path or query does not match the schema"},
     503: {"model": ErrorOut, "description": "Neo4j is unavailable; retry shortly"},
     500: {"model": ErrorOut, "description": "An unexpected error (logged on the server, nothing internal in it)"},
@@ -90,16 +96,21 @@ def _template_regex(template: str) -> re.Pattern[str]:
     return re.compile("[^/]+".join(re.escape(part) for part in re.split(r"\{[^/}]+\}", template)))
 
 
+def error_response(request: Request, exc: SliceschedError) -> JSONResponse:
+    """A domain error's answer: the status and kind its class declares (service/domain/error.py)."""
+    param = getattr(exc, "culprit", None)
+    if exc.http_status is not None:
+        retry = getattr(exc, "retry_after_s", None)
+        headers = {"Retry-After": str(max(1, math.ceil(retry)))} if retry is not None else None
+        return _error(request, exc.http_status, exc.kind, str(exc), headers, param=param)
+    log.error("unmapped domain error: %r", exc, exc_info=exc)
+    return _error(request, 500, "internal", str(exc), param=param)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def domain(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, SliceschedError)
-        param = getattr(exc, "culprit", None)
-        if exc.http_status is not None:  # each error class declares its answer: service/domain/error.py
-            retry = getattr(exc, "retry_after_s", None)
-            headers = {"Retry-After": str(max(1, math.ceil(retry)))} if retry is not None else None
-            return _error(request, exc.http_status, exc.kind, str(exc), headers, param=param)
-        log.error("unmapped domain error: %r", exc, exc_info=exc)
-        return _error(request, 500, "internal", str(exc), param=param)
+        return error_response(request, exc)
 
     async def validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -157,6 +168,11 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
                   description="Operator-level scheduling for multi-tenant model serving: tenants, models, "
                               "requests, executor leases, what-if and Cypher inspection. See docs/API.md.")
     install_error_handlers(app)
+    # bodies bounded before FastAPI reads them, and large ones read only for a known key
+    routes = [route for router in ROUTERS for route in router.routes if isinstance(route, APIRoute)]
+    app.add_middleware(BodyLimit, routes=routes, limit_bytes=resolved.max_body_bytes,
+                       bulk_limit_bytes=resolved.max_bulk_body_bytes, authenticate=authenticate,
+                       refuse=error_response)
     for router in ROUTERS:  # a router documenting its own errors (the OpenAI one) keeps them
         app.include_router(router, responses=None if router.responses else ERROR_RESPONSES)
     documented = app.openapi

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from service.domain.error import ForbiddenError, InvalidInputError, NotFoundError
-from service.domain.principal import Principal, require, scoped_tenant
+from service.domain.principal import Principal, require, scoped_projects, scoped_tenant
+from service.domain.role import AUDIT_READ
 from service.domain.tokenizer import BYTES, Tokenizer
 from service.graph.inspection import Table
 from service.live.records import LiveModel, LiveRequest
@@ -80,9 +81,17 @@ async def what_if(svc: LiveService, tenant_id: str | None, model_id: str | None,
     return outcome
 
 
+#: Named queries a tenant key needs more than reading for: the audit log, as ``GET /v1/audit``.
+_NAMED_ROLES: dict[str, tuple[str, ...]] = {"audit_log": AUDIT_READ}
+#: Tenant-scoped named queries about the tenant's models (which every key of it reads), not its
+#: projects' work: a key limited to projects runs them whole.
+_TENANT_WIDE = frozenset({"dependency_chain", "heaviest_operators"})
+
+
 async def inspect(svc: LiveService, p: Principal, query: str | None, name: str | None,
                   params: dict[str, Any]) -> Table:
-    """Read-only Cypher (admin) or a named query; a tenant key runs named queries scoped to itself."""
+    """Read-only Cypher (admin) or a named query; a tenant key runs named queries scoped to itself
+    (its tenant, and a key limited to projects its projects, where the query takes ``projects``)."""
     reads = svc.reads
     if (query is None) == (name is None):
         raise InvalidInputError("give exactly one of query (Cypher) and name (a named query)")
@@ -94,7 +103,14 @@ async def inspect(svc: LiveService, p: Principal, query: str | None, name: str |
         q = reads.named_query(name)
         if q.category != "inspect" or "tenant_id" not in q.params:
             raise NotFoundError(f"no tenant-scoped query {name!r} (yours: {', '.join(_scoped_names(svc))})")
+        if name in _NAMED_ROLES:
+            require(p, *_NAMED_ROLES[name])
         params["tenant_id"] = scoped_tenant(p, params.get("tenant_id"))
+        if "projects" in q.params:
+            params["projects"] = scoped_projects(p, params.get("projects"))
+        elif p.projects and name not in _TENANT_WIDE:  # it cannot tell the tenant's other projects apart
+            raise ForbiddenError(f"{name!r} shows the whole tenant's work: a key limited to projects runs "
+                                 f"{', '.join(sorted(_TENANT_WIDE | set(_project_names(svc))))}")
     else:
         require(p, "admin")
     if query is not None:
@@ -105,3 +121,7 @@ async def inspect(svc: LiveService, p: Principal, query: str | None, name: str |
 
 def _scoped_names(svc: LiveService) -> list[str]:
     return [q.name for q in svc.reads.inspection_queries() if "tenant_id" in q.params]
+
+
+def _project_names(svc: LiveService) -> list[str]:
+    return [q.name for q in svc.reads.inspection_queries() if "projects" in q.params]

@@ -60,9 +60,18 @@ class AuditWriterOut(Out):
     head_seq: int = Field(description="seq of the chain's last written entry")
 
 
+class LeasePathOut(Out):
+    failing: bool = Field(description="the last submissions' and completions' writes all "
+                                      "ended in a 503 past their bound while Neo4j answered its pings: not ready")
+    failures_in_a_row: int
+    last_failure_s_ago: float | None = Field(description="seconds; null: none yet")
+    last_error: str | None
+
+
 class ReadinessOut(Out):
     ready: bool
     neo4j: Neo4jStatusOut
+    lease_path: LeasePathOut
     loops: dict[str, LoopOut] = Field(description="by loop name")
     stuck_loops: list[str]
     gmg_pending_writes: int
@@ -352,6 +361,8 @@ class QueuePolicyOut(Out):
 class InspectOut(Out):
     columns: list[str]
     rows: list[list[Any]] = Field(description="one list per row, in column order (nodes and relationships as maps)")
+    truncated: bool = Field(description="the query had more rows than an answer holds "
+                                        "(SLICESCHED_INSPECT_MAX_ROWS): rows are its first ones")
 
 
 # ---- audit -------------------------------------------------------------------------------------------
@@ -438,7 +449,8 @@ class UsageOut(Out):
 
 class TenantUsageOut(Out):
     tenant_id: str
-    tenant: UsageOut
+    tenant: UsageOut | None = Field(description="the tenant-wide meter (null for a key limited to projects: it "
+                                                "counts the tenant's other projects' work)")
     projects: dict[str, UsageOut]
 
 

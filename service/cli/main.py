@@ -235,7 +235,8 @@ def cmd_cypher(args: argparse.Namespace) -> int:
 
         queries = sorted(QueryCatalog.load().by_category("inspect"), key=lambda q: q.name)
         print_table(["name", "parameters", "what it shows"],
-                    [[q.name, ", ".join(q.params), q.description] for q in queries], title="named inspection queries")
+                    [[q.name, ", ".join(p + ("?" if p in q.optional else "") for p in q.params), q.description]
+                     for q in queries], title="named inspection queries")
         return 0
     params = _parse_params(args.param)
     repo = _repository()

@@ -38,6 +38,7 @@ def serve_main(argv: list[str]) -> int:
     import uvicorn
 
     from service.api.app import create_app
+    from service.live.log_repeat import RepeatedLineFilter
 
     settings = ServiceSettings.from_env(placement=args.placement, queue=args.queue, lease_ttl_s=args.lease_ttl_s,
                                         heartbeat_s=args.heartbeat_s, max_batch=args.max_batch,
@@ -48,6 +49,8 @@ def serve_main(argv: list[str]) -> int:
                                         predictor_refit_s=args.predictor_refit_s)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("neo4j.notifications").setLevel(logging.ERROR)  # "property key does not exist yet" on a new graph
+    for handler in logging.getLogger().handlers:  # an outage's one warning per refused call: once per window
+        handler.addFilter(RepeatedLineFilter())
     print(f"slicesched serve on http://{args.host}:{args.port} (placement {settings.placement}, queue {settings.queue}); "
           f"admin key: $SLICESCHED_ADMIN_KEY or {state_dir() / 'admin.key'}; executor keys: "
           + ("$SLICESCHED_EXECUTOR_KEY and executor pools" if settings.executor_key

@@ -14,9 +14,11 @@ NotFoundError              404          not_found        2
 ReadOnlyViolationError     403          read_only        2
 UnauthorizedError          401          unauthorized     2
 ForbiddenError             403          forbidden        2
+PayloadTooLargeError       413          too_large        2
 ConflictError              409          conflict         2
 QueueFullError             429          overloaded       3
 QuotaExceededError [4]     429          quota_exceeded   3
+InspectionBusyError [4]    429          overloaded       3
 NotServedError             409          not_served       3
 InvariantError             500          internal         1
 DatabaseUnavailableError   503          unavailable      3
@@ -118,6 +120,14 @@ class ForbiddenError(SliceschedError):
     exit_code = EXIT_BAD_INPUT
 
 
+class PayloadTooLargeError(SliceschedError):
+    """A request body larger than its route takes: refused before it was read (the API's 413)."""
+
+    http_status = 413
+    kind = "too_large"
+    exit_code = EXIT_BAD_INPUT
+
+
 class ConflictError(SliceschedError):
     """The operation contradicts the current state (an expired lease, a finished request)."""
 
@@ -143,6 +153,19 @@ class QuotaExceededError(SliceschedError):
     exit_code = EXIT_UNAVAILABLE
 
     def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class InspectionBusyError(SliceschedError):
+    """As many inspection queries run as may at once (their worker threads and Neo4j connections
+    are the lease path's too): nothing ran; ``retry_after_s`` says when to ask again."""
+
+    http_status = 429
+    kind = "overloaded"
+    exit_code = EXIT_UNAVAILABLE
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
 

@@ -46,6 +46,22 @@ def scoped_tenant(p: Principal, given: str | None) -> str:
     return given
 
 
+def scoped_projects(p: Principal, given: object) -> list[str] | None:
+    """The projects a tenant-scoped read covers: ``given`` (a list of project ids, or None for all),
+    narrowed to a key's projects when the key is limited to some (then None means its projects, and
+    a project outside them is a 403, as submitting in it is)."""
+    if given is not None and (not isinstance(given, list) or not all(isinstance(x, str) for x in given)):
+        raise InvalidInputError("projects must be a list of project ids, or null for all")
+    if not p.projects:
+        return given
+    if given is None:
+        return list(p.projects)
+    outside = sorted(set(given) - set(p.projects))
+    if outside:
+        raise ForbiddenError(f"this key is limited to projects {list(p.projects)} (not {outside})")
+    return given
+
+
 def own_tenant(p: Principal, tenant_id: str) -> None:
     """Admin keys act for any tenant; a tenant's key for its own only (any other is a 404)."""
     if p.is_tenant:

@@ -7,6 +7,9 @@ A file starts with a comment header; ``// @param NAME: meaning`` lines declare i
     UNWIND $rows AS row
     MERGE (d:Device {device_id: row.device_id}) SET d += row
 
+A parameter declared ``// @param NAME?: meaning`` is optional: a caller may leave it out, and it
+reaches the server as null (a query reads null as "no such filter").
+
 Loading fails on a parameter used but not declared (or declared but unused), on two files with
 one name, and, through :meth:`QueryCatalog.require`, on a query that code needs but the catalog
 lacks. Running a query checks the supplied parameters against the declaration before anything
@@ -24,7 +27,7 @@ from typing import Any
 
 from service.domain.error import CatalogError, NotFoundError
 
-_PARAM_DECL = re.compile(r"^//\s*@param\s+([A-Za-z_]\w*)\s*:?(.*)$")
+_PARAM_DECL = re.compile(r"^//\s*@param\s+([A-Za-z_]\w*)(\?)?\s*:?(.*)$")
 _PARAM_USE = re.compile(r"\$([A-Za-z_]\w*)")
 _STRING = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
 _COMMENT = re.compile(r"//[^\n]*")
@@ -38,6 +41,7 @@ class Query:
     params: tuple[str, ...]
     description: str
     param_help: Mapping[str, str]
+    optional: frozenset[str] = frozenset()  # declared ``NAME?``: may be left out (then null)
 
     @property
     def statements(self) -> list[str]:
@@ -45,7 +49,7 @@ class Query:
         return [s.strip() for s in body.split(";") if s.strip()]
 
     def check_params(self, supplied: Mapping[str, Any]) -> None:
-        missing = [p for p in self.params if p not in supplied]
+        missing = [p for p in self.params if p not in supplied and p not in self.optional]
         extra = [p for p in supplied if p not in self.params]
         if missing or extra:
             parts = []
@@ -55,9 +59,15 @@ class Query:
                 parts.append(f"undeclared {extra}")
             raise CatalogError(f"query {self.name!r}: parameters {' and '.join(parts)} (declared: {list(self.params)})")
 
+    def bind(self, supplied: Mapping[str, Any]) -> dict[str, Any]:
+        """The parameters to send: checked (:meth:`check_params`), an optional one left out as null."""
+        self.check_params(supplied)
+        return {**{p: None for p in self.optional}, **supplied}
+
 
 def parse_query(name: str, category: str, text: str) -> Query:
     declared: dict[str, str] = {}
+    optional: set[str] = set()
     description: list[str] = []
     for line in text.splitlines():
         stripped = line.strip()
@@ -69,7 +79,9 @@ def parse_query(name: str, category: str, text: str) -> Query:
         if m:
             if m.group(1) in declared:
                 raise CatalogError(f"query {name!r}: parameter ${m.group(1)} declared twice")
-            declared[m.group(1)] = m.group(2).strip()
+            declared[m.group(1)] = m.group(3).strip()
+            if m.group(2):
+                optional.add(m.group(1))
         else:
             description.append(stripped.lstrip("/ ").rstrip())
     body = _STRING.sub("''", _COMMENT.sub("", text))
@@ -83,7 +95,8 @@ def parse_query(name: str, category: str, text: str) -> Query:
     unused = sorted(set(declared) - used)
     if unused:
         raise CatalogError(f"query {name!r} declares parameters it never uses: {unused}")
-    return Query(name, category, text, tuple(declared), " ".join(d for d in description if d), declared)
+    return Query(name, category, text, tuple(declared), " ".join(d for d in description if d), declared,
+                 frozenset(optional))
 
 
 class QueryCatalog:

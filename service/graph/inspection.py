@@ -11,7 +11,7 @@ from typing import Any
 
 import neo4j
 from neo4j import ManagedTransaction
-from neo4j.exceptions import ClientError, CypherSyntaxError, DatabaseError
+from neo4j.exceptions import ClientError, CypherSyntaxError, DatabaseError, TransientError
 
 from service.domain.error import InvalidInputError, ReadOnlyViolationError
 from service.graph import guard
@@ -23,6 +23,7 @@ from service.graph.store import GraphStore
 class Table:
     columns: list[str]
     rows: list[list[Any]]
+    truncated: bool = False  # the query had more rows than the cap; ``rows`` holds the first ones
 
 
 def _plain(value: Any) -> Any:
@@ -45,19 +46,31 @@ def _plain(value: Any) -> Any:
 class Inspection(GraphStore):
     QUERIES: tuple[str, ...] = ("reconciliation_violations",)
 
-    def run_read(self, text: str, params: Mapping[str, Any] | None = None) -> Table:
+    def run_read(self, text: str, params: Mapping[str, Any] | None = None, *, timeout_s: float | None = None,
+                 max_rows: int | None = None) -> Table:
         """Run arbitrary Cypher in a read transaction; a write is refused by the server, and
         ``LOAD CSV``, procedures and administration commands outside the allow-list of
         :mod:`service.graph.guard` by its two checks (the text, then the server's plan of it, in
-        the same transaction) with :class:`ReadOnlyViolationError`."""
+        the same transaction) with :class:`ReadOnlyViolationError`. ``timeout_s``: the server stops
+        the transaction past it (:class:`InvalidInputError` naming the bound; None: the server's
+        own limit); ``max_rows``: rows kept at most, the rest discarded unread (``truncated``)."""
         statement = guard.check_text(text)
 
+        @neo4j.unit_of_work(timeout=timeout_s)
         def work(tx: ManagedTransaction) -> Table:
             plan = tx.run("EXPLAIN " + text[statement:], dict(params or {})).consume().plan
             guard.check_plan(plan, self.database)
             result = tx.run(text, dict(params or {}))
-            rows = [[_plain(v) for v in r.values()] for r in result]
-            return Table(list(result.keys()), rows)
+            rows: list[list[Any]] = []
+            truncated = False
+            for record in result:
+                if max_rows is not None and len(rows) >= max_rows:
+                    truncated = True
+                    break
+                rows.append([_plain(v) for v in record.values()])
+            keys = list(result.keys())
+            result.consume()  # the rest discarded in the server, not fetched
+            return Table(keys, rows, truncated)
 
         try:
             with self.driver.session(database=self.database, default_access_mode=neo4j.READ_ACCESS) as s:
@@ -66,22 +79,29 @@ class Inspection(GraphStore):
             raise InvalidInputError(f"Cypher syntax error: {exc.message}") from None
         except DatabaseError as exc:  # the server failed on this query (not on the connection)
             raise InvalidInputError(f"query failed in the server: {exc.message}") from None
-        except ClientError as exc:
+        except (ClientError, TransientError) as exc:
             code = exc.code or ""
+            if "TransactionTimedOut" in code:
+                bound = f"the inspection bound ({timeout_s:g} s)" if timeout_s else "the server's transaction timeout"
+                raise InvalidInputError(
+                    f"the query ran past {bound} and was stopped in Neo4j; narrow it "
+                    "(a LIMIT, a tenant or time filter) or run it on a copy of the database") from None
+            if isinstance(exc, TransientError):
+                raise
             if "AccessMode" in code or "ForbiddenDueToTransactionType" in code or "WriteOnReadOnly" in code:
                 raise ReadOnlyViolationError(
                     "inspection is read-only: this query writes to the graph and was refused by the server"
                 ) from None
             raise InvalidInputError(f"query failed: {exc.message}") from None
 
-    def run_named(self, name: str, params: Mapping[str, Any] | None = None) -> Table:
-        """Run a named inspection query (``cypher/inspect/NAME.cypher``)."""
+    def run_named(self, name: str, params: Mapping[str, Any] | None = None, *, timeout_s: float | None = None,
+                  max_rows: int | None = None) -> Table:
+        """Run a named inspection query (``cypher/inspect/NAME.cypher``; the bounds: :meth:`run_read`)."""
         q = self.catalog.get(name)
         if q.category != "inspect":
             raise InvalidInputError(f"{name!r} is not an inspection query "
                                     f"(available: {', '.join(self.inspection_names())})")
-        q.check_params(params or {})
-        return self.run_read(q.text, params)
+        return self.run_read(q.text, q.bind(params or {}), timeout_s=timeout_s, max_rows=max_rows)
 
     def inspection_names(self) -> list[str]:
         return sorted(q.name for q in self.catalog.by_category("inspect"))

@@ -46,8 +46,7 @@ class GraphStore:
 
     def _q(self, name: str, params: Mapping[str, Any]) -> tuple[Query, dict[str, Any]]:
         q = self.catalog.get(name)
-        q.check_params(params)
-        return q, dict(params)
+        return q, q.bind(params)
 
     def _tx_run(self, tx: ManagedTransaction, name: str, **params: Any) -> list[dict[str, Any]]:
         q, p = self._q(name, params)

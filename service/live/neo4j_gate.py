@@ -19,6 +19,7 @@ from service.graph.connection import Neo4jSettings, open_driver
 from service.graph.repository import GraphRepository
 from service.live import threads
 from service.live.audit import AuditLog
+from service.live.call_health import CallHealth
 from service.live.metrics import LiveMetrics
 from service.live.records import Write
 from service.live.settings import ServiceSettings
@@ -100,6 +101,7 @@ class Neo4jGate:
     audit: AuditLog
     db_up: bool
     db_error: str | None
+    calls: CallHealth  # submissions' and completions' writes: failing ones make the service not ready
     unplaced: dict[str, str]  # model uid -> why the last re-plan found it no home
     _reopening: asyncio.Future[None] | None = None  # the steps before traffic is taken again, across ticks
     _reopen_since: float = 0.0  # monotonic start of the reopening in progress
@@ -118,16 +120,27 @@ class Neo4jGate:
         self.previous_neo4j_uri, self.neo4j_uri = self.neo4j_uri, resolved.uri
         return driver
 
-    async def db(self, fn: Any, *args: Any, bound_s: float | None = -1.0, **kwargs: Any) -> Any:
+    async def db(self, fn: Any, *args: Any, bound_s: float | None = -1.0, read: bool = False,
+                 done: Callable[[], None] | None = None, **kwargs: Any) -> Any:
         """Run a repository call in a worker thread, failing fast when Neo4j is down: a
         :class:`DatabaseUnavailableError` (503 with ``Retry-After``) at once when the watcher
         knows it is down, within ``db_timeout_s`` when it cannot be reached, or when the call
         does not end within ``bound_s`` (default ``call_timeout_s``; None: no bound, for long
-        work such as tracing a model)."""
-        self._check_db()
+        work such as tracing a model). ``read``: the call changes nothing (its 503 says so, and
+        not to retry with an Idempotency-Key); ``done``: called once, on the event loop, when the
+        call's thread has ended (at once when it never starts), not when its caller stops waiting."""
+        try:
+            self._check_db()
+        except BaseException:
+            if done is not None:
+                done()
+            raise
         task = self.in_thread(fn, *args, **kwargs)
         task.add_done_callback(_retrieve)
-        return await self._bounded(task, self.settings.call_timeout_s if bound_s == -1.0 else bound_s)
+        if done is not None:
+            task.add_done_callback(lambda _: done())
+        return await self._bounded(task, self.settings.call_timeout_s if bound_s == -1.0 else bound_s, read,
+                                   request_path=False)
 
     def in_thread(self, fn: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
         """``fn`` in a worker thread the stop waits for (:mod:`service.live.threads`); a caller
@@ -147,25 +160,38 @@ class Neo4jGate:
             raise DatabaseUnavailableError(f"Neo4j is unreachable ({self.db_error or 'reconnecting'})",
                                            retry_after_s=self.settings.db_timeout_s)
 
-    async def _bounded(self, task: asyncio.Future[Any], bound_s: float | None) -> Any:
+    async def _bounded(self, task: asyncio.Future[Any], bound_s: float | None, read: bool = False, *,
+                       request_path: bool = True) -> Any:
         """Await ``task`` for at most ``bound_s``; past that the caller gets a 503 while the
-        task runs on (its outcome is unknown to the caller)."""
+        task runs on (its outcome is unknown to the caller, unless it is a ``read``).
+        ``request_path``: a submission's or completion's write (its outcome is :attr:`calls`)."""
+        track = request_path and not read
         try:
-            return await asyncio.wait_for(asyncio.shield(task), bound_s)
+            result = await asyncio.wait_for(asyncio.shield(task), bound_s)
         except TimeoutError:
+            if track:
+                self.calls.failed(f"a submission or completion found no answer within {bound_s:g} s")
             if abandon(task):
                 log.warning("a Neo4j call waited %.1f s for a worker thread; not run, answered 503", bound_s)
                 raise DatabaseUnavailableError("the service is busy: the call was not started (nothing was written); "
                                                "retry", retry_after_s=self.settings.db_timeout_s) from None
             log.warning("a Neo4j call took longer than %.1f s; answered 503", bound_s)
+            if read:
+                raise DatabaseUnavailableError(f"Neo4j did not answer this read within {bound_s:g} s (it changes "
+                                               "nothing); retry later", retry_after_s=self.settings.db_timeout_s) from None
             raise DatabaseUnavailableError("Neo4j did not answer in time; the outcome is unknown (retry with the "
                                            "same Idempotency-Key)", retry_after_s=self.settings.db_timeout_s) from None
         except Exception as exc:
-            if neo4j_down(exc):
+            if neo4j_down(exc):  # not ready already (Neo4j down), not counted here
                 self._db_failed(f"{type(exc).__name__}: {exc}")
                 raise DatabaseUnavailableError(f"Neo4j is unreachable: {type(exc).__name__}",
                                                retry_after_s=self.settings.db_timeout_s) from None
+            if track:
+                self.calls.succeeded()  # Neo4j answered (the call's own error is the caller's)
             raise
+        if track:
+            self.calls.succeeded()
+        return result
 
     def _db_failed(self, why: str) -> None:
         if self.db_up:
@@ -306,8 +332,9 @@ class Neo4jGate:
     def readiness(self) -> dict[str, Any]:
         stuck = self.supervisor.stuck()
         writer = self.writer
-        ready = self.db_up and not stuck and writer is not None
+        ready = self.db_up and not stuck and writer is not None and not self.calls.failing()
         return {"ready": ready, "neo4j": {"reachable": self.db_up, "uri": self.neo4j_uri, "error": self.db_error},
+                "lease_path": self.calls.report(),
                 "loops": self.supervisor.report(), "stuck_loops": stuck,
                 "gmg_pending_writes": writer.pending if writer else 0,
                 "gmg_dropped_writes": writer.rows_dropped if writer else 0,

@@ -11,10 +11,10 @@ whether the thing does not exist or belongs to another tenant.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from service.domain.error import DatabaseUnavailableError
+from service.domain.error import DatabaseUnavailableError, InspectionBusyError
 from service.graph.inspection import Table
 
 if TYPE_CHECKING:
@@ -31,7 +31,8 @@ class Gate(Protocol):
     repo: GraphRepository | None
     writer: GmgWriter | None
 
-    async def db(self, fn: Any, *args: Any, bound_s: float | None = -1.0, **kwargs: Any) -> Any: ...
+    async def db(self, fn: Any, *args: Any, bound_s: float | None = -1.0, read: bool = False,
+                 done: Callable[[], None] | None = None, **kwargs: Any) -> Any: ...
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:
@@ -41,16 +42,27 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-INSPECT_BOUND_S = 30.0  # a read-only inspection or audit page may take this long before it is abandoned
+GRACE_S = 2.0  # the caller waits this much past the inspection's timeout, for Neo4j's own answer to it
 
 
 class LiveReads:
     """``state``: the in-memory mirror; ``gate``: the stores behind Neo4j (its ``repo`` is set at
-    the service's start: a store read before then is a 503, as while Neo4j is down)."""
+    the service's start: a store read before then is a 503, as while Neo4j is down).
 
-    def __init__(self, state: LiveState, gate: Gate) -> None:
+    Inspection (ad-hoc and named queries, audit pages and verification) is bounded three ways, so
+    that it cannot starve the lease path, whose calls share the worker threads and the driver's
+    connections: at most ``max_inspections`` run at once (one more is a 429 at once, counted until
+    its thread ends, not until its caller stops waiting); each query's transaction is stopped in
+    Neo4j past ``inspect_timeout_s``; an answer holds at most ``inspect_max_rows`` rows."""
+
+    def __init__(self, state: LiveState, gate: Gate, *, inspect_timeout_s: float = 30.0, max_inspections: int = 2,
+                 inspect_max_rows: int = 10_000) -> None:
         self.state = state
         self.gate = gate
+        self.inspect_timeout_s = inspect_timeout_s
+        self.max_inspections = max_inspections
+        self.inspect_max_rows = inspect_max_rows
+        self.inspections = 0  # running now (their threads)
 
     # ---- the in-memory mirror --------------------------------------------------------------------
     def wall(self) -> float:
@@ -123,14 +135,31 @@ class LiveReads:
             raise DatabaseUnavailableError("the service is starting: its stores are not open yet")
         return self.gate.repo
 
+    async def _inspection(self, fn: Any, *args: Any, bound_s: float | None, **kwargs: Any) -> Any:
+        """``fn`` within the inspection budget (:class:`InspectionBusyError` when it is spent)."""
+        if self.inspections >= self.max_inspections:
+            raise InspectionBusyError(f"{self.inspections} inspection queries are running, as many as may run at "
+                                      f"once (SLICESCHED_MAX_INSPECTIONS); nothing ran: ask again in a moment")
+        self.inspections += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.inspections -= 1
+
+        return await self.gate.db(fn, *args, bound_s=bound_s, read=True, done=release, **kwargs)
+
     async def audit_log(self, **filters: Any) -> list[dict[str, Any]]:
         """Audit entries matching every filter (:meth:`AuditStore.audit_log`), oldest first."""
-        rows: list[dict[str, Any]] = await self.gate.db(self._repo().audit_log, **filters, bound_s=INSPECT_BOUND_S)
+        rows: list[dict[str, Any]] = await self._inspection(self._repo().audit_log, **filters,
+                                                            bound_s=self.inspect_timeout_s + GRACE_S)
         return rows
 
     async def verify_audit(self, anchor: tuple[int, str] | None) -> Any:
         """The whole chain walked and checked (no time bound: it grows with the log)."""
-        return await self.gate.db(self._repo().verify_audit, anchor=anchor, bound_s=None)
+        return await self._inspection(self._repo().verify_audit, anchor=anchor, bound_s=None)
 
     async def experiment(self, uid: str) -> Any:
         """The experiment record ``uid`` (:class:`NotFoundError` when absent)."""
@@ -148,10 +177,15 @@ class LiveReads:
         return list(self._repo().inspection_queries())
 
     async def run_read(self, query: str, params: dict[str, Any]) -> Table:
-        """Read-only Cypher (refused when it writes), its values as parameters."""
-        table: Table = await self.gate.db(self._repo().run_read, query, params, bound_s=INSPECT_BOUND_S)
+        """Read-only Cypher (refused when it writes), its values as parameters, within the
+        inspection's bounds (the class's docstring)."""
+        table: Table = await self._inspection(self._repo().run_read, query, params, **self._bounds())
         return table
 
     async def run_named(self, name: str, params: dict[str, Any]) -> Table:
-        table: Table = await self.gate.db(self._repo().run_named, name, params, bound_s=INSPECT_BOUND_S)
+        table: Table = await self._inspection(self._repo().run_named, name, params, **self._bounds())
         return table
+
+    def _bounds(self) -> dict[str, Any]:
+        return {"timeout_s": self.inspect_timeout_s, "max_rows": self.inspect_max_rows,
+                "bound_s": self.inspect_timeout_s + GRACE_S}

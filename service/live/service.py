@@ -47,6 +47,7 @@ from service.graph.catalog import QueryCatalog
 from service.graph.repository import GraphRepository
 from service.live.access import DEFAULT_PROJECT, AccessBook, ApiKeyRecord, LiveProject
 from service.live.audit import AuditLog
+from service.live.call_health import CallHealth
 from service.live.credential import hash_key
 from service.live.durable import DurableWrites
 from service.live.key_admin import KeyAdmin
@@ -92,7 +93,9 @@ class LiveService(DurableWrites, SchedulingLoop):
                                lease_ttl_s=settings.lease_ttl_s, max_attempts=settings.max_attempts,
                                max_batch=settings.max_batch)
         self.metrics = LiveMetrics(self.state)
-        self.reads = LiveReads(self.state, self)  # what the HTTP layer reads (the facade's read half)
+        self.reads = LiveReads(self.state, self, inspect_timeout_s=settings.inspect_timeout_s,
+                               max_inspections=settings.max_inspections,
+                               inspect_max_rows=settings.inspect_max_rows)  # what the HTTP layer reads
         self.streams = StreamBook()  # tokens on their way to waiting clients (the OpenAI endpoints)
         self.access = AccessBook()  # people's and services' keys, projects, tenant quotas
         self.quotas = QuotaBook()  # usage against them
@@ -129,6 +132,7 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.unplaced: dict[str, str] = {}  # model uid -> why the last re-plan found it no home
         self.db_up = False
         self.db_error: str | None = None
+        self.calls = CallHealth()  # the request path's bounded writes (readiness)
         self._gmg_dirty = False  # the cluster's devices and weights in the GMG await a re-write
         self._busy_mark: dict[str, tuple[float, float]] = {}
         self._first_arrival: dict[str, float] = {}
@@ -407,6 +411,8 @@ class LiveService(DurableWrites, SchedulingLoop):
             return
         if (not self.db_up or self._unsettled) and not await self._reopened(self._before_traffic):
             return  # still getting ready: the gate stays as it is
+        if not self.db_up:
+            self.calls.succeeded()  # what failed in the outage is not the reopened gate's
         self.db_up, self.db_error = True, None
         if self._gmg_dirty:
             await self._write_cluster()

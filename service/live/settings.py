@@ -18,6 +18,7 @@ from service.live.retention import RetentionSettings
 # what the executors can run: whole replicas, and sliced guests (a model's layers cut over
 # other tenants' devices, run in their owners' gaps)
 LIVE_PLACEMENTS = ("container", "replica", "slice")
+MIN_BODY_BYTES = 64 * 1024  # the smallest body limit: every route takes a body this large
 
 
 def state_dir() -> Path:
@@ -47,6 +48,16 @@ class ServiceSettings:
     call_timeout_s: float = 10.0  # a call that reached Neo4j but has no answer by then: 503, outcome unknown
     max_pending_writes: int = 500_000  # GMG mirror rows kept during an outage (coalesced per object)
     max_queued: int = 200_000  # requests waiting per model; beyond, a submission is refused (429)
+    # a request body larger than its route takes is refused (413) before it is read: the bulk
+    # routes (batches of requests, completions, progress, workflows) take the larger limit
+    max_body_bytes: int = 2 * 1024 * 1024
+    # inspection (POST /v1/inspect, audit reads): stopped in Neo4j past its timeout, at most this
+    # many at once (beyond: 429 at once; they share threads and connections with the lease path)
+    # and at most this many rows in an answer
+    inspect_timeout_s: float = 30.0
+    max_inspections: int = 2
+    inspect_max_rows: int = 10_000
+    max_bulk_body_bytes: int = 64 * 1024 * 1024
     neo4j: Neo4jSettings = field(default_factory=Neo4jSettings.from_env)
     # what grows (requests, workflows, audit entries, observations): archived, then deleted (service.live.retention)
     retention: RetentionSettings = field(default_factory=RetentionSettings.from_env)
@@ -86,6 +97,14 @@ class ServiceSettings:
                                     "max_pending_writes >= 1000")
         if self.max_queued < 1:
             raise InvalidInputError("max_queued must be >= 1")
+        if not (0 < self.inspect_timeout_s <= 600 and 1 <= self.max_inspections <= 64
+                and 1 <= self.inspect_max_rows <= 10_000_000):
+            raise InvalidInputError("inspect_timeout_s must be in (0, 600], max_inspections in [1, 64], "
+                                    "inspect_max_rows in [1, 10000000]")
+        if not (MIN_BODY_BYTES <= self.max_body_bytes <= self.max_bulk_body_bytes):
+            raise InvalidInputError(f"body limits must satisfy {MIN_BODY_BYTES} <= max_body_bytes <= "
+                                    f"max_bulk_body_bytes, got {self.max_body_bytes} and {self.max_bulk_body_bytes} "
+                                    "(SLICESCHED_MAX_BODY_BYTES, SLICESCHED_MAX_BULK_BODY_BYTES)")
         if not 0.0 <= self.headroom_utilisation <= 1.0:
             raise InvalidInputError(f"headroom_utilisation must be in [0, 1] (0: off), got {self.headroom_utilisation}")
         self._check_predictor()
@@ -132,6 +151,11 @@ class ServiceSettings:
             "call_timeout_s": env.number("SLICESCHED_CALL_TIMEOUT_S", float),
             "max_pending_writes": env.number("SLICESCHED_MAX_PENDING_WRITES", int),
             "max_queued": env.number("SLICESCHED_MAX_QUEUED", int),
+            "max_body_bytes": env.number("SLICESCHED_MAX_BODY_BYTES", int),
+            "inspect_timeout_s": env.number("SLICESCHED_INSPECT_TIMEOUT_S", float),
+            "max_inspections": env.number("SLICESCHED_MAX_INSPECTIONS", int),
+            "inspect_max_rows": env.number("SLICESCHED_INSPECT_MAX_ROWS", int),
+            "max_bulk_body_bytes": env.number("SLICESCHED_MAX_BULK_BODY_BYTES", int),
             "headroom_utilisation": env.number("SLICESCHED_HEADROOM_UTILISATION", float),
             "confirm_drains": env.flag("SLICESCHED_CONFIRM_DRAINS"),
             "cost_model": kind_from(None),

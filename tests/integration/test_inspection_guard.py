@@ -87,7 +87,7 @@ def test_allowed_reads_still_work(repo: GraphRepository, tenant: str) -> None:
 def test_every_named_inspection_query_passes_the_guard(repo: GraphRepository) -> None:
     samples = {"tenant_id": "nobody", "model_id": "m", "phase": "prefill", "op_id": "x", "limit": 1,
                "since": 0.0, "stale_before": 0.0, "device_id": "nowhere", "since_s": 0.0,
-               "filters": {"action": "tenant"}}
+               "filters": {"action": "tenant"}, "projects": ["default"]}
     for q in repo.inspection_queries():
         table = repo.run_named(q.name, {p: samples[p] for p in q.params})
         assert table.columns, q.name

@@ -55,3 +55,16 @@ def test_supplied_parameters_are_checked_before_running() -> None:
         q.check_params({"tenant_id": "a"})
     with pytest.raises(CatalogError, match="undeclared"):
         q.check_params({"tenant_id": "a", "props": {}, "sneaky": 1})
+
+
+def test_an_optional_parameter_may_be_left_out_and_reaches_the_server_as_null(tmp_path: Path) -> None:
+    (tmp_path / "inspect").mkdir()
+    (tmp_path / "inspect" / "q.cypher").write_text(
+        "// @param tenant_id: the tenant\n// @param projects?: these projects, or null\n"
+        "MATCH (r:Request {tenant_id: $tenant_id}) WHERE $projects IS NULL OR r.project_id IN $projects RETURN r\n")
+    q = QueryCatalog.load(tmp_path).get("q")
+    assert q.params == ("tenant_id", "projects") and q.optional == {"projects"}
+    assert q.bind({"tenant_id": "a"}) == {"tenant_id": "a", "projects": None}
+    assert q.bind({"tenant_id": "a", "projects": ["p"]}) == {"tenant_id": "a", "projects": ["p"]}
+    with pytest.raises(CatalogError, match="missing"):
+        q.bind({"projects": None})

@@ -130,7 +130,8 @@ async def set_tenant_quota(tenant_id: str, body: QuotaIn, svc: Svc, p: AdminPrin
 
 @router.get("/v1/tenants/{tenant_id}/usage", response_model=TenantUsageOut)
 async def usage(tenant_id: str, svc: Svc, p: ReadPrincipal) -> dict[str, Any]:
-    """Quota and usage of the tenant and of each of its projects (a key limited to some: those)."""
+    """Quota and usage of the tenant and of each of its projects (a key limited to some: those
+    projects', and no tenant-wide meter, which counts the others' work)."""
     own_tenant(p, tenant_id)
     svc.reads.tenant(tenant_id)
     return _usage(svc, tenant_id, p.projects)
@@ -141,5 +142,5 @@ def _usage(svc: LiveService, tenant_id: str, limited_to: tuple[str, ...]) -> dic
                 if not limited_to or pr.project_id in limited_to]
     if not projects:
         raise NotFoundError(f"no tenant {tenant_id!r}")
-    return {"tenant_id": tenant_id, "tenant": svc.usage_public(tenant_id, None),
+    return {"tenant_id": tenant_id, "tenant": None if limited_to else svc.usage_public(tenant_id, None),
             "projects": {pid: svc.usage_public(tenant_id, pid) for pid in projects}}

@@ -24,9 +24,11 @@ async def healthz(svc: Svc) -> dict[str, Any]:
 
 
 @router.get("/readyz", response_model=ReadinessOut,
-            responses={503: {"model": ReadinessOut, "description": "Not ready (Neo4j down, a loop stuck); retry shortly"}})
+            responses={503: {"model": ReadinessOut, "description": "Not ready (Neo4j down, a loop stuck, the lease "
+                                                                 "path's calls failing); retry shortly"}})
 async def readyz(svc: Svc, response: Response) -> dict[str, Any]:
-    """Readiness: 200 when Neo4j answers and no background loop is stuck, else 503; each
+    """Readiness: 200 when Neo4j answers, no background loop is stuck and the lease path's calls
+    (submissions, completions) are not failing, else 503; each
     loop's last successful tick and failures, the GMG writer's backlog (no key needed; nothing
     about tenants)."""
     report = svc.readiness()

@@ -39,4 +39,4 @@ async def set_queue_policy(body: QueuePolicyIn, svc: Svc, p: AdminPrincipal) -> 
 async def inspect(body: InspectIn, svc: Svc, p: ReadPrincipal) -> dict[str, Any]:
     """Read-only Cypher (admin) or a named query; tenant keys run named queries scoped to themselves."""
     table = await reports.inspect(svc, p, body.query, body.name, body.params)
-    return {"columns": table.columns, "rows": table.rows}
+    return {"columns": table.columns, "rows": table.rows, "truncated": table.truncated}
