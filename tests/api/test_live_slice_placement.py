@@ -116,13 +116,14 @@ def test_the_live_slice_policy_judges_plans_from_the_cypher_slots_on_a_backlog(
     searched: list[int] = []
     cypher_slots = svc.cypher_slots
     svc.cypher_slots = lambda view, q: searched.append(1) or cypher_slots(view, q)
+    judged: list[int] = []  # what-ifs of every step, the service's own loop's included (it steps on arrivals)
+    step = svc.scheduler.step
+    svc.scheduler.step = lambda now, view: (d := step(now, view), judged.append(d.num_whatifs))[0]
     for _ in range(24):
         client.post("/v1/requests", json={"model_id": "m", "prompt_tokens": list(range(1, 200)), "max_tokens": 64},
                     headers=auth(keys[a]))
-    decision = client.portal.call(svc.step)  # type: ignore[union-attr]
-    # the service's own loop may have stepped on the arrivals first and placed a guest already
-    placed = [n for n in svc.decisions if n.startswith(("add ", "slice "))]
-    assert searched and (decision.num_whatifs >= 1 or placed), (decision.notes, svc.decisions)
+    client.portal.call(svc.step)  # type: ignore[union-attr]
+    assert searched and sum(judged) >= 1, (judged, svc.decisions)
     # a sliced guest in place (its cut in the snapshot's plans): the mirror runs it under owner priority
     svc.state.apply(Decision(add=[ReplicaChange(f"{a}/m", "tiny", (f"e{b}",), ((f"e{b}", 0, 0), (f"e{b}", 1, 1)))]),
                     {f"e{b}": (f"e{b}/cpu:0",)})
