@@ -7,13 +7,19 @@ as its last line and writes the same object to ``benchmarks/results/<name>.json`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from service.graph.connection import Neo4jSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -30,6 +36,23 @@ class _Parser(argparse.ArgumentParser):
             self.error("the working tree has uncommitted changes, so the record could not be reproduced: commit "
                        "first, write elsewhere (--out DIR), or pass --allow-dirty (the record is marked dirty)")
         return parsed
+
+
+@contextlib.contextmanager
+def private_neo4j(prefix: str) -> Iterator[Neo4jSettings]:
+    """A Neo4j server of its own in a temporary state directory, started for the benchmark and
+    stopped after it (a private graph: nothing of another run or user is touched)."""
+    from service.graph.connection import Neo4jSettings
+    from service.graph.local_server import LocalNeo4j
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as state:
+        server = LocalNeo4j(Path(state) / "neo4j")
+        info = server.start(log=False)
+        try:
+            user, password = server.auth()
+            yield Neo4jSettings(uri=info.uri, user=user, password=password, state_dir=server.state_dir)
+        finally:
+            server.stop()
 
 
 def parser(name: str, question: str) -> argparse.ArgumentParser:

@@ -44,20 +44,8 @@ def main() -> int:
     args = p.parse_args()
     if args.quick:
         args.duration_s = 30.0
-    import tempfile
-
-    from service.graph.connection import Neo4jSettings
-    from service.graph.local_server import LocalNeo4j
-
-    with tempfile.TemporaryDirectory(prefix="slicesched-live-slices-") as state:
-        server = LocalNeo4j(Path(state) / "neo4j")
-        info = server.start(log=False)
-        try:
-            user, password = server.auth()
-            neo4j = Neo4jSettings(uri=info.uri, user=user, password=password, state_dir=server.state_dir)
-            return measure(args, neo4j)
-        finally:
-            server.stop()
+    with _record.private_neo4j("slicesched-live-slices-") as neo4j:
+        return measure(args, neo4j)
 
 
 def measure(args: argparse.Namespace, neo4j: Neo4jSettings) -> int:

@@ -14,7 +14,6 @@ time per iteration the warm-up delivered with every KV slot busy). Writes
 from __future__ import annotations
 
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,22 +28,13 @@ def main() -> int:
     p.add_argument("--load", type=float, default=1.2, help="offered request rate over the warm-up's measured rate")
     args = p.parse_args()
 
-    from service.graph.connection import Neo4jSettings
-    from service.graph.local_server import LocalNeo4j
     from service.harness.testbench.command import BenchOptions, run_testbench
 
     opts = BenchOptions.quick() if args.quick else BenchOptions()
     opts = replace(opts, seed=args.seed, load=args.load, repeats=args.repeats or opts.repeats)
     plots = args.out / "testbench"
-    with tempfile.TemporaryDirectory(prefix="slicesched-testbench-") as state:
-        server = LocalNeo4j(Path(state) / "neo4j")  # a private graph: nothing of another run or user is touched
-        info = server.start(log=False)
-        try:
-            user, password = server.auth()
-            neo4j = Neo4jSettings(uri=info.uri, user=user, password=password, state_dir=server.state_dir)
-            record = run_testbench(opts, plots, say=lambda m: print(" ", m, flush=True), neo4j=neo4j)
-        finally:
-            server.stop()
+    with _record.private_neo4j("slicesched-testbench-") as neo4j:
+        record = run_testbench(opts, plots, say=lambda m: print(" ", m, flush=True), neo4j=neo4j)
     (plots / "testbench.json").unlink()  # the record below holds it
     results = {k: record[k] for k in ("policies", "predictions", "per_policy", "rank", "ratio_range",
                                       "reproducibility", "notes", "workload", "warm_up", "prediction_overhead_s",

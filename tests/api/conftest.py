@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
+from service.core.scheduler import ClusterView, Decision
 from service.graph.connection import Neo4jSettings
 from service.live.settings import ServiceSettings
 
@@ -75,6 +76,20 @@ def new_tenant(client: TestClient, name: str, sla_class: str = "standard") -> st
     r = client.post("/v1/tenants", json={"tenant_id": name, "sla_class": sla_class}, headers=auth(ADMIN))
     assert r.status_code == 201, r.text
     return str(r.json()["api_key"])
+
+
+class Scripted:
+    """A placement policy that decides what it is told once, then nothing (the real apply and
+    audit paths run; the service's own scheduling loop may step it too)."""
+
+    name = "scripted"
+
+    def __init__(self, decision: Decision) -> None:
+        self.decision: Decision | None = decision
+
+    def step(self, now_s: float, state: ClusterView) -> Decision:
+        decision, self.decision = self.decision or Decision(), None
+        return decision
 
 
 class FrozenWall:

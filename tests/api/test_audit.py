@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.core.scheduler import ClusterView, Decision, ReplicaChange, Scheduler, WhatIfOutcome, WhatIfRun
-from tests.api.conftest import ADMIN, EXECUTOR, auth, new_tenant
+from service.core.scheduler import Decision, ReplicaChange, Scheduler, WhatIfOutcome, WhatIfRun
+from tests.api.conftest import ADMIN, EXECUTOR, Scripted, auth, new_tenant
 
 GIB = 2**30
 
@@ -139,20 +139,6 @@ def test_a_silent_executor_dropped_is_audited(make_client: Callable[..., TestCli
     dropped = one(client, "executor.drop")
     assert (dropped["actor"], dropped["actor_role"], dropped["target_id"]) == ("service", "system", f"e{uid}")
     assert dropped["details"] == {"reason": "silent for 1s"}
-
-
-class Scripted:
-    """A placement policy that decides what it is told once, then nothing (the real apply and
-    audit paths run; the service's own scheduling loop may step it too)."""
-
-    name = "scripted"
-
-    def __init__(self, decision: Decision) -> None:
-        self.decision: Decision | None = decision
-
-    def step(self, now_s: float, state: ClusterView) -> Decision:
-        decision, self.decision = self.decision or Decision(), None
-        return decision
 
 
 def test_a_placement_decision_is_audited_with_its_notes_and_what_if_figures(

@@ -11,25 +11,12 @@ from collections.abc import Callable
 import pytest
 from fastapi.testclient import TestClient
 
-from service.core.scheduler import ClusterView, Decision, ReplicaChange, Scheduler
+from service.core.scheduler import Decision, ReplicaChange, Scheduler
 from service.domain.error import InvalidInputError
 from service.live.settings import ServiceSettings
-from tests.api.conftest import ADMIN, EXECUTOR, auth, new_tenant
+from tests.api.conftest import ADMIN, EXECUTOR, Scripted, auth, new_tenant
 
 GIB = 1 << 30
-
-
-class Scripted:
-    """A placement policy that decides what it is told once, then nothing."""
-
-    name = "scripted"
-
-    def __init__(self, decision: Decision) -> None:
-        self.decision: Decision | None = decision
-
-    def step(self, now_s: float, state: ClusterView) -> Decision:
-        decision, self.decision = self.decision or Decision(), None
-        return decision
 
 
 def register(client: TestClient, executor_id: str, port: int) -> None:
