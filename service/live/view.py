@@ -99,8 +99,8 @@ class LiveSnapshot:
     configs: dict[str, ModelConfig] = field(default_factory=dict)  # family -> config, models from disk included
     pending: frozenset[str] = frozenset()  # ids of the recent requests not finished live (queued or running)
     seen_since: dict[str, float] = field(default_factory=dict)  # model uid -> its first arrival live (mirror seconds)
-    # sliced replicas' cuts on compute units (replica id -> its slices), and whether each takes
-    # turns with its owners (else it yields to them: ReplicaInfo.yields_to_owners)
+    # sliced replicas' cuts on compute units (replica id -> its slices, inclusive layer ranges);
+    # whether each yields to its owners is its ReplicaInfo.yields_to_owners
     plans: dict[str, tuple[SliceStage, ...]] = field(default_factory=dict)
 
 

@@ -14,8 +14,9 @@ Owner priority, at slice boundaries
     run when the owner has no request waiting (a backlog has no gap: its requests' TTFT runs, as
     the executor counts a pressed owner as due) and its SLA slack covers it: the owner's last
     iteration plus the slice's predicted p90 stays within ``guest_slack_fraction`` of the
-    tightest TPOT target among the owner's decoding requests. Hence the stated bound: an owner iteration is delayed by at most
-    one guest slice (its actual duration), whether it was queued or arrived while the slice ran.
+    tightest TPOT target among the owner's decoding requests. Hence the stated bound: an owner
+    iteration is delayed by at most one guest slice (its actual duration), whether it was queued
+    or arrived while the slice ran.
 
 Turns (``ReplicaSpec.turns``)
     A slice takes the first window on its device that is free for its whole duration, behind the
