@@ -52,6 +52,7 @@ class GenerationRequest:
     iterations: int = 0  # iterations this request took part in (its prefill and its decode steps)
     busy_s: float = 0.0  # sum of the durations of those iterations
     peak_bytes: int = 0  # largest peak memory of those iterations
+    prefill_stage_s: tuple[float, ...] = ()  # its prefill's seconds per stage of the model (nan: a remote stage)
     sampler: TokenSampler = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -208,7 +209,10 @@ class ContinuousBatcher:
         req.admitted_s = now
         ids = torch.tensor([req.prompt], device=self.device)
         pos = torch.arange(len(req.prompt), device=self.device)[None]
-        logits, kv = self.model(ids, pos, last_logits_only=True)
+        stage_s: list[float] = []
+        timed = {"stage_times": stage_s} if isinstance(self.model, StagedModel) else {}  # a stand-in model: untimed
+        logits, kv = self.model(ids, pos, last_logits_only=True, **timed)
+        req.prefill_stage_s = tuple(stage_s)
         slot = len(self.running)
         for part, new in zip(self.pool, kv, strict=True):
             part[:, :, slot, :, : len(req.prompt)] = new[:, :, 0]

@@ -18,6 +18,8 @@ scheduler's memory model assumes. :class:`~executor.batcher.ContinuousBatcher` r
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -110,17 +112,26 @@ class StagedModel(nn.Module):
         return copy.eval()
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv_cache: Sequence[Tensor] | None = None,
-                attn_bias: Tensor | None = None, last_logits_only: bool = False) -> tuple[Tensor, list[Tensor]]:
+                attn_bias: Tensor | None = None, last_logits_only: bool = False,
+                stage_times: list[float] | None = None) -> tuple[Tensor, list[Tensor]]:
+        """``stage_times``: when given, filled with each stage's seconds in this call (the
+        embedding counted in the first stage, the final norm and head in the last, as a slice of
+        those layers would run them; a CUDA stage synchronised at its end so its kernels are its
+        own), and ``nan`` for a remote stage (its time is the network's too)."""
+        timer = _StageTimer(stage_times, self.devices)
         x, rope = embed_inputs(self.embed, self.pos_embed, None if self.pos_embed is not None else self.inv_freq,
                                input_ids, positions)
         new_kv: list[Tensor] = []
         for s, (device, blocks) in enumerate(zip(self.devices, self.stage_blocks, strict=True)):
+            if s > 0:
+                timer.lap(s - 1)
             x = x.to(device)
             stage_rope = (rope[0].to(device), rope[1].to(device)) if rope is not None else None
             bias = attn_bias.to(device) if attn_bias is not None else None
             if isinstance(blocks, RemoteStage):  # activations (and this stage's cache) over HTTP
                 x, stage_kv = blocks(x, stage_rope, kv_cache[s] if kv_cache is not None else None, bias)
                 new_kv.append(stage_kv)
+                timer.remote(s)
                 continue
             kvs = []
             for j, block in enumerate(cast(nn.ModuleList, blocks)):
@@ -131,11 +142,41 @@ class StagedModel(nn.Module):
         if last_logits_only:
             x = x[:, -1:]
         logits: Tensor = self.lm_head(self.final_norm(x))
+        timer.lap(len(self.devices) - 1)
         return logits, new_kv
 
     def param_bytes(self) -> int:
         """Bytes of the weights this model holds (a parameter shared between modules counts once)."""
         return sum(p.numel() * p.element_size() for p in self.parameters())
+
+
+class _StageTimer:
+    """Per-stage seconds of one forward (:meth:`StagedModel.forward`'s ``stage_times``); does
+    nothing when no list is given. A stage's time runs from the end of the one before it (the
+    start of the forward for the first) to its own end; a remote stage's stays ``nan``."""
+
+    def __init__(self, out: list[float] | None, devices: Sequence[torch.device]) -> None:
+        self.out, self.devices = out, devices
+        self.skip: set[int] = set()
+        if out is not None:
+            out[:] = [math.nan] * len(devices)
+        self.mark = time.perf_counter()
+
+    def lap(self, stage: int) -> None:
+        if self.out is None or stage in self.skip:
+            return
+        device = self.devices[stage]
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        now = time.perf_counter()
+        self.out[stage] = now - self.mark
+        self.mark = now
+
+    def remote(self, stage: int) -> None:
+        """Stage ``stage`` ran on another node: no time of its own here."""
+        if self.out is not None:
+            self.skip.add(stage)
+            self.mark = time.perf_counter()
 
 
 def load_staged(family: str, seed: int, stages: Sequence[Stage], path: str | None = None) -> StagedModel:

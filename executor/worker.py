@@ -153,6 +153,7 @@ def completion_of(lease: Lease, request: GenerationRequest) -> Completion:
         iterations=request.iterations,
         busy_s=request.busy_s,
         peak_bytes=request.peak_bytes,
+        prefill_stage_s=tuple(None if math.isnan(t) else t for t in request.prefill_stage_s),
     )
 
 

@@ -127,6 +127,9 @@ class CompletionIn(Body):
     iterations: Int = Field(0, ge=0, le=10**9)
     busy_s: float = Field(0.0, ge=0, le=1e9)
     peak_bytes: Int = Field(0, ge=0, le=2**50)  # bounds below 2**53: a JSON number is a double
+    prefill_stage_s: list[Annotated[float, Field(ge=0, le=1e6)] | None] = Field(
+        default_factory=list, max_length=256, description="its prefill's seconds per stage of the lease, in "
+        "the lease's stage order (null: a stage not timed there): recorded as slice observations in the GMG")
 
 
 class ProgressUpdateIn(Body):

@@ -132,9 +132,17 @@ class Completion:
     iterations: int
     busy_s: float  # sum of the durations of the iterations the request took part in
     peak_bytes: int
+    # Its prefill's seconds per stage of the lease, in the lease's stage order (``None``: a stage
+    # not timed here, e.g. one on another node): what the GMG keeps as slice observations.
+    prefill_stage_s: tuple[float | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefill_stage_s", tuple(self.prefill_stage_s))  # a list from JSON, kept as a tuple
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["prefill_stage_s"] = list(self.prefill_stage_s)
+        return out
 
 
 @dataclass(frozen=True)

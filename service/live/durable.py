@@ -15,7 +15,7 @@ from service.live.access import AccessBook
 from service.live.neo4j_gate import Neo4jGate, neo4j_down
 from service.live.notify import Signal
 from service.live.quota import QuotaBook
-from service.live.records import TERMINAL, LiveRequest
+from service.live.records import TERMINAL, LiveRequest, Write
 
 log = logging.getLogger("slicesched.service")
 
@@ -154,6 +154,7 @@ class DurableWrites(Neo4jGate):
             return [], rejected
         by_lease = {c.lease_id: c for c in completions}
         accepted: list[str] = []
+        observed: list[Write] = []
 
         def settle(committed: set[str] | None, sent: bool = True) -> None:
             # committed None: the write failed; if it was sent, it may have committed all the same
@@ -161,7 +162,7 @@ class DurableWrites(Neo4jGate):
             for lease_id, row in rows.items():
                 req = state.requests[row["request"]["uid"]]
                 if committed is not None and req.request_id in committed:
-                    state.complete(by_lease[lease_id], row)
+                    observed.extend(state.complete(by_lease[lease_id], row))
                     self.metrics.request_ended(req)
                     accepted.append(lease_id)
                 elif committed is None and not sent:
@@ -171,6 +172,8 @@ class DurableWrites(Neo4jGate):
                     if committed is not None:  # Neo4j holds it finished already: memory takes that state
                         state.counters["completions_rejected"] += 1
                         rejected.append({"lease_id": lease_id, "reason": f"request {req.request_id} is already finished"})
+            if observed:
+                self.persist(observed)  # what the executor measured: soft state, batched
             if accepted:
                 self.work.notify()
                 self.changed.set()

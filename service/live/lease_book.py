@@ -57,7 +57,7 @@ class LeaseBook:
         self.iteration_s: dict[str, float] = {}  # family -> measured mean iteration time (EWMA)
         # leases_granted counts Slices created; each end counts once, under LEASE_END_COUNTERS[state]
         self.counters: dict[str, int] = {"leases_granted": 0, **dict.fromkeys(LEASE_END_COUNTERS.values(), 0),
-                                         "completions_rejected": 0}
+                                         "completions_rejected": 0, "slice_observations": 0}
         self._lease_ids = itertools.count(1)
         self._lease_prefix = secrets.token_hex(3)  # lease ids never repeat across restarts
         self.on_end: Callable[[LiveRequest], None] = lambda req: None  # a request ended (observer)
@@ -350,11 +350,13 @@ class LeaseBook:
             self.on_end(req)
         return writes
 
-    def complete(self, c: Completion, row: dict[str, Any]) -> None:
+    def complete(self, c: Completion, row: dict[str, Any]) -> list[Write]:
         """Apply a completion already written (``row`` from :meth:`completion_row`): the request
-        is done with the result that Neo4j holds."""
+        is done with the result that Neo4j holds. Returns the GMG rows of what the executor
+        measured (:meth:`observations`), soft state for the batched writer."""
         lease = self.leases[c.lease_id]
         req = self.requests[lease.request_id]
+        observed = self.observations(lease, req, c, float(row["request"]["finished_at"]))
         self._end_lease(c.lease_id, SliceState.DONE, observed=c)
         result = row["request"]
         req.finishing = False
@@ -368,6 +370,32 @@ class LeaseBook:
             old = self.iteration_s.get(family)
             self.iteration_s[family] = mean if old is None else old + 0.1 * (mean - old)
         self.on_end(req)
+        return observed
+
+    def observations(self, lease: Lease, req: LiveRequest, c: Completion, wall: float) -> list[Write]:
+        """The request's prefill as slice observations (``record_slice_observations``): one row per
+        stage of the lease the executor timed, with the device it ran on (the GMG's id), the
+        layers it covers, the batch features (one sequence of the prompt's tokens) and its
+        latency. The first stage's row is the lease's own Slice; another stage's is a Slice of its
+        own (``<lease>/<stage>``). A stage count that does not match the placement records nothing."""
+        replica = self.registry.replicas.get(lease.replica_id)
+        model = self.registry.models.get(req.model_uid)
+        if replica is None or model is None or not c.prefill_stage_s:
+            return []
+        stages = self.registry.stages(replica, lease.executor_id, model.config.n_layers)
+        if len(stages) != len(c.prefill_stage_s):
+            return []
+        out = []
+        for i, (stage, seconds) in enumerate(zip(stages, c.prefill_stage_s, strict=True)):
+            if seconds is None or not seconds > 0 or stage.global_device_id is None:
+                continue
+            out.append(Write("observation", {
+                "uid": lease.lease_id if i == 0 else f"{lease.lease_id}/{i}", "tenant_id": req.tenant_id,
+                "family": model.family, "device_id": stage.global_device_id, "layer_start": stage.start,
+                "layer_end": stage.end, "batch": 1, "tokens": len(req.prompt), "phase": "prefill",
+                "latency_s": float(seconds), "observed_wall": wall}))
+        self.counters["slice_observations"] += len(out)
+        return out
 
     def fail_row(self, lease_id: str, executor_id: str | None, reason: str) -> dict[str, Any] | None:
         """The durable form of a failed lease when it ends its request (out of attempts: the

@@ -193,5 +193,6 @@ class Write:
 
     kind: str  # "request" (a request's update) | "slice_new" (a granted lease) | "slice_end" (its end)
     #            | "workflow" (a workflow's progress: ``{"uid", "snapshot"}``)
+    #            | "observation" (a slice the executor timed: ``record_slice_observations``)
     row: dict[str, Any]
 

@@ -99,9 +99,12 @@ class GmgWriter:
         ends: dict[str, dict[str, object]] = {}
         extends: dict[str, dict[str, object]] = {}
         workflows: list[dict[str, object]] = []
+        observations: list[dict[str, object]] = []
         for w, _ in batch:  # a slice created and ended in this batch is created ended
             uid = str(w.row["uid"])
-            if w.kind == "request":
+            if w.kind == "observation":
+                observations.append(w.row)
+            elif w.kind == "request":
                 requests[uid] = w.row
             elif w.kind == "slice_new":
                 new[uid] = dict(w.row)
@@ -123,7 +126,8 @@ class GmgWriter:
                     extends[uid] = w.row
         try:  # bounded: a hung connection is a failed batch (its rows stay), not a writer that stopped
             await asyncio.wait_for(threads.run(self._commit, list(requests.values()), list(new.values()),
-                                               list(ends.values()), workflows, list(extends.values())),
+                                               list(ends.values()), workflows, list(extends.values()),
+                                               observations),
                                    self.max_commit_s)
         except Exception:
             self.failed_batches += 1
@@ -136,12 +140,13 @@ class GmgWriter:
             self.lags_s.append(lag)
             if self.on_lag is not None:
                 self.on_lag(lag)
-        self.rows_written += len(requests) + len(new) + len(ends) + len(workflows) + len(extends)
+        self.rows_written += len(requests) + len(new) + len(ends) + len(workflows) + len(extends) + len(observations)
         self.batches += 1
 
     def _commit(self, requests: list[dict[str, object]], new: list[dict[str, object]],
                 ends: list[dict[str, object]], workflows: list[dict[str, object]],
-                extends: list[dict[str, object]] | None = None) -> None:
+                extends: list[dict[str, object]] | None = None,
+                observations: list[dict[str, object]] | None = None) -> None:
         if requests:
             self.repo.update_requests(requests)
         if new:
@@ -152,6 +157,8 @@ class GmgWriter:
             self.repo.end_slices(ends)
         if workflows:
             self.repo.update_workflows(workflows)
+        if observations:  # after the Slices they land on (a lease's own is created or ended above)
+            self.repo.record_slice_observations(observations)
 
     def warm_up(self) -> None:
         """Plan the writer's queries once (empty batches), so the first real batch is not slow."""
@@ -160,3 +167,4 @@ class GmgWriter:
         self.repo.end_slices([])
         self.repo.extend_slices([])
         self.repo.update_workflows([])
+        self.repo.record_slice_observations([])

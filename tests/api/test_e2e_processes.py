@@ -87,6 +87,36 @@ def served_once(stack: LiveStack, c: httpx.Client, ids: dict[str, Any]) -> None:
     assert rows == want
 
 
+def observations_close_the_loop(c: httpx.Client, ids: dict[str, tuple[str, str]]) -> None:
+    """Every request's prefill reached the GMG as slice observations (one per stage its
+    executor timed: the device, the layers, the prompt's tokens, the measured latency), and
+    the cost model's trainer turns each into a training sample."""
+    from learned.observations import ObservedSlice, observation_samples
+    from service.live.retraining import trace_prefill
+
+    query = ("MATCH (s:Slice) WHERE s.latency_s IS NOT NULL AND s.tenant_id IN $tenants "
+             "MATCH (d:Device {device_id: s.observed_device_id}) "
+             "RETURN s.uid AS uid, s.family AS family, d.kind AS device_kind, s.layer_start AS layer_start, "
+             "s.layer_end AS layer_end, s.batch AS batch, s.tokens AS tokens, s.phase AS phase, "
+             "s.latency_s AS latency_s, s.observed_wall AS observed_wall, s.tenant_id AS tenant")
+    tenants = [t for t, _ in TENANTS]
+    deadline = time.monotonic() + 15
+    while True:  # soft state: the GMG writer batches
+        out = c.post("/v1/inspect", json={"query": query, "params": {"tenants": tenants}}).json()
+        rows = [dict(zip(out["columns"], r, strict=True)) for r in out["rows"]]
+        leases = {str(r["uid"]).split("/")[0] for r in rows}
+        if len(leases) >= len(ids) or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert len(leases) == len(ids), f"{len(leases)} of {len(ids)} requests' prefills observed"
+    prompts = {tenant: {len(p.encode()) for t, p in ids.values() if t == tenant} for tenant in tenants}
+    for r in rows:
+        assert r["phase"] == "prefill" and r["batch"] == 1 and r["latency_s"] > 0 and r["device_kind"] == "cpu"
+        assert r["tokens"] in prompts[r["tenant"]] and 0 <= r["layer_start"] < r["layer_end"] <= 2
+    samples = observation_samples([ObservedSlice.from_row(r) for r in rows], trace_prefill)
+    assert len(samples) == len(rows)
+
+
 def test_three_tenants_complete_with_the_same_tokens_as_in_process(stack: LiveStack) -> None:
     with stack.client() as c:
         setup(stack, c)
@@ -103,6 +133,7 @@ def test_three_tenants_complete_with_the_same_tokens_as_in_process(stack: LiveSt
             kind = "slice" if len(r["devices"]) > 1 else "replica"
             assert m.value("slicesched:placements_applied_total", policy="container", action="add", kind=kind) >= 1
             assert m.value("slicesched:slices_planned", model_name="m", tenant=r["model"].split("/")[0]) >= len(r["devices"])
+        observations_close_the_loop(c, ids)
         # the GMG writer flushes on its own interval: its lag histogram has a sample once it has
         # committed a change, which may come after the requests are done (wait for it, bounded)
         deadline = time.monotonic() + 30

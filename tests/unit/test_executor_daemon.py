@@ -82,7 +82,9 @@ def test_leases_of_several_replicas_complete_with_the_tokens_of_the_model_run_al
         assert 0 < c.busy_s <= c.e2e_s
         assert c.peak_bytes > 0
     assert set(done["L1"].to_json()) == {"lease_id", "output_tokens", "queued_s", "ttft_s", "e2e_s", "iterations",
-                                        "busy_s", "peak_bytes"}
+                                        "busy_s", "peak_bytes", "prefill_stage_s"}
+    assert len(done["L1"].prefill_stage_s) == len(specs["L1"]["stages"])
+    assert all(t is not None and t > 0 for t in done["L1"].prefill_stage_s)
 
 
 def test_completion_times_count_from_lease_receipt() -> None:
@@ -124,7 +126,8 @@ def test_leases_that_cannot_run_here_are_refused_and_not_held() -> None:
 
 class _Broken(StagedModel):
     def forward(self, input_ids: Tensor, positions: Tensor, kv_cache: Sequence[Tensor] | None = None,
-                attn_bias: Tensor | None = None, last_logits_only: bool = False) -> tuple[Tensor, list[Tensor]]:
+                attn_bias: Tensor | None = None, last_logits_only: bool = False,
+                stage_times: list[float] | None = None) -> tuple[Tensor, list[Tensor]]:
         raise RuntimeError("out of memory (simulated)")
 
 

@@ -133,3 +133,41 @@ def test_a_fresh_process_builds_its_first_model_without_torchs_python_references
             "print('sympy' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.split() == ["False"], out.stdout + out.stderr
+
+
+def test_a_prefill_is_timed_per_stage_and_its_completion_carries_the_times() -> None:
+    """Each stage of a prefill gets its own positive time (what the GMG keeps as slice
+    observations); timing changes nothing computed; a remote stage's time is not its own."""
+    import math
+
+    from executor.runner import _StageTimer
+    from executor.worker import Lease, completion_of
+
+    torch.set_num_threads(1)
+    staged = load_staged("tiny", 7, SPLITS["two-stage"])
+    ids, pos = torch.tensor([[5, 6, 7, 8]]), torch.arange(4)[None]
+    times: list[float] = []
+    with torch.inference_mode():
+        timed, _ = staged(ids, pos, last_logits_only=True, stage_times=times)
+        plain, _ = staged(ids, pos, last_logits_only=True)
+    assert torch.equal(timed, plain)
+    assert len(times) == 2 and all(t > 0 for t in times)
+
+    batcher = ContinuousBatcher(staged, max_batch=2, max_context=32)
+    batcher.submit(GenerationRequest("r", [1, 2, 3], 2))
+    while not batcher.idle:
+        batcher.step()
+    (req,) = batcher.take_finished()
+    assert len(req.prefill_stage_s) == 2 and all(t > 0 for t in req.prefill_stage_s)
+    lease = Lease("l1", "r", "a/m@x", "tiny", 7, tuple(SPLITS["two-stage"]), (1, 2, 3), 2, received_s=req.arrival_s)
+    req.prefill_stage_s = (req.prefill_stage_s[0], math.nan)  # as a remote stage leaves it
+    c = completion_of(lease, req)
+    assert c.prefill_stage_s == (req.prefill_stage_s[0], None)
+    assert c.to_json()["prefill_stage_s"] == [req.prefill_stage_s[0], None]  # JSON: no NaN on the wire
+
+    timer = _StageTimer([], [torch.device("cpu")] * 3)
+    timer.lap(0)
+    timer.remote(1)
+    timer.lap(1)  # the remote stage keeps nan
+    timer.lap(2)
+    assert timer.out is not None and timer.out[0] >= 0 and math.isnan(timer.out[1]) and timer.out[2] >= 0

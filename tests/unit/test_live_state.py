@@ -298,3 +298,36 @@ def test_a_sliced_guest_leases_only_its_tenants_overflow() -> None:
     assert [r.replica_id for _, r, _ in home] == ["a/m@e1/cpu:0"] * 2  # the home full (2 slots)
     (guest,) = state.grant("e2", 8)
     assert guest[1].yields and guest[1].replica_id.startswith("a/m@e2/cpu:0:0-1")
+
+
+def test_a_completion_records_its_prefill_per_stage_as_slice_observations() -> None:
+    """Each timed stage of a lease's prefill becomes one observation row for the GMG: the
+    service's device id, the stage's layers, one sequence of the prompt's tokens, the measured
+    latency; the first on the lease's own Slice. Untimed stages and a stage count that does not
+    match the placement record nothing."""
+    from service.core.scheduler import Decision, ReplicaChange
+
+    state, _ = make_state()
+    state.executors["e1"].stage_url = "http://e1:9000"
+    state.replicas.pop("a/m@e1/cpu:0")  # tenant a's only replica: the sliced one
+    state.apply(Decision(add=[ReplicaChange("a/m", "tiny", ("e2", "e1"), (("e2", 0, 0), ("e1", 1, 1)))]),
+                {"e1": ("e1/cpu:0",), "e2": ("e2/cpu:0",)})
+
+    def run(stage_s: tuple[float | None, ...]) -> tuple[str, list[dict[str, object]]]:
+        submit(state, "a")
+        ((lease, _, _),) = state.grant("e2", 8)
+        c = Completion(**{**done(lease.lease_id).__dict__, "prefill_stage_s": stage_s})
+        writes = state.complete(c, state.completion_row("e2", c))
+        assert all(w.kind == "observation" for w in writes)
+        return lease.lease_id, [w.row for w in writes]
+
+    first, rows = run((0.004, 0.006))
+    assert [(r["uid"], r["device_id"], r["layer_start"], r["layer_end"]) for r in rows] == [
+        (first, "e2/cpu:0", 0, 1), (f"{first}/1", "e1/cpu:0", 1, 2)]
+    assert all(r["tenant_id"] == "a" and r["family"] == "tiny" and r["batch"] == 1 and r["tokens"] == 2
+               and r["phase"] == "prefill" for r in rows)
+    assert [r["latency_s"] for r in rows] == [0.004, 0.006]
+    second, rows = run((None, 0.006))
+    assert [r["uid"] for r in rows] == [f"{second}/1"]
+    assert run((0.004,))[1] == []  # not the placement's two stages
+    assert state.counters["slice_observations"] == 3
