@@ -15,6 +15,7 @@ from typing import Any
 from service.core.cost import CostModel
 from service.core.placement import candidate_groups
 from service.core.policies import make_placement_policy
+from service.core.reason import DecisionReason
 from service.core.scheduler import ClusterView, Decision, DeviceInfo, ReplicaChange, ReplicaInfo, Scheduler
 from service.core.slicing import plans_at_quantum
 from service.core.slot import InputDep, Slot, SlotQuery
@@ -189,7 +190,7 @@ class SchedulingLoop(HomePlanner):
         replicas = self.state.replicas
         for rid in applied.added:  # a sliced guest in words: its layers, where, and whose gaps it runs in
             if replicas[rid].plan:
-                decision.notes.append(self.sliced_in_words(replicas[rid]))
+                decision.reasons.append(self.sliced_reason(replicas[rid]))
         self.metrics.placed(self.scheduler.name, "add", (replicas[rid] for rid in applied.added))
         self.metrics.placed(self.scheduler.name, "drain", (replicas[rid] for rid in applied.drained))
         if decision.add or decision.drain:  # a step that changes nothing is no decision to audit
@@ -212,14 +213,20 @@ class SchedulingLoop(HomePlanner):
         """``sliced: acme/m layers 0-11 on exec-b/cpu:1, layers 12-23 on exec-a/cpu:0, in
         initech's idle windows (owner priority)``: the owners are the tenants whose own replicas
         are on those devices."""
+        return self.sliced_reason(replica).text()
+
+    def sliced_reason(self, replica: LiveReplica) -> DecisionReason:
+        """Where an applied sliced guest's layers run (``plan``: device, first layer, end layer),
+        in whose idle windows (``owners``: the tenants whose own replicas are on those devices),
+        and whether it yields to them (``yields``); :meth:`sliced_in_words` says it."""
         state = self.state
-        where = ", ".join(f"layers {s}-{e - 1} on {d}" for d, s, e in replica.plan)
         devices = {d for d, _, _ in replica.plan}
         owners = sorted({state.models[r.model_uid].tenant_id for r in state.replicas.values()
                          if not r.guest and devices.intersection(r.device_ids)})
-        whose = f"in {' and '.join(owners)}'s idle windows" if owners else "on devices no tenant owns"
-        mode = "owner priority" if replica.yields else "taking turns with the owners"
-        return f"sliced: {replica.model_uid} {where}, {whose} ({mode})"
+        return DecisionReason("sliced", replica.model_uid, state.models[replica.model_uid].tenant_id,
+                              tuple(dict.fromkeys(d for d, _, _ in replica.plan)), replica.replica_id,
+                              {"plan": [[d, s, e] for d, s, e in replica.plan], "owners": owners,
+                               "yields": replica.yields})
 
     def policy_what_if(self, horizon_s: float) -> dict[str, Any]:
         """What one step of the replica policy would decide on the current state (nothing applied)."""

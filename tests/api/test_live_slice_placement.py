@@ -40,8 +40,7 @@ def test_a_sliced_guest_is_applied_shown_and_leased_with_its_cut(make_client: Ca
     assert svc.scheduler.name == "slice"  # the live slice policy: the same object as replay's
     # tenant a's layer 0 on b's executor (the lease's leader), layer 1 back on a's: owner priority
     cut = ((f"e{b}", 0, 0), (f"e{a}", 1, 1))
-    svc.scheduler = Scheduler(Scripted(Decision(add=[ReplicaChange(f"{a}/m", "tiny", (f"e{b}", f"e{a}"), cut)],
-                                                notes=["slice test"])))
+    svc.scheduler = Scheduler(Scripted(Decision(add=[ReplicaChange(f"{a}/m", "tiny", (f"e{b}", f"e{a}"), cut)])))
     client.portal.call(svc.step)  # type: ignore[union-attr]
     rid = f"{a}/m@e{b}/cpu:0:0-1+e{a}/cpu:0:1-2"
     assert svc.decisions[-1] == (f"sliced: {a}/m layers 0-0 on e{b}/cpu:0, layers 1-1 on e{a}/cpu:0, "
