@@ -41,6 +41,8 @@ class SchedulingLoop(HomePlanner):
     cost_model: CostModel  # the what-if mirror's
     changed: asyncio.Event  # set on arrivals and completions (the scheduler's trigger)
     decisions: list[str]
+    decision_reasons: list[dict[str, Any]]  # the last 50, each DecisionReason.as_dict()
+    step_status: dict[str, Any] | None  # the last step's Status.as_dict() (None: no step yet, or none said)
     step_s: list[float]  # wall time of each scheduler step (what-ifs included)
     _busy_mark: dict[str, tuple[float, float]]
     _first_arrival: dict[str, float]  # model uid -> epoch seconds of its first request seen live (load forecasts)
@@ -201,9 +203,13 @@ class SchedulingLoop(HomePlanner):
 
     async def _applied(self, decision: Decision) -> Decision:
         """Log an applied decision and publish what changed (leases, the GMG)."""
-        for note in decision.notes:
+        for reason in decision.reasons:
+            note = reason.text()
             log.info("scheduler: %s", note)
             self.decisions.append(note)
+            self.decision_reasons.append(reason.as_dict())
+        del self.decision_reasons[:-50]
+        self.step_status = None if decision.status is None else decision.status.as_dict()
         if decision.add or decision.drain:
             self.work.notify()
             await self._write_cluster()
@@ -236,7 +242,9 @@ class SchedulingLoop(HomePlanner):
                                                            on_what_if=self.metrics.what_if_timer("admin")))
         return {"placement": "replica", "horizon_s": horizon_s, "whatifs": decision.num_whatifs,
                 "add": [{"model": c.model_uid, "compute_units": list(c.device_ids)} for c in decision.add],
-                "drain": decision.drain, "notes": decision.notes}
+                "drain": decision.drain, "notes": list(decision.notes),
+                "reasons": [r.as_dict() for r in decision.reasons],
+                "status": None if decision.status is None else decision.status.as_dict()}
 
     def what_if(self, model_uid: str, device_ids: tuple[str, ...], horizon_s: float) -> dict[str, Any]:
         if model_uid not in self.state.models:

@@ -167,6 +167,9 @@ def test_a_placement_decision_is_audited_with_its_notes_and_what_if_figures(
     assert details["policy"] == "scripted" and details["notes"] == list(decision.notes) == [
         f"add {a}/m on e{b}: +60 tokens in 20s, 1 fewer requests late (1 -> 0), late with what follows the horizon "
         "1 -> 0, no tenant worse, no memory at risk"]
+    assert details["reasons"] == [{"code": "add", "tenant": a, "model": f"{a}/m", "devices": [f"e{b}"],
+                                   "figures": figures, "text": decision.notes[0]}]
+    assert details["status"] == {"code": "placed", "text": "placed"}
     assert details["added"] == [f"{a}/m@e{b}/cpu:0"] and details["drained"] == []
     assert details["whatifs"] == [{"model": f"{a}/m", "compute_units": [f"e{b}"], "horizon_s": 20.0,
                                    "baseline": {"output_tokens": 100, "violations_by_model": {f"{a}/m": 1},

@@ -45,6 +45,12 @@ def test_a_sliced_guest_is_applied_shown_and_leased_with_its_cut(make_client: Ca
     rid = f"{a}/m@e{b}/cpu:0:0-1+e{a}/cpu:0:1-2"
     assert svc.decisions[-1] == (f"sliced: {a}/m layers 0-0 on e{b}/cpu:0, layers 1-1 on e{a}/cpu:0, "
                                  f"in {a} and {b}'s idle windows (owner priority)")
+    stats = client.get("/v1/stats", headers=auth(ADMIN)).json()
+    assert stats["decisions"][-1] == svc.decisions[-1]
+    assert stats["decision_reasons"][-1] == {  # the same line in fields
+        "code": "sliced", "tenant": a, "model": f"{a}/m", "replica": f"{a}/m@e{b}/cpu:0:0-1+e{a}/cpu:0:1-2",
+        "devices": [f"e{b}/cpu:0", f"e{a}/cpu:0"], "text": svc.decisions[-1],
+        "figures": {"plan": [[f"e{b}/cpu:0", 0, 1], [f"e{a}/cpu:0", 1, 2]], "owners": sorted([a, b]), "yields": True}}
     shown = {r["replica_id"]: r for r in client.get("/v1/stats", headers=auth(ADMIN)).json()["replicas"]}
     assert shown[rid]["guest"] and shown[rid]["yields"]
     assert shown[rid]["slices"] == [{"device": f"e{b}/cpu:0", "layers": [0, 1]},
