@@ -117,9 +117,12 @@ def test_the_live_slice_policy_judges_plans_from_the_cypher_slots_on_a_backlog(
     client.portal.call(svc.step)  # type: ignore[union-attr]
     assert searched and sum(judged) >= 1, (judged, svc.decisions)
     # a sliced guest in place (its cut in the snapshot's plans): the mirror runs it under owner priority
-    svc.state.apply(Decision(add=[ReplicaChange(f"{a}/m", "tiny", (f"e{b}",), ((f"e{b}", 0, 0), (f"e{b}", 1, 1)))]),
-                    {f"e{b}": (f"e{b}/cpu:0",)})
+    applied = svc.state.apply(Decision(add=[ReplicaChange(f"{a}/m", "tiny", (f"e{b}",),
+                                                          ((f"e{b}", 0, 0), (f"e{b}", 1, 1)))]),
+                              {f"e{b}": (f"e{b}/cpu:0",)})
     snap = svc.snapshot()
-    (sliced,) = [r for r in snap.replicas if r.replica_id in snap.plans]
+    # this one (the policy's own step above may have placed a sliced guest of its own: its choice
+    # depends on the live iteration times it measured)
+    (sliced,) = [r for r in snap.replicas if r.replica_id in snap.plans and r.replica_id in applied.added]
     assert sliced.yields_to_owners and [s.device_id for s in snap.plans[sliced.replica_id]] == [f"e{b}", f"e{b}"]
     client.portal.call(svc.step)  # type: ignore[union-attr]
