@@ -59,7 +59,8 @@ def stats(svc: LiveService) -> dict[str, Any]:
                           **({"slices": [{"device": d, "layers": [s, e]} for d, s, e in r.plan],
                               "yields": r.yields} if r.plan else {})}
                          for r in reads.replicas()],
-            "decisions": svc.decisions[-50:], "iteration_s": reads.iteration_s(),
+            "decisions": svc.decisions[-50:], "decision_reasons": svc.decision_reasons[-50:],
+            "step_status": svc.step_status, "iteration_s": reads.iteration_s(),
             "queue_policy": reads.queue_policy_name(),
             "unplaced_models": dict(svc.unplaced), "loops": svc.supervisor.report(),
             "scheduler_steps": len(svc.step_s), "scheduler_step_s_total": sum(svc.step_s),

@@ -105,11 +105,39 @@ class ReplicaStatOut(Out):
                                                   "priority); false: it takes turns with them; absent: not sliced")
 
 
+class DecisionReasonOut(Out):
+    """A decision's reason in fields, with its line."""
+
+    code: str = Field(description="add, slice, drain_idle, drain_owner_pressed, drain_owner_memory, "
+                                  "whatifs_unjudged or sliced")
+    tenant: str | None = None
+    model: str | None = Field(None, description="the model's uid, tenant_id/model_id")
+    replica: str | None = Field(None, description="the replica it drains, or the sliced guest placed")
+    devices: list[str] | None = Field(None, description="the compute units it concerns")
+    figures: dict[str, Any] = Field(description="the numbers behind it: tokens gained, requests late without "
+                                                "and with, waiting requests, idle seconds, ...")
+    text: str = Field(description="the reason in a line (the note)")
+
+
+class StepStatusOut(Out):
+    """What a scheduler step's placement came to."""
+
+    code: str = Field(description="placed, static, no_backlog, no_candidates, no_fit_memory, tenant_worse, "
+                                  "no_gain or whatif_budget_spent")
+    text: str
+    tenant: str | None = Field(None, description="tenant_worse: the tenant made worse")
+    figures: dict[str, Any] | None = None
+
+
 class StatsOut(Out):
     counters: dict[str, int]
     gmg_write_lag_s: WriteLagOut
     replicas: list[ReplicaStatOut]
     decisions: list[str] = Field(description="the scheduler's last 50 decisions, oldest first")
+    decision_reasons: list[DecisionReasonOut] = Field(description="the same decisions' reasons in fields, "
+                                                                  "oldest first")
+    step_status: StepStatusOut | None = Field(description="the scheduler's last step: placed, or nothing "
+                                                          "placed and why; null: no step yet")
     iteration_s: dict[str, float] = Field(description="measured mean iteration time per model family")
     queue_policy: str = Field(description="the queue policy in force (--queue, or the last PUT /v1/queue-policy)")
     unplaced_models: dict[str, str] = Field(description="model uid -> why the last re-plan found it no home")
@@ -350,6 +378,8 @@ class PolicyWhatIfOut(Out):
     add: list[PolicyAddOut]
     drain: list[str] = Field(description="replica ids")
     notes: list[str]
+    reasons: list[DecisionReasonOut] = Field(description="the notes in fields, one per change")
+    status: StepStatusOut | None = Field(description="placed, or nothing placed and why")
 
 
 class QueuePolicyOut(Out):

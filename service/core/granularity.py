@@ -43,23 +43,29 @@ iterations first).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import chain
 
-from service.core.placement import (
-    DeviceFinder,
-    ReplicaPlacementPolicy,
+from service.core.framework import (
+    AddChosen,
+    Backlog,
+    Candidates,
+    ChainedFilter,
+    DrainRule,
+    GuestDrains,
+    OwnerRule,
+    PlacementStage,
+    PlacementSteps,
+    StepContext,
+    WhatIfBudget,
+    WhatIfJudge,
     WhatIfScore,
-    best_by_what_if,
-    candidate_groups,
     describe,
-    drain_guests,
-    pressing_models,
     sustained_then_tokens,
 )
-from service.core.scheduler import ClusterView, Decision, ReplicaChange, ReplicaInfo
-from service.core.slicing import Stage, plans_at_quantum, quantum
+from service.core.placement import DeviceFinder, GuestReplicas, OwnerPressed, OwnersRecentlyPressed, candidate_groups
+from service.core.scheduler import ClusterView, Decision, ReplicaChange
+from service.core.slicing import OwnerMemory, Stage, plans_at_quantum, quantum
 from service.domain.error import InvalidInputError
 
 __all__ = ["GranularPlacementPolicy", "QuantumPlanFinder", "describe", "granular_policy", "quanta"]
@@ -75,11 +81,62 @@ def quanta(num_layers: int, fixed: int) -> list[int]:
     return list(dict.fromkeys((num_layers, quarter, fixed)))
 
 
+@dataclass(frozen=True, slots=True)
+class GranularPlans:
+    """Filter: up to ``max_slice_plans`` sliced plans per model wanting room, coarsest quantum
+    first (:func:`quanta`), each under owner priority and (several devices, none closed) under
+    turns; ``find_plans`` answers a quantum's plans (:func:`plans_at_quantum` by default)."""
+
+    find_plans: QuantumPlanFinder
+    max_slice_plans: int = 4
+    slice_budget_s: float = 0.02
+
+    def candidates(self, ctx: StepContext) -> Candidates:
+        state, family_of, closed = ctx.state, ctx.family_of, ctx.closed
+        return Candidates((c for model in ctx.pressing for c in self.changes(state, model, family_of[model], closed)),
+                          tuple(ctx.pressing))
+
+    def changes(self, state: ClusterView, model_uid: str, family: str, closed: set[str]) -> Iterator[ReplicaChange]:
+        num_layers = len(state.slice_sizes(family, 1))
+        fixed = quantum(state.iteration_s(family, 1), num_layers, self.slice_budget_s)
+        seen: set[tuple[Stage, ...]] = set()
+        made = 0
+        for q in quanta(num_layers, fixed):
+            for plan in self.find_plans(state, model_uid, q, 1):
+                if plan in seen:
+                    continue
+                seen.add(plan)
+                devices = tuple(dict.fromkeys(d for d, _, _ in plan))
+                modes = [False] + ([True] if len(devices) > 1 and not closed.intersection(devices) else [])
+                for turns in modes:
+                    if made >= self.max_slice_plans:
+                        return
+                    made += 1
+                    yield ReplicaChange(model_uid, family, devices, plan, turns=turns)
+
+
+@dataclass(frozen=True, slots=True)
+class ByGuestMode:
+    """Drain rule: a guest that takes turns leaves under ``turns`` (``replica``'s
+    :class:`OwnerPressed`), one that yields to owners under ``yields`` (``slice-fixed``'s
+    :class:`OwnerMemory`)."""
+
+    turns: DrainRule
+    yields: DrainRule
+
+    def for_step(self, ctx: StepContext) -> OwnerRule:
+        yields, turns = self.yields.for_step(ctx), self.turns.for_step(ctx)
+        return lambda guest, owner, device: (yields if guest.yields_to_owners else turns)(guest, owner, device)
+
+
 @dataclass
 class GranularPlacementPolicy:
     """Plans at every granularity for each backlogged model, judged by the what-if (module
-    doc). ``find_devices`` answers the whole replicas' device groups (:func:`candidate_groups`
-    by default), ``find_plans`` the sliced plans at a quantum (:func:`plans_at_quantum`)."""
+    doc): ``replica``'s :class:`GuestReplicas` then :class:`GranularPlans`, judged by one
+    :class:`WhatIfJudge`, guests released by :class:`ByGuestMode`, devices closed by
+    ``replica``'s :class:`OwnersRecentlyPressed`. ``find_devices`` answers the whole replicas'
+    device groups (:func:`candidate_groups` by default), ``find_plans`` the sliced plans at a
+    quantum (:func:`plans_at_quantum`). The fields are read once, when the policy is built."""
 
     horizon_s: float = 20.0  # what-if look-ahead
     max_candidates: int = 3  # whole guest replicas judged per backlogged model and step (as ``replica``)
@@ -102,79 +159,33 @@ class GranularPlacementPolicy:
     find_devices: DeviceFinder = field(default_factory=lambda: candidate_groups)
     find_plans: QuantumPlanFinder = field(default_factory=lambda: plans_at_quantum)
     name: str = "slice"
-    _replica: ReplicaPlacementPolicy = field(init=False, repr=False)
+    steps: PlacementSteps = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.lateness_drain_s >= 0.0:
             raise InvalidInputError(f"lateness_drain_s must be at least 0 seconds, got {self.lateness_drain_s}")
         if self.whatif_wall_s is not None and (self.clock is None or not self.whatif_wall_s > 0.0):
             raise InvalidInputError(f"whatif_wall_s ({self.whatif_wall_s}) needs a clock and a cap above 0 seconds")
-        # The whole-replica half is replica's own code and state (its record of pressing owners).
-        self._replica = ReplicaPlacementPolicy(
-            horizon_s=self.horizon_s, max_candidates=self.max_candidates, min_backlog=self.min_backlog,
-            idle_drain_s=self.idle_drain_s, max_guests_per_tenant=self.max_guests_per_tenant,
-            yield_share=self.yield_share, find_devices=self.find_devices)
+        self._plans = GranularPlans(self.find_plans, self.max_slice_plans, self.slice_budget_s)
+        candidates = ChainedFilter((GuestReplicas(self.find_devices, self.max_candidates), self._plans))
+        self.steps = PlacementSteps(
+            self.name,
+            drains=GuestDrains(self.idle_drain_s, ByGuestMode(turns=OwnerPressed(self.min_backlog, self.yield_share),
+                                                              yields=OwnerMemory(self.min_backlog))),
+            gate=OwnersRecentlyPressed(self.min_backlog, self.yield_share, self.horizon_s),
+            backlog=Backlog(self.min_backlog, self.max_guests_per_tenant),
+            stages=(PlacementStage(candidates, WhatIfJudge(self.horizon_s, self.score, drain_s=self.lateness_drain_s)),),
+            bind=AddChosen(mode_in_words=True),
+            budget=None if self.whatif_wall_s is None or self.clock is None else WhatIfBudget(self.whatif_wall_s,
+                                                                                              self.clock))
 
     def step(self, now_s: float, state: ClusterView) -> Decision:
-        started_s = self.clock() if self.clock is not None and self.whatif_wall_s is not None else 0.0
-        decision = Decision()
-        replicas = list(state.replicas())
-        self._drains(state, replicas, decision)
-        closed = self._replica.closed_devices(now_s, replicas)
-        pressing, family_of = pressing_models(replicas, self.min_backlog, self.max_guests_per_tenant)
-        changes = chain(self._replica.guest_changes(state, pressing, family_of, closed),
-                        (c for model in pressing for c in self.sliced_changes(state, model, family_of[model], closed)))
-        best = best_by_what_if(state, changes, self.horizon_s, decision, score=self.score,
-                               drain_s=self.lateness_drain_s, out_of_time=self._out_of_time(started_s))
-        if best is not None:
-            decision.add.append(best.change)
-            decision.notes.append(f"{describe(best.change)}: {best.gain:+.0f} tokens in {self.horizon_s:.0f}s, "
-                                  f"{best.sla_note()}")
-        if decision.whatifs_skipped:
-            decision.notes.append(f"{decision.whatifs_skipped} plans left unjudged: the step's "
-                                  f"{self.whatif_wall_s:g} s of what-ifs ran out")
-        return decision
-
-    def _out_of_time(self, started_s: float) -> Callable[[], bool] | None:
-        """The wall-time cap as :func:`best_by_what_if` asks it (``None``: no cap)."""
-        cap, clock = self.whatif_wall_s, self.clock
-        if cap is None or clock is None:
-            return None
-        return lambda: clock() - started_s >= cap
+        return self.steps.step(now_s, state)
 
     def sliced_changes(self, state: ClusterView, model_uid: str, family: str, closed: set[str]
                        ) -> Iterator[ReplicaChange]:
-        """Up to ``max_slice_plans`` sliced plans for ``model_uid``, coarsest quantum first, each
-        under owner priority and (several devices, none closed) under turns."""
-        num_layers = len(state.slice_sizes(family, 1))
-        fixed = quantum(state.iteration_s(family, 1), num_layers, self.slice_budget_s)
-        seen: set[tuple[Stage, ...]] = set()
-        made = 0
-        for q in quanta(num_layers, fixed):
-            for plan in self.find_plans(state, model_uid, q, 1):
-                if plan in seen:
-                    continue
-                seen.add(plan)
-                devices = tuple(dict.fromkeys(d for d, _, _ in plan))
-                modes = [False] + ([True] if len(devices) > 1 and not closed.intersection(devices) else [])
-                for turns in modes:
-                    if made >= self.max_slice_plans:
-                        return
-                    made += 1
-                    yield ReplicaChange(model_uid, family, devices, plan, turns=turns)
-
-    def _drains(self, state: ClusterView, replicas: Sequence[ReplicaInfo], decision: Decision) -> None:
-        free = {d.device_id: d.free_bytes for d in state.devices()}
-        pressed = self._replica.drain_reason(state, decision)
-
-        def reason(guest: ReplicaInfo, owner: ReplicaInfo, device: str) -> str | None:
-            if not guest.yields_to_owners:  # it takes turns: replica's rule
-                return pressed(guest, owner, device)
-            if owner.waiting >= self.min_backlog and free[device] < state.kv_reserve_bytes(owner.family):
-                return f"owner {owner.model_uid} has {owner.waiting} waiting and {device} lacks its KV reserve"
-            return None
-        drain_guests(replicas, self.idle_drain_s, decision, reason)
-
+        """Up to ``max_slice_plans`` sliced plans for ``model_uid`` (:class:`GranularPlans`)."""
+        return self._plans.changes(state, model_uid, family, closed)
 
 
 def granular_policy(*, find_devices: DeviceFinder | None = None, horizon_s: float = 20.0, max_candidates: int = 3,

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from service.core.reason import DecisionReason, Status
 from service.core.slot import ClusterState
 from service.domain.cluster import ClusterSpec
 from service.domain.error import InvariantError
@@ -166,10 +167,18 @@ class Decision:
 
     add: list[ReplicaChange] = field(default_factory=list)  # replicas to create now
     drain: list[str] = field(default_factory=list)  # replica ids to stop routing to and remove when empty
-    notes: list[str] = field(default_factory=list)  # why, one line per change (for logs and reports)
+    reasons: list[DecisionReason] = field(default_factory=list)  # why, one per change, in fields (see ``notes``)
     num_whatifs: int = 0  # simulations run to decide
     whatifs: list[WhatIfRun] = field(default_factory=list)  # their figures and verdicts (the audit log's evidence)
     whatifs_skipped: int = 0  # candidate changes left unjudged because the step's what-if wall time ran out
+    # placed, or nothing placed and why (None: the policy says nothing, e.g. a scripted test policy)
+    status: Status | None = None
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """Why, one line per change, as logs and reports show it: the reasons rendered
+        (:meth:`DecisionReason.text`). A tuple: add a reason, not a line."""
+        return tuple(r.text() for r in self.reasons)
 
 
 @dataclass(slots=True)

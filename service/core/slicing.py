@@ -24,10 +24,23 @@ owner's KV reserve.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
-from service.core.placement import best_by_what_if, drain_guests, pressing_models
+from service.core.framework import (
+    AddChosen,
+    Backlog,
+    Candidates,
+    Figures,
+    GuestDrains,
+    NoClosedDevices,
+    OwnerRule,
+    PlacementStage,
+    PlacementSteps,
+    StepContext,
+    WhatIfJudge,
+)
+from service.core.reason import ReasonCode
 from service.core.scheduler import ClusterView, Decision, ReplicaChange, ReplicaInfo, SliceSize
 from service.core.slot import InputDep, Slot, SlotQuery, find_slots_in_memory
 
@@ -126,11 +139,55 @@ def _plan(state: ClusterView, home: ReplicaInfo, sizes: Sequence[SliceSize], kv_
     return tuple(stages)
 
 
+@dataclass(frozen=True, slots=True)
+class SlicedPlans:
+    """Filter: up to ``max_candidates`` sliced plans per model wanting room, at the quantum
+    ``slice_budget_s`` sets (``find_plans``: :func:`slice_plans` by default)."""
+
+    find_plans: PlanFinder
+    max_candidates: int = 2
+    slice_budget_s: float = 0.02
+
+    def candidates(self, ctx: StepContext) -> Candidates:
+        return Candidates(self.changes(ctx.state, ctx.pressing, ctx.family_of), tuple(ctx.pressing))
+
+    def changes(self, state: ClusterView, pressing: Sequence[str], family_of: dict[str, str]
+                ) -> Iterator[ReplicaChange]:
+        return (ReplicaChange(model, family_of[model], tuple(dict.fromkeys(d for d, _, _ in plan)), plan)
+                for model in pressing
+                for plan in self.find_plans(state, model, self.max_candidates, self.slice_budget_s))
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerMemory:
+    """Drain rule: a guest leaves a device whose owner has ``min_backlog`` waiting while the
+    device lacks the memory for the owner's KV reserve (owner priority keeps the owner's
+    iterations first already)."""
+
+    min_backlog: int = 2
+
+    def for_step(self, ctx: StepContext) -> OwnerRule:
+        state = ctx.state
+        free = {d.device_id: d.free_bytes for d in state.devices()}
+        code: ReasonCode = "drain_owner_memory"
+
+        def reason(guest: ReplicaInfo, owner: ReplicaInfo, device: str) -> tuple[ReasonCode, Figures] | None:
+            if owner.waiting < self.min_backlog:
+                return None
+            reserve = state.kv_reserve_bytes(owner.family)
+            if free[device] >= reserve:
+                return None
+            return code, {"owner": owner.model_uid, "waiting": owner.waiting, "device": device,
+                          "free_bytes": free[device], "kv_reserve_bytes": reserve}
+        return reason
+
+
 @dataclass
 class SlicePlacementPolicy:
-    """Operator-level slices of backlogged tenants, judged by the what-if (see module doc).
+    """Operator-level slices of backlogged tenants, judged by the what-if (see module doc):
+    :class:`SlicedPlans` judged by a :class:`WhatIfJudge`, guests released by :class:`OwnerMemory`.
     ``find_plans`` answers candidate plans: :func:`slice_plans` over the view's in-memory slot
-    state by default (replay)."""
+    state by default (replay). The fields are read once, when the policy is built."""
 
     horizon_s: float = 20.0  # what-if look-ahead
     max_candidates: int = 2  # what-ifs per backlogged model and step
@@ -140,40 +197,24 @@ class SlicePlacementPolicy:
     slice_budget_s: float = 0.02  # the quantum: a slice's typical run time stays within this
     find_plans: PlanFinder = slice_plans
     name: str = "slice-fixed"
+    steps: PlacementSteps = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.steps = PlacementSteps(
+            self.name, drains=GuestDrains(self.idle_drain_s, OwnerMemory(self.min_backlog)), gate=NoClosedDevices(),
+            backlog=Backlog(self.min_backlog, self.max_guests_per_tenant),
+            stages=(PlacementStage(SlicedPlans(self.find_plans, self.max_candidates, self.slice_budget_s),
+                          WhatIfJudge(self.horizon_s)),),
+            bind=AddChosen())
 
     def step(self, now_s: float, state: ClusterView) -> Decision:
-        decision = Decision()
-        replicas = list(state.replicas())
-        self._drains(state, replicas, decision)
-        pressing, family_of = pressing_models(replicas, self.min_backlog, self.max_guests_per_tenant)
-        best = best_by_what_if(
-            state, (ReplicaChange(model, family_of[model], tuple(dict.fromkeys(d for d, _, _ in plan)), plan)
-                    for model in pressing
-                    for plan in self.find_plans(state, model, self.max_candidates, self.slice_budget_s)),
-            self.horizon_s, decision)
-        if best is not None:
-            change = best.change
-            decision.add.append(change)
-            decision.notes.append(
-                f"slice {change.model_uid}: {len(change.stages)} slices of "
-                f"{change.stages[0][2] - change.stages[0][1] + 1} layers on {','.join(change.device_ids)}: "
-                f"{best.gain:+.0f} tokens in {self.horizon_s:.0f}s, {best.sla_note()}")
-        return decision
-
-    def _drains(self, state: ClusterView, replicas: Sequence[ReplicaInfo], decision: Decision) -> None:
-        free = {d.device_id: d.free_bytes for d in state.devices()}
-        drain_guests(replicas, self.idle_drain_s, decision,
-                     lambda guest, o, d: f"owner {o.model_uid} has {o.waiting} waiting and {d} lacks its KV reserve"
-                     if o.waiting >= self.min_backlog and free[d] < state.kv_reserve_bytes(o.family) else None)
+        return self.steps.step(now_s, state)
 
 
 def slice_policy(*, find_plans: PlanFinder | None = None, horizon_s: float = 20.0, max_candidates: int = 2, min_backlog: int = 2, idle_drain_s: float = 30.0,
                  max_guests_per_tenant: int = 4, slice_budget_s: float = 0.02) -> SlicePlacementPolicy:
     """The fixed-quantum slice policy (``slice-fixed``); ``find_plans`` is the plan search
     (default: in memory)."""
-    policy = SlicePlacementPolicy(horizon_s=horizon_s, max_candidates=max_candidates, min_backlog=min_backlog,
-                                  idle_drain_s=idle_drain_s, max_guests_per_tenant=max_guests_per_tenant,
-                                  slice_budget_s=slice_budget_s)
-    if find_plans is not None:
-        policy.find_plans = find_plans
-    return policy
+    return SlicePlacementPolicy(horizon_s=horizon_s, max_candidates=max_candidates, min_backlog=min_backlog,
+                                idle_drain_s=idle_drain_s, max_guests_per_tenant=max_guests_per_tenant,
+                                slice_budget_s=slice_budget_s, find_plans=find_plans or slice_plans)

@@ -77,13 +77,16 @@ def key_state(key_hash: str | None) -> dict[str, Any]:
 
 
 def decision_details(policy: str, decision: Decision, applied: Applied) -> dict[str, Any]:
-    """A placement decision in summary: its notes, what it changed, and every what-if it ran
-    with the predicted output tokens and violations without and with the change."""
+    """A placement decision in summary: its notes (each reason in a line) and its reasons in
+    fields (code, tenant, model, devices, figures), the step's status, what it changed, and every
+    what-if it ran with the predicted output tokens and violations without and with the change."""
     def outcome(o: WhatIfOutcome | None) -> dict[str, Any] | None:
         return None if o is None else {"output_tokens": o.output_tokens, "violations_by_model": o.violations_by_tenant,
                                        "memory_violations": o.memory_violations}
 
-    return {"policy": policy, "notes": decision.notes, "num_whatifs": decision.num_whatifs,
+    return {"policy": policy, "notes": list(decision.notes), "reasons": [r.as_dict() for r in decision.reasons],
+            "status": None if decision.status is None else decision.status.as_dict(),
+            "num_whatifs": decision.num_whatifs,
             "added": applied.added, "drained": applied.drained,
             "skipped": [{"model": c.model_uid, "compute_units": list(c.device_ids)} for c in applied.skipped],
             "whatifs": [{"model": r.change.model_uid, "compute_units": list(r.change.device_ids),

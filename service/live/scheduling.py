@@ -15,6 +15,7 @@ from typing import Any
 from service.core.cost import CostModel
 from service.core.placement import candidate_groups
 from service.core.policies import make_placement_policy
+from service.core.reason import DecisionReason
 from service.core.scheduler import ClusterView, Decision, DeviceInfo, ReplicaChange, ReplicaInfo, Scheduler
 from service.core.slicing import plans_at_quantum
 from service.core.slot import InputDep, Slot, SlotQuery
@@ -40,6 +41,8 @@ class SchedulingLoop(HomePlanner):
     cost_model: CostModel  # the what-if mirror's
     changed: asyncio.Event  # set on arrivals and completions (the scheduler's trigger)
     decisions: list[str]
+    decision_reasons: list[dict[str, Any]]  # the last 50, each DecisionReason.as_dict()
+    step_status: dict[str, Any] | None  # the last step's Status.as_dict() (None: no step yet, or none said)
     step_s: list[float]  # wall time of each scheduler step (what-ifs included)
     _busy_mark: dict[str, tuple[float, float]]
     _first_arrival: dict[str, float]  # model uid -> epoch seconds of its first request seen live (load forecasts)
@@ -189,7 +192,7 @@ class SchedulingLoop(HomePlanner):
         replicas = self.state.replicas
         for rid in applied.added:  # a sliced guest in words: its layers, where, and whose gaps it runs in
             if replicas[rid].plan:
-                decision.notes.append(self.sliced_in_words(replicas[rid]))
+                decision.reasons.append(self.sliced_reason(replicas[rid]))
         self.metrics.placed(self.scheduler.name, "add", (replicas[rid] for rid in applied.added))
         self.metrics.placed(self.scheduler.name, "drain", (replicas[rid] for rid in applied.drained))
         if decision.add or decision.drain:  # a step that changes nothing is no decision to audit
@@ -200,9 +203,13 @@ class SchedulingLoop(HomePlanner):
 
     async def _applied(self, decision: Decision) -> Decision:
         """Log an applied decision and publish what changed (leases, the GMG)."""
-        for note in decision.notes:
+        for reason in decision.reasons:
+            note = reason.text()
             log.info("scheduler: %s", note)
             self.decisions.append(note)
+            self.decision_reasons.append(reason.as_dict())
+        del self.decision_reasons[:-50]
+        self.step_status = None if decision.status is None else decision.status.as_dict()
         if decision.add or decision.drain:
             self.work.notify()
             await self._write_cluster()
@@ -212,14 +219,20 @@ class SchedulingLoop(HomePlanner):
         """``sliced: acme/m layers 0-11 on exec-b/cpu:1, layers 12-23 on exec-a/cpu:0, in
         initech's idle windows (owner priority)``: the owners are the tenants whose own replicas
         are on those devices."""
+        return self.sliced_reason(replica).text()
+
+    def sliced_reason(self, replica: LiveReplica) -> DecisionReason:
+        """Where an applied sliced guest's layers run (``plan``: device, first layer, end layer),
+        in whose idle windows (``owners``: the tenants whose own replicas are on those devices),
+        and whether it yields to them (``yields``); :meth:`sliced_in_words` says it."""
         state = self.state
-        where = ", ".join(f"layers {s}-{e - 1} on {d}" for d, s, e in replica.plan)
         devices = {d for d, _, _ in replica.plan}
         owners = sorted({state.models[r.model_uid].tenant_id for r in state.replicas.values()
                          if not r.guest and devices.intersection(r.device_ids)})
-        whose = f"in {' and '.join(owners)}'s idle windows" if owners else "on devices no tenant owns"
-        mode = "owner priority" if replica.yields else "taking turns with the owners"
-        return f"sliced: {replica.model_uid} {where}, {whose} ({mode})"
+        return DecisionReason("sliced", replica.model_uid, state.models[replica.model_uid].tenant_id,
+                              tuple(dict.fromkeys(d for d, _, _ in replica.plan)), replica.replica_id,
+                              {"plan": [[d, s, e] for d, s, e in replica.plan], "owners": owners,
+                               "yields": replica.yields})
 
     def policy_what_if(self, horizon_s: float) -> dict[str, Any]:
         """What one step of the replica policy would decide on the current state (nothing applied)."""
@@ -229,7 +242,9 @@ class SchedulingLoop(HomePlanner):
                                                            on_what_if=self.metrics.what_if_timer("admin")))
         return {"placement": "replica", "horizon_s": horizon_s, "whatifs": decision.num_whatifs,
                 "add": [{"model": c.model_uid, "compute_units": list(c.device_ids)} for c in decision.add],
-                "drain": decision.drain, "notes": decision.notes}
+                "drain": decision.drain, "notes": list(decision.notes),
+                "reasons": [r.as_dict() for r in decision.reasons],
+                "status": None if decision.status is None else decision.status.as_dict()}
 
     def what_if(self, model_uid: str, device_ids: tuple[str, ...], horizon_s: float) -> dict[str, Any]:
         if model_uid not in self.state.models:

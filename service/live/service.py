@@ -128,6 +128,8 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.work = Signal()  # notified when leases may be granted
         self.changed = asyncio.Event()  # set on arrivals and completions (the scheduler's trigger)
         self.decisions: list[str] = []
+        self.decision_reasons: list[dict[str, Any]] = []  # the last 50 decisions' reasons, in fields
+        self.step_status: dict[str, Any] | None = None  # the last step's status (placed, or nothing and why)
         self.step_s: list[float] = []  # wall time of each scheduler step (what-ifs included)
         self.unplaced: dict[str, str] = {}  # model uid -> why the last re-plan found it no home
         self.db_up = False

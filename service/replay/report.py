@@ -51,6 +51,8 @@ class PolicyResult:
     wall_s: float = 0.0
     horizon_tokens_per_s: float = 0.0  # output tokens produced before the horizon, per second (saturation)
     decisions: list[str] = field(default_factory=list)  # the placement's notes, first 100, with their times
+    decision_reasons: list[dict[str, Any]] = field(default_factory=list)  # the same, in fields (DecisionReason.as_dict)
+    step_status: dict[str, int] = field(default_factory=dict)  # the steps by status code (placed, no_backlog, ...)
     # Every what-if the placement ran, with its structured reason (WhatIfLog.summary): counts by
     # verdict over the run, and the first WhatIfLog.max_runs of them, each with its step's time.
     whatifs: dict[str, Any] = field(default_factory=dict)

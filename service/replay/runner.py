@@ -207,6 +207,8 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
     label = f"{policy} x{load_scale:g}"
     guests = whatifs = 0
     notes: list[str] = []
+    reasons: list[dict[str, Any]] = []  # the same first 100 lines in fields, with their step's time
+    statuses: dict[str, int] = {}  # steps by status code
     log = WhatIfLog()
     t = 0.0
     steps = 0
@@ -231,6 +233,9 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
         guests += len(applied.added)
         if len(notes) < 100:
             notes += [f"t={t:.0f}s {n}" for n in decision.notes][:100 - len(notes)]
+            reasons += [{"t_s": round(t, 3), **r.as_dict()} for r in decision.reasons][:100 - len(reasons)]
+        code = decision.status.code if decision.status is not None else "unsaid"
+        statuses[code] = statuses.get(code, 0) + 1
         if progress is not None:
             progress(label, t / horizon)
     produced = cluster.tokens_out
@@ -239,6 +244,8 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
     result.num_guest_replicas = guests
     result.num_whatifs = whatifs
     result.decisions = notes
+    result.decision_reasons = reasons
+    result.step_status = statuses
     result.whatifs = log.summary()
     if elastic is not None:  # how often each of its options won the step
         result.decisions = ["oracle steps: " + ", ".join(f"{k} {v}" for k, v in elastic.choices.items())]

@@ -178,6 +178,7 @@ def test_cancel_and_whatif(client: TestClient, uid: str) -> None:
                        headers=auth(ADMIN)).status_code == 400
     policy = client.post("/v1/whatif", json={"placement": "replica", "horizon_s": 5}, headers=auth(ADMIN))
     assert policy.status_code == 200 and policy.json()["add"] == []  # nothing waiting: nothing to gain
+    assert policy.json()["status"]["code"] == "no_backlog" and policy.json()["reasons"] == []  # ... and it says so
     assert client.post("/v1/whatif", json={"placement": "replica", "device_ids": ["x"]},
                        headers=auth(ADMIN)).status_code == 400
     assert client.post("/v1/whatif", json={"tenant_id": f"c{uid}", "model_id": "m", "device_ids": ["x"]},

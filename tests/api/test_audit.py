@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from service.core.reason import DecisionReason, Status
 from service.core.scheduler import Decision, ReplicaChange, Scheduler, WhatIfOutcome, WhatIfRun
 from tests.api.conftest import ADMIN, EXECUTOR, Scripted, auth, new_tenant
 
@@ -153,15 +154,22 @@ def test_a_placement_decision_is_audited_with_its_notes_and_what_if_figures(
     change = ReplicaChange(f"{a}/m", "tiny", (f"e{b}",))
     baseline = WhatIfOutcome(20.0, 100, {f"{a}/m": 1}, 0, {})
     better = WhatIfOutcome(20.0, 160, {f"{a}/m": 0}, 0, {})
-    decision = Decision(add=[change], notes=[f"add {a}/m on e{b}: +60 tokens in 20s"], num_whatifs=1,
-                        whatifs=[WhatIfRun(change, baseline, better)])
+    figures = {"tokens_gain": 60, "horizon_s": 20.0, "late_before": 1, "late_after": 0, "lateness_before": 1,
+               "lateness_after": 0}
+    decision = Decision(add=[change], reasons=[DecisionReason("add", f"{a}/m", a, (f"e{b}",), figures=figures)],
+                        num_whatifs=1, whatifs=[WhatIfRun(change, baseline, better)], status=Status("placed"))
     svc.scheduler = Scheduler(Scripted(decision))
     client.portal.call(svc.step)  # type: ignore[union-attr]
     client.portal.call(svc.audit.flush)  # type: ignore[union-attr]
     entry = one(client, "placement.decision")
     assert (entry["actor"], entry["actor_role"], entry["tenant_id"]) == ("scheduler", "scheduler", None)
     details = entry["details"]
-    assert details["policy"] == "scripted" and details["notes"] == decision.notes
+    assert details["policy"] == "scripted" and details["notes"] == list(decision.notes) == [
+        f"add {a}/m on e{b}: +60 tokens in 20s, 1 fewer requests late (1 -> 0), late with what follows the horizon "
+        "1 -> 0, no tenant worse, no memory at risk"]
+    assert details["reasons"] == [{"code": "add", "tenant": a, "model": f"{a}/m", "devices": [f"e{b}"],
+                                   "figures": figures, "text": decision.notes[0]}]
+    assert details["status"] == {"code": "placed", "text": "placed"}
     assert details["added"] == [f"{a}/m@e{b}/cpu:0"] and details["drained"] == []
     assert details["whatifs"] == [{"model": f"{a}/m", "compute_units": [f"e{b}"], "horizon_s": 20.0,
                                    "baseline": {"output_tokens": 100, "violations_by_model": {f"{a}/m": 1},

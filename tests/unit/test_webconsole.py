@@ -58,3 +58,24 @@ def test_form_values() -> None:
         _number("-1", "x")
     assert _gib("1.5") == 3 * 2**29
     assert _num(None) == "" and _num(1234567) == "1,234,567" and _num(0.12345) == "0.123" and _num(float("nan")) == "—"
+
+
+def test_the_audit_page_shows_a_placement_decision_s_reasons_by_code_and_line() -> None:
+    from pathlib import Path
+
+    from jinja2 import Environment, FileSystemLoader
+
+    import service.webconsole.app as console
+
+    env = Environment(loader=FileSystemLoader(Path(console.__file__).parent / "templates"), autoescape=True)
+    env.filters["ts"] = console._when
+    reason = {"code": "add", "tenant": "acme", "model": "acme/m", "devices": ["eb"],
+              "figures": {"tokens_gain": 60}, "text": "add acme/m on eb: +60 tokens in 20s, no SLA or memory at risk"}
+    entry = {"seq": 1, "at": 0.0, "actor": "scheduler", "actor_role": "scheduler", "action": "placement.decision",
+             "target_kind": "placement", "target_id": None, "tenant_id": None, "after": None, "hash": "ab" * 32,
+             "details": {"notes": [reason["text"]], "reasons": [reason]}}
+    other = {**entry, "seq": 2, "action": "tenant.create", "details": {"reason": "x"}}
+    html = env.get_template("audit.html").render(entries=[entry, other], verified=None, filters=dict.fromkeys(
+        ["action", "actor", "target", "tenant_id", "since_seq"], ""), next_since_seq=None, nav=[], s=None, flashes=[])
+    assert '<div class="reason" data-code="add"><span class="mono">add</span> add acme/m on eb: +60 tokens' in html
+    assert html.count('class="reason"') == 1  # an entry without reasons shows none
