@@ -210,8 +210,7 @@ class ContinuousBatcher:
         ids = torch.tensor([req.prompt], device=self.device)
         pos = torch.arange(len(req.prompt), device=self.device)[None]
         stage_s: list[float] = []
-        timed = {"stage_times": stage_s} if isinstance(self.model, StagedModel) else {}  # a stand-in model: untimed
-        logits, kv = self.model(ids, pos, last_logits_only=True, **timed)
+        logits, kv = self.model(ids, pos, last_logits_only=True, stage_times=stage_s)
         req.prefill_stage_s = tuple(stage_s)
         slot = len(self.running)
         for part, new in zip(self.pool, kv, strict=True):

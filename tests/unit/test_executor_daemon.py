@@ -203,9 +203,10 @@ class _Costly(StagedModel):
         self.now, self.cost = now, cost
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv_cache: Sequence[Tensor] | None = None,
-                attn_bias: Tensor | None = None, last_logits_only: bool = False) -> tuple[Tensor, list[Tensor]]:
+                attn_bias: Tensor | None = None, last_logits_only: bool = False,
+                stage_times: list[float] | None = None) -> tuple[Tensor, list[Tensor]]:
         self.now[0] += self.cost
-        return super().forward(input_ids, positions, kv_cache, attn_bias, last_logits_only)
+        return super().forward(input_ids, positions, kv_cache, attn_bias, last_logits_only, stage_times)
 
 
 def _costly_worker(costs: dict[str, float], **kw: Any) -> tuple[Worker, list[float]]:
