@@ -96,6 +96,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
        "of a backlog (0: only for backlogs)", 0, 1),
     _v("CONFIRM_DRAINS", "service", "flag", "1", "replica placement: drain a guest for a pressing owner only where "
        "a what-if predicts the others late (0: every press drains)"),
+    _v("LEADER_ELECTION", "service", "flag", "0", "run for leadership: of the serve processes on one database, one "
+       "leads and the others stand by (503 not_leader, /readyz 503) and take over when its term ends (service.live.leader)"),
+    _v("LEADER_TTL_S", "service", "number", "5", "a leader's term (on Neo4j's clock): renewed every fifth of it; a "
+       "standby takes over once it ends unrenewed", 1, 300),
     _v("AUDIT", "service", "flag", "1", "record the audit log (0: off; reading and verifying still work)"),
     _v("PREDICTOR", "service", "text", "", "the distributional predictor: 'naive' or a folder written by "
        "`slicesched predictors train`; unset: none"),

@@ -17,4 +17,5 @@ CREATE CONSTRAINT api_key_hash IF NOT EXISTS FOR (n:ApiKey) REQUIRE n.key_hash I
 CREATE CONSTRAINT project_uid IF NOT EXISTS FOR (n:Project) REQUIRE n.uid IS UNIQUE;
 CREATE CONSTRAINT access_request_uid IF NOT EXISTS FOR (n:AccessRequest) REQUIRE n.uid IS UNIQUE;
 CREATE CONSTRAINT workflow_uid IF NOT EXISTS FOR (n:Workflow) REQUIRE n.uid IS UNIQUE;
-CREATE CONSTRAINT workflow_step_uid IF NOT EXISTS FOR (n:WorkflowStep) REQUIRE n.uid IS UNIQUE
+CREATE CONSTRAINT workflow_step_uid IF NOT EXISTS FOR (n:WorkflowStep) REQUIRE n.uid IS UNIQUE;
+CREATE CONSTRAINT leader_name IF NOT EXISTS FOR (n:Leader) REQUIRE n.name IS UNIQUE

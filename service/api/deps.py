@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
-from service.domain.error import UnauthorizedError
+from service.domain.error import NotLeaderError, UnauthorizedError
 from service.domain.principal import Principal, require
 from service.domain.role import (
     AUDIT_READ,
@@ -32,8 +32,16 @@ if TYPE_CHECKING:
     from service.live.service import LiveService
 
 
+PROBES = frozenset({"/healthz", "/readyz", "/metrics"})  # answered by a standby too
+
+
 def service_of(request: Request) -> LiveService:
+    """The live service; with leader election on, a process that does not lead answers every
+    call but the probes 503 ``not_leader`` (its state is not loaded, or no longer its to change)."""
     svc: LiveService = request.app.state.service
+    lead = svc.leadership
+    if lead is not None and not (lead.leads and svc.taking_traffic) and request.url.path not in PROBES:
+        raise NotLeaderError(lead.refusal(), retry_after_s=lead.interval_s)
     return svc
 
 

@@ -68,6 +68,15 @@ class LeasePathOut(Out):
     last_error: str | None
 
 
+class LeadershipOut(Out):
+    role: str = Field(description="leader | standby | renewing (its term not renewed in time) | deposed")
+    holder: str = Field(description="this process's name as a contender")
+    epoch: int | None = Field(description="the term it holds (the fencing token); null: none")
+    leader: str | None = Field(description="the holder the last ask found")
+    leader_epoch: int | None
+    term_s: float
+
+
 class ReadinessOut(Out):
     ready: bool
     neo4j: Neo4jStatusOut
@@ -78,6 +87,7 @@ class ReadinessOut(Out):
     gmg_dropped_writes: int
     unplaced_models: int = Field(description="models the last re-plan found no home for (names: /v1/stats)")
     audit: AuditWriterOut
+    leadership: LeadershipOut | None = Field(None, description="with leader election on (SLICESCHED_LEADER_ELECTION)")
 
 
 class WriteLagOut(Out):

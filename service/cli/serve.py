@@ -33,6 +33,11 @@ def serve_main(argv: list[str]) -> int:
     p.add_argument("--predictor-refit-s", type=float,
                    help="with a predictor: consider a refit this often (default $SLICESCHED_PREDICTOR_REFIT_S or 300)")
     add_cost_model_argument(p)
+    p.add_argument("--leader-election", action=argparse.BooleanOptionalAction, default=None,
+                   help="run for the leadership: of the serve processes on one database one leads, the others "
+                        "stand by and take over when its term ends (default: $SLICESCHED_LEADER_ELECTION or off)")
+    p.add_argument("--leader-ttl-s", type=float, help="a leader's term in seconds, renewed every fifth of it "
+                                                      "(default: $SLICESCHED_LEADER_TTL_S or 5)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     import uvicorn
@@ -46,12 +51,14 @@ def serve_main(argv: list[str]) -> int:
                                         headroom_utilisation=args.headroom_utilisation,
                                         confirm_drains=args.confirm_drains,
                                         cost_model=args.cost_model, predictor=args.predictor,
-                                        predictor_refit_s=args.predictor_refit_s)
+                                        predictor_refit_s=args.predictor_refit_s,
+                                        leader_election=args.leader_election, leader_ttl_s=args.leader_ttl_s)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("neo4j.notifications").setLevel(logging.ERROR)  # "property key does not exist yet" on a new graph
     for handler in logging.getLogger().handlers:  # an outage's one warning per refused call: once per window
         handler.addFilter(RepeatedLineFilter())
-    print(f"slicesched serve on http://{args.host}:{args.port} (placement {settings.placement}, queue {settings.queue}); "
+    print(f"slicesched serve on http://{args.host}:{args.port} (placement {settings.placement}, queue {settings.queue}"
+          + (f", leader election with {settings.leader_ttl_s:g} s terms" if settings.leader_election else "") + "); "
           f"admin key: $SLICESCHED_ADMIN_KEY or {state_dir() / 'admin.key'}; executor keys: "
           + ("$SLICESCHED_EXECUTOR_KEY and executor pools" if settings.executor_key
              else "executor pools only ('slicesched keys create-pool POOL')"), file=sys.stderr, flush=True)

@@ -23,6 +23,7 @@ NotServedError             409          not_served       3
 InvariantError             500          internal         1
 DatabaseUnavailableError   503          unavailable      3
 Neo4jServerError           503          unavailable      3
+NotLeaderError [4]         503          not_leader       3
 ExecutorError [2]          --           --               1
 RegisterRefused [2]        --           --               2
 =========================  ===========  ===============  ====
@@ -197,6 +198,21 @@ class Neo4jServerError(SliceschedError):
     http_status = 503
     kind = "unavailable"
     exit_code = EXIT_UNAVAILABLE
+
+
+class NotLeaderError(SliceschedError):
+    """This service process does not lead (leader election on): it is the standby, or its term
+    ended and another process took over, so it changes nothing (a deposed leader's write is
+    refused by the fencing token, :mod:`service.live.leader`). Nothing was changed; retry after
+    ``retry_after_s``, at the service's address, which the leader answers."""
+
+    http_status = 503
+    kind = "not_leader"
+    exit_code = EXIT_UNAVAILABLE
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 # ---- the executor daemon's errors (it is a client of the API) --------------------------------------

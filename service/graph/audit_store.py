@@ -44,8 +44,7 @@ class AuditStore(GraphStore):
 
         if not rows:
             return 0
-        with self.driver.session(database=self.database) as s:
-            return s.execute_write(work)
+        return self._execute_write(work)
 
     def audit_head(self) -> dict[str, Any]:
         """``head_seq``, ``head_hash`` (the stored head) and ``last_seq``, ``last_hash`` (the

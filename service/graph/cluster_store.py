@@ -33,8 +33,7 @@ class ClusterStore(GraphStore):
                          device_ids=[d["device_id"] for d in devices], host_ids=spec.hosts)
             self._tx_run(tx, "replace_links", cluster=spec.name, rows=links)
 
-        with self.driver.session(database=self.database) as s:
-            s.execute_write(work)
+        self._execute_write(work)
         return {"hosts": len(hosts), "devices": len(devices), "links": len(links)}
 
     def list_devices(self) -> list[dict[str, Any]]:
@@ -58,5 +57,4 @@ class ClusterStore(GraphStore):
             self._tx_run(tx, "set_weight_residence", model_uid=model_uid, device_ids=device_ids)
             self._tx_run(tx, "refresh_device_state", cluster=cluster)
 
-        with self.driver.session(database=self.database) as s:
-            s.execute_write(work)
+        self._execute_write(work)

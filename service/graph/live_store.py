@@ -19,7 +19,30 @@ class LiveStore(GraphStore):
                "live_tenants", "live_models",
                "live_requests", "delete_old_live_slices", "complete_leases", "finish_requests", "close_open_slices",
                "request_results", "upsert_executor_pool", "set_executor_pool_key", "set_tenant_key",
-               "live_executor_pools", "record_slice_observations", "slice_observations")
+               "live_executor_pools", "record_slice_observations", "slice_observations",
+               "acquire_leadership", "release_leadership", "leader_term")
+
+    # ---- leader election (service.live.leader) ------------------------------------------------
+    def acquire_leadership(self, name: str, holder: str, epoch: int, ttl_ms: int) -> dict[str, Any]:
+        """Take or renew the leadership ``name`` (its term ``ttl_ms`` on the server's clock):
+        ``{holder, epoch, left_ms}`` as it stands after the call. Not fenced: it is how a
+        contender learns whether it leads."""
+        def work(tx: ManagedTransaction) -> dict[str, Any]:
+            out = self._tx_run(tx, "acquire_leadership", leadership=name, holder=holder, epoch=epoch, ttl_ms=ttl_ms)
+            return out[0]
+
+        with self.driver.session(database=self.database) as s:
+            return s.execute_write(work)
+
+    def release_leadership(self, name: str, holder: str, epoch: int) -> bool:
+        """End ``holder``'s term ``epoch`` now (a clean stop): whether it still held it."""
+        return bool(self._write("release_leadership", leadership=name, holder=holder, epoch=epoch))
+
+    def leader_term(self, tx: ManagedTransaction, name: str) -> dict[str, Any] | None:
+        """The leadership's ``{holder, epoch, left_ms}`` read inside ``tx`` (a write fence), or
+        None when nobody has led yet."""
+        out = self._tx_run(tx, "leader_term", leadership=name)
+        return out[0] if out else None
 
     def create_requests(self, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Persist accepted requests (with their prompts) in one transaction; all or nothing.
@@ -32,8 +55,7 @@ class LiveStore(GraphStore):
                 raise InvalidInputError(f"{len(rows) - matched} of {len(rows)} requests name an unknown model")
             return {str(e["idempotency_key"]): e for e in out[0]["existing"]} if out else {}
 
-        with self.driver.session(database=self.database) as s:
-            return s.execute_write(work)
+        return self._execute_write(work)
 
     def complete_leases(self, rows: list[dict[str, Any]]) -> set[str]:
         """Results of completed leases, each with its request's final state and its done Slice, in

@@ -101,8 +101,7 @@ class ModelStore(GraphStore):
 
         check_id("tenant", tenant_id)
         started = time.perf_counter()
-        with self.driver.session(database=self.database) as s:
-            s.execute_write(work)
+        self._execute_write(work)
         elapsed = time.perf_counter() - started
         return ImportStats(uid, graph.phase, len(operators), len(tensor_rows),
                            len(precedes) + len(reads) + len(writes) + len(operators), elapsed)

@@ -83,8 +83,7 @@ class SlotStore(GraphStore):
                 self._tx_refresh_busy_windows(tx, out["touched"])
                 return len(rows)
 
-            with self.driver.session(database=self.database) as session:
-                placed += session.execute_write(work)
+            placed += self._execute_write(work)
         return placed
 
     def mark_slices_done(self, end_s_by_uid: Mapping[str, float | None]) -> int:

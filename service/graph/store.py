@@ -5,14 +5,16 @@ shares."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import neo4j
 from neo4j import Driver, ManagedTransaction
 
 from service.domain.error import InvalidInputError
 from service.graph.catalog import Query, QueryCatalog
+
+T = TypeVar("T")
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 
@@ -31,9 +33,17 @@ def model_uid(tenant_id: str, model_id: str) -> str:
     return f"{check_id('tenant', tenant_id)}/{check_id('model', model_id)}"
 
 
+class WriteFence(Protocol):
+    """Checked at the end of every write transaction, inside it: raises to refuse (roll back) the
+    write (:class:`service.live.leader.Leadership`: the writer no longer leads)."""
+
+    def check(self, tx: ManagedTransaction) -> None: ...
+
+
 class GraphStore:
     """Runs catalog queries by name; ``REQUIRED``: the queries the whole repository needs,
-    checked against the catalog when it is built."""
+    checked against the catalog when it is built. Every write transaction goes through
+    :meth:`_execute_write`, which runs :attr:`fence` (when set) at its end, in the same transaction."""
 
     QUERIES: tuple[str, ...] = ("constraints", "indexes", "refresh_busy_windows")
     REQUIRED: tuple[str, ...] = QUERIES
@@ -43,6 +53,21 @@ class GraphStore:
         self.catalog = catalog or QueryCatalog.load()
         self.catalog.require(self.REQUIRED)
         self.database = database
+        self.fence: WriteFence | None = None
+
+    def _execute_write(self, work: Callable[[ManagedTransaction], T]) -> T:
+        """``work`` in a managed write transaction (retried on transient errors), then the
+        :attr:`fence`'s check in the same transaction."""
+        fence = self.fence
+
+        def fenced(tx: ManagedTransaction) -> T:
+            out = work(tx)
+            if fence is not None:  # at the end: a takeover committed while the work ran is seen
+                fence.check(tx)
+            return out
+
+        with self.driver.session(database=self.database) as s:
+            return s.execute_write(fenced)
 
     def _q(self, name: str, params: Mapping[str, Any]) -> tuple[Query, dict[str, Any]]:
         q = self.catalog.get(name)
@@ -53,8 +78,7 @@ class GraphStore:
         return [r.data() for r in tx.run(q.text, p)]
 
     def _write(self, name: str, **params: Any) -> list[dict[str, Any]]:
-        with self.driver.session(database=self.database) as s:
-            return s.execute_write(lambda tx: self._tx_run(tx, name, **params))
+        return self._execute_write(lambda tx: self._tx_run(tx, name, **params))
 
     def _read(self, name: str, **params: Any) -> list[dict[str, Any]]:
         with self.driver.session(database=self.database, default_access_mode=neo4j.READ_ACCESS) as s:
@@ -80,8 +104,7 @@ class GraphStore:
             self._tx_refresh_busy_windows(tx, out[0]["touched"] if out else ())
             return out
 
-        with self.driver.session(database=self.database) as s:
-            return s.execute_write(work)
+        return self._execute_write(work)
 
     # ---- schema --------------------------------------------------------------------------------------
     def apply_schema(self) -> int:

@@ -20,6 +20,7 @@ from service.graph.repository import GraphRepository
 from service.live import threads
 from service.live.audit import AuditLog
 from service.live.call_health import CallHealth
+from service.live.leader import Leadership
 from service.live.metrics import LiveMetrics
 from service.live.records import Write
 from service.live.settings import ServiceSettings
@@ -103,6 +104,8 @@ class Neo4jGate:
     db_error: str | None
     calls: CallHealth  # submissions' and completions' writes: failing ones make the service not ready
     unplaced: dict[str, str]  # model uid -> why the last re-plan found it no home
+    leadership: Leadership | None  # with leader election on (service.live.leader)
+    taking_traffic: bool  # won (with election), recovered and started
     _reopening: asyncio.Future[None] | None = None  # the steps before traffic is taken again, across ticks
     _reopen_since: float = 0.0  # monotonic start of the reopening in progress
     _reopen_said: float = 0.0  # when the last "still reopening" line was logged
@@ -333,7 +336,11 @@ class Neo4jGate:
         stuck = self.supervisor.stuck()
         writer = self.writer
         ready = self.db_up and not stuck and writer is not None and not self.calls.failing()
+        lead = self.leadership
+        if lead is not None:
+            ready = ready and lead.leads and self.taking_traffic
         return {"ready": ready, "neo4j": {"reachable": self.db_up, "uri": self.neo4j_uri, "error": self.db_error},
+                "leadership": None if lead is None else lead.describe(),
                 "lease_path": self.calls.report(),
                 "loops": self.supervisor.report(), "stuck_loops": stuck,
                 "gmg_pending_writes": writer.pending if writer else 0,

@@ -26,8 +26,9 @@ import asyncio
 import hmac
 import logging
 import os
+import signal
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -38,7 +39,7 @@ from service.core.policies import make_placement_policy
 from service.core.queue import QueuedRequest, QueuePolicy, make_queue_policy
 from service.core.scheduler import Scheduler
 from service.domain.audit import SYSTEM
-from service.domain.error import InvalidInputError, UnauthorizedError
+from service.domain.error import InvalidInputError, InvariantError, NotLeaderError, UnauthorizedError
 from service.domain.principal import Principal
 from service.domain.quota import Quota
 from service.domain.request import RequestStatus
@@ -52,6 +53,7 @@ from service.live.credential import hash_key
 from service.live.durable import DurableWrites
 from service.live.key_admin import KeyAdmin
 from service.live.keys import ExecutorPools
+from service.live.leader import Leadership
 from service.live.metrics import PREFIX, LiveMetrics
 from service.live.notify import Signal
 from service.live.onboarding import AccessRequests
@@ -132,6 +134,10 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.step_status: dict[str, Any] | None = None  # the last step's status (placed, or nothing and why)
         self.step_s: list[float] = []  # wall time of each scheduler step (what-ifs included)
         self.unplaced: dict[str, str] = {}  # model uid -> why the last re-plan found it no home
+        self.leadership: Leadership | None = None  # leader election on: this process's run (at start)
+        self._campaign: asyncio.Task[None] | None = None
+        self.on_fatal: Callable[[str], None] = lambda why: end_process(why)  # a deposed leader, a failed take-over
+        self.taking_traffic = False  # started (with leader election: won, recovered and started)
         self.db_up = False
         self.db_error: str | None = None
         self.calls = CallHealth()  # the request path's bounded writes (readiness)
@@ -146,11 +152,75 @@ class LiveService(DurableWrites, SchedulingLoop):
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
+        """Open Neo4j, then take traffic; with leader election on, run for the leadership in the
+        background and take traffic once won (until then every call but the probes answers 503
+        ``not_leader``; :mod:`service.live.leader`)."""
         await self.predictors.start()  # a predictor that cannot be loaded stops the start, with its reason
         self.driver = await asyncio.to_thread(self._open_driver, True)
         self.repo = GraphRepository(self.driver, QueryCatalog.load(), database=self.settings.neo4j.database)
         self.db_up = True
         await asyncio.to_thread(self.repo.apply_schema)
+        if self.settings.leader_election:
+            self.leadership = Leadership(self.repo, ttl_s=self.settings.leader_ttl_s)
+            self._campaign = asyncio.create_task(self._run_for_leadership(), name="leader-election")
+            self._campaign.add_done_callback(self._campaign_ended)
+            return
+        await self._take_traffic()
+
+    async def _run_for_leadership(self) -> None:
+        """Ask for the leadership every fifth of a term until won, then recover and take traffic
+        as a restarted service does, the repository's writes fenced by the term."""
+        lead, repo = self.leadership, self.repo
+        assert lead is not None and repo is not None
+        said = 0.0
+        while True:
+            try:
+                if await asyncio.to_thread(lead.contend):
+                    break
+                seen = lead.last
+                if time.monotonic() - said > 60.0:  # a standby says so once a minute, not every ask
+                    said = time.monotonic()
+                    log.info("standing by: %s leads at epoch %s", seen and seen.holder, seen and seen.epoch)
+            except Exception as exc:  # Neo4j unreachable: keep asking
+                if time.monotonic() - said > 60.0:
+                    said = time.monotonic()
+                    log.warning("cannot ask for the leadership (%s: %s); asking again", type(exc).__name__, exc)
+            await asyncio.sleep(lead.interval_s)
+        repo.fence = lead
+        # renewals from now on: a take-over (the recovery) may take longer than a term
+        self.supervisor.spawn("leadership", self._leadership_tick, interval_s=lead.interval_s,
+                              stuck_after_s=max(30.0, 3 * lead.ttl_s))
+        await self._take_traffic()
+
+    def _campaign_ended(self, task: asyncio.Task[None]) -> None:
+        """The run for the leadership never ends silently: a failed take-over ends the process
+        (as a failed start does), so that whatever runs it starts it again."""
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("taking over as leader failed; stopping", exc_info=exc)
+            self.on_fatal(f"taking over as leader failed: {type(exc).__name__}: {exc}")
+
+    async def _leadership_tick(self) -> None:
+        """Renew the term; a leader found deposed stops (``on_fatal``): it may write nothing more
+        (its fence refuses) and whatever runs it starts it again as a standby."""
+        lead = self.leadership
+        assert lead is not None
+        try:
+            await asyncio.to_thread(lead.contend)
+        except Exception as exc:
+            if not lead.leads:
+                raise NotLeaderError(f"leadership not renewed ({type(exc).__name__}: {exc}); writes stopped "
+                                     "until it is") from exc
+        if lead.deposed:
+            seen = lead.last
+            self.on_fatal(f"deposed: {seen and seen.holder} leads at epoch {seen and seen.epoch}")
+
+    async def _take_traffic(self) -> None:
+        """Recover the state from the GMG and start the loops (the Neo4j side is open)."""
+        if self.repo is None:
+            raise InvariantError("taking traffic before Neo4j is open")
         await self._recover()
         self.pools.recover(await asyncio.to_thread(self.repo.live_executor_pools))
         self.writer = GmgWriter(self.repo, on_lag=self.metrics.write_lag.observe,
@@ -185,6 +255,7 @@ class LiveService(DurableWrites, SchedulingLoop):
                       stuck_after_s=max(3 * refit_s, 600.0))
         # workflows last: a resumed model call asks for its request again (recovered above)
         await self.workflows.restore(await asyncio.to_thread(self.repo.live_workflows, time.time() - RECOVER_FINISHED_S))
+        self.taking_traffic = True
 
     def _retrainer(self) -> CostModelRetrainer:
         """The scheduled retrain of the what-if's cost model (:mod:`service.live.retraining`)."""
@@ -207,6 +278,9 @@ class LiveService(DurableWrites, SchedulingLoop):
             min_new=self.settings.cost_model_retrain_min_new)
 
     async def stop(self) -> None:
+        campaign = self._campaign
+        if campaign is not None and not campaign.done():
+            campaign.cancel()
         await self.workflows.stop()
         await self.supervisor.stop()
         await self._stop_reopening()
@@ -220,6 +294,13 @@ class LiveService(DurableWrites, SchedulingLoop):
         if self.repo is not None:
             await self.audit.close()
         await self.threads_done(30.0)  # a scheduler step or a call cancelled on its way still holds a session
+        lead = self.leadership
+        if lead is not None and lead.leads:  # the standby takes over at its next ask, not at the term's end
+            try:
+                await asyncio.to_thread(lead.release)
+            except Exception:
+                log.warning("the leadership was not released at stop; the standby takes over when its term ends",
+                            exc_info=True)
         if self.driver is not None:
             await asyncio.to_thread(self.driver.close)
 
@@ -464,6 +545,14 @@ class LiveService(DurableWrites, SchedulingLoop):
         if deleted:
             log.info("retention: deleted %d live slices", deleted)
         await self.retention.tick(lambda fn, now: self.db(fn, now, bound_s=300.0))
+
+
+def end_process(why: str) -> None:
+    """Stop this serve process as a SIGTERM does (the HTTP server drains and the service stops):
+    what a deposed leader or a failed take-over does, so that whatever runs the process (a
+    Deployment, systemd) starts it again, as a standby."""
+    log.error("stopping the service: %s", why)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def quota_of_row(row: dict[str, Any]) -> Quota:

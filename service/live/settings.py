@@ -77,6 +77,10 @@ class ServiceSettings:
     # service/live/retraining.py), once this many new ones arrived
     cost_model_retrain_s: float = 0.0
     cost_model_retrain_min_new: int = 20
+    # leader election (service/live/leader.py): one serve of several on a database leads, the
+    # others stand by; its term on Neo4j's clock, renewed every fifth of it
+    leader_election: bool = False
+    leader_ttl_s: float = 5.0
 
     def __post_init__(self) -> None:
         kind_from(self.cost_model)  # a known kind, else InvalidInputError
@@ -118,6 +122,9 @@ class ServiceSettings:
         if not (0.0 < self.predictor_refit_s <= 86_400.0):
             raise InvalidInputError(f"predictor_refit_s must be in (0, 86400], got {self.predictor_refit_s} "
                                     "(SLICESCHED_PREDICTOR_REFIT_S, --predictor-refit-s)")
+        if not (1.0 <= self.leader_ttl_s <= 300.0):
+            raise InvalidInputError(f"leader_ttl_s must be in [1, 300] seconds, got {self.leader_ttl_s} "
+                                    "(SLICESCHED_LEADER_TTL_S)")
         if not (1 <= self.predictor_min_new <= 1_000_000):
             raise InvalidInputError(f"predictor_min_new must be in [1, 1000000], got {self.predictor_min_new}")
         if not (10 <= self.predictor_window <= 1_000_000):
@@ -168,6 +175,8 @@ class ServiceSettings:
             "observations_file": env.path("SLICESCHED_OBSERVATIONS_FILE"),
             "cost_model_retrain_s": env.number("SLICESCHED_COST_MODEL_RETRAIN_S", float),
             "cost_model_retrain_min_new": env.number("SLICESCHED_COST_MODEL_RETRAIN_MIN_NEW", int),
+            "leader_election": env.flag("SLICESCHED_LEADER_ELECTION"),
+            "leader_ttl_s": env.number("SLICESCHED_LEADER_TTL_S", float),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return ServiceSettings(**values)  # type: ignore[arg-type]

@@ -26,6 +26,7 @@ TABLE = [  # class, HTTP status (None: unmapped, answered 500 internal), kind, e
     (e.InvariantError, 500, "internal", 1),
     (e.DatabaseUnavailableError, 503, "unavailable", 3),
     (e.Neo4jServerError, 503, "unavailable", 3),
+    (e.NotLeaderError, 503, "not_leader", 3),
     (e.TransientError, None, "invalid_input", 1),
     (e.ApiError, None, "invalid_input", 1),
     (e.RegisterRefused, None, "invalid_input", 2),
