@@ -43,7 +43,9 @@ def describe_devices(device_ids: Sequence[str], mem_gib: float | None) -> list[d
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="slicesched executor",
                                 description="Run leases from a slicesched service on this node's devices.")
-    p.add_argument("--server", required=True, help="base URL of the service, e.g. http://127.0.0.1:8000")
+    p.add_argument("--server", required=True, help="base URL of the service, e.g. http://127.0.0.1:8000; several, "
+                                                 "comma-separated, for serve processes under leader election with no "
+                                                 "one address in front of them (a refused or unreachable one: the next)")
     p.add_argument("--devices", required=True,
                    help="comma-separated device ids, e.g. cpu:0,cpu:1 or cuda:0; auto: every CUDA device this "
                         "process sees (cuda:0,...), else cpu:0")

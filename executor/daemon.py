@@ -225,8 +225,18 @@ class ExecutorDaemon:
 
     def _client(self) -> httpx.Client:
         s = self.settings
-        return httpx.Client(base_url=s.server, headers={"Authorization": f"Bearer {s.key}"},
+        return httpx.Client(base_url=s.servers[0], headers={"Authorization": f"Bearer {s.key}"},
                             timeout=s.timeout_s, transport=self._transport)
+
+    def _fail_over(self, client: httpx.Client, why: str) -> None:
+        """Point ``client`` at the next of several service addresses (a standby's, which may lead now)."""
+        servers = self.settings.servers
+        if len(servers) < 2:
+            return
+        here = str(client.base_url).rstrip("/")
+        at = next((i for i, u in enumerate(servers) if u.rstrip("/") == here), -1)
+        client.base_url = httpx.URL(servers[(at + 1) % len(servers)])
+        log.info("%s: trying the service at %s", why, client.base_url)
 
     def _call(self, client: httpx.Client, method: str, path: str, body: Any = None,
               timeout_s: float | None = None) -> dict[str, Any]:
@@ -235,9 +245,13 @@ class ExecutorDaemon:
         try:
             response = client.request(method, path, json=body, timeout=timeout_s or self.settings.timeout_s)
         except httpx.TransportError as exc:
+            self._fail_over(client, f"{type(exc).__name__}")
             raise TransientError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500:
-            raise TransientError(f"{method} {path}: {response.status_code} {_error_message(response)}")
+            message = _error_message(response)
+            if response.status_code == 503 and message.startswith("not_leader:"):
+                self._fail_over(client, "not the leader")
+            raise TransientError(f"{method} {path}: {response.status_code} {message}")
         if response.status_code >= 400:
             raise ApiError(response.status_code, _error_message(response))
         self._last_contact_s = self.clock()

@@ -36,7 +36,10 @@ GUEST_WEIGHT = 0.5  # a guest replica's claim on the executor's time against an 
 
 @dataclass(frozen=True)
 class Settings:
-    server: str  # base URL of the service
+    # base URL of the service; several, comma-separated, for serve processes under leader election
+    # without one address in front of them: a call that cannot connect, or that a standby refuses
+    # (503 not_leader), moves to the next (executor.daemon)
+    server: str
     key: str  # executor (or admin) key
     executor_id: str
     host_id: str
@@ -49,3 +52,8 @@ class Settings:
     retry_base_s: float = 0.5  # first delay after a transient failure (doubling up to 10 s)
     stage_url: str | None = None  # this node's stage server, for drivers on other nodes (executor.remote)
     progress_interval_s: float = 0.01  # streaming leases' tokens are posted at most this often (coalesced)
+
+    @property
+    def servers(self) -> tuple[str, ...]:
+        """The service's base URLs, in the order they are tried."""
+        return tuple(u.strip() for u in self.server.split(",") if u.strip())

@@ -61,7 +61,8 @@ class LiveStack:
     def __init__(self, *, placement: str = "container", queue: str = "fifo", neo4j: Neo4jSettings | None = None,
                  admin_key: str = "admin-stack-key", executor_key: str = "executor-stack-key", managed: bool = False,
                  lease_ttl_s: float = 5.0, heartbeat_s: float = 1.0, max_batch: int = 8,
-                 log_dir: Path | None = None, extra_env: dict[str, str] | None = None) -> None:
+                 log_dir: Path | None = None, extra_env: dict[str, str] | None = None,
+                 leader_ttl_s: float | None = None) -> None:
         if managed and neo4j is not None:
             raise ValueError("managed=True runs the stack's own Neo4j: give no neo4j")
         self.placement = placement
@@ -85,6 +86,11 @@ class LiveStack:
         self.server_started_at = 0.0  # epoch seconds of the last launch of serve
         self.console: subprocess.Popen[bytes] | None = None
         self.console_port = 0
+        # leader election (service.live.leader): every serve of the stack runs for the leadership
+        # with this term; start_standby adds a second one
+        self.leader_ttl_s = leader_ttl_s
+        self.standby: subprocess.Popen[bytes] | None = None
+        self.standby_port = 0
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> LiveStack:
@@ -109,6 +115,9 @@ class LiveStack:
         for name in list(self.executors):
             self.stop_executor(name)
         self.stop_server()
+        if self.standby is not None:
+            _stop(self.standby, kill=False)
+            self.standby = None
         if self._neo4j is not None:
             self._neo4j.stop()
             self._neo4j = None
@@ -120,6 +129,12 @@ class LiveStack:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def urls(self) -> str:
+        """Every serve's address, comma-separated, the first one's first (an executor's ``--server``)."""
+        ports = [p for p in (self.port, self.standby_port) if p]
+        return ",".join(f"http://127.0.0.1:{p}" for p in ports)
 
     def env(self) -> dict[str, str]:
         assert self.neo4j is not None
@@ -155,29 +170,56 @@ class LiveStack:
         self.local_neo4j.stop()
 
     # ---- the API server ----------------------------------------------------------------------
-    def start_server(self, *, timeout_s: float = 60.0) -> None:
-        self.port = self.port or free_port()
-        log = open(self.log_dir / "serve.log", "ab")  # noqa: SIM115 - handed to the child process
-        self.server_started_at = time.time()
-        self.server = subprocess.Popen(
-            [sys.executable, "-m", "service.cli.main", "serve", "--port", str(self.port), "--placement", self.placement,
+    def _serve(self, port: int, log_name: str) -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / log_name, "ab")  # noqa: SIM115 - handed to the child process
+        election = [] if self.leader_ttl_s is None else ["--leader-election", "--leader-ttl-s", str(self.leader_ttl_s)]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli.main", "serve", "--port", str(port), "--placement", self.placement,
              "--queue", self.queue, "--lease-ttl-s", str(self.lease_ttl_s), "--heartbeat-s", str(self.heartbeat_s),
-             "--max-batch", str(self.max_batch), "--log-level", "warning"],
+             "--max-batch", str(self.max_batch), "--log-level", "warning", *election],
             env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
+        return proc
+
+    def _wait_answers(self, proc: subprocess.Popen[bytes], port: int, log_name: str, timeout_s: float,
+                      probe: str) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.server.poll() is not None:
-                raise RuntimeError(f"slicesched serve exited with {self.server.returncode}: "
-                                   f"{_last_line(self.log_dir / 'serve.log')}")
+            if proc.poll() is not None:
+                raise RuntimeError(f"slicesched serve exited with {proc.returncode}: "
+                                   f"{_last_line(self.log_dir / log_name)}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{port}{probe}", timeout=1.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        self.stop_server(kill=True)
-        raise RuntimeError(f"slicesched serve did not answer within {timeout_s:.0f}s: see {self.log_dir / 'serve.log'}")
+        _stop(proc, kill=True)
+        raise RuntimeError(f"slicesched serve did not answer within {timeout_s:.0f}s: see {self.log_dir / log_name}")
+
+    def start_server(self, *, timeout_s: float = 60.0) -> None:
+        """Start serve and wait until it answers (under leader election: until it leads and is ready)."""
+        self.port = self.port or free_port()
+        self.server_started_at = time.time()
+        self.server = self._serve(self.port, "serve.log")
+        self._wait_answers(self.server, self.port, "serve.log", timeout_s,
+                           "/healthz" if self.leader_ttl_s is None else "/readyz")
+
+    def start_standby(self, *, timeout_s: float = 60.0) -> None:
+        """A second serve on the same database under leader election (the stack's ``leader_ttl_s``),
+        once it answers as the standby."""
+        if self.leader_ttl_s is None:
+            raise RuntimeError("a standby needs leader election: give the stack a leader_ttl_s")
+        self.standby_port = self.standby_port or free_port()
+        self.standby = self._serve(self.standby_port, "serve-standby.log")
+        self._wait_answers(self.standby, self.standby_port, "serve-standby.log", timeout_s, "/healthz")
+
+    def promote_standby(self) -> None:
+        """After the leader's end: the standby is the stack's server from now on (its address first)."""
+        if self.standby is None:
+            raise RuntimeError("no standby")
+        self.server, self.port = self.standby, self.standby_port
+        self.standby, self.standby_port = None, 0
 
     def stop_server(self, *, kill: bool = False) -> None:
         if self.server is not None:
@@ -219,7 +261,7 @@ class LiveStack:
                        extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"executor-{name}.log", "ab")  # noqa: SIM115 - handed to the child process
         proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli.main", "executor", "--server", self.url, "--devices", ",".join(devices),
+            [sys.executable, "-m", "service.cli.main", "executor", "--server", self.urls, "--devices", ",".join(devices),
              "--mem-gib", str(mem_gib), "--executor-id", name, "--host-id", name,
              "--key", self.executor_key, *extra],
             env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -199,3 +199,39 @@ def test_a_replica_across_two_executors_moves_activations_over_http(stack: LiveS
         assert split > 0, "no request ran on the replica split over both executors"
         bad = c.post("/v1/replicas", json={"tenant_id": "acme", "model_id": "m", "device_ids": ["ea/cpu:1", "nope"]})
         assert bad.status_code == 400
+
+
+def test_a_standby_takes_over_after_the_leaders_kill_9_with_nothing_lost_or_run_twice(neo4j: Neo4jSettings) -> None:
+    """Leader election (service/live/leader.py) with real processes: the leader is killed with
+    SIGKILL while requests are in flight; the standby takes over within 10 s (a 2 s term), the
+    executors follow it (given both addresses), and every request is done once with the same
+    tokens as in this process."""
+    from neo4j import GraphDatabase
+
+    with GraphDatabase.driver(neo4j.uri, auth=neo4j.auth) as driver, driver.session() as s:
+        s.run("MATCH (l:Leader) DETACH DELETE l").consume()  # no term left over from another test
+    with LiveStack(neo4j=neo4j, lease_ttl_s=2.0, heartbeat_s=0.4, leader_ttl_s=2.0) as stack:
+        stack.start_standby()
+        assert httpx.get(f"http://127.0.0.1:{stack.standby_port}/readyz").json()["leadership"]["role"] == "standby"
+        with stack.client() as c:
+            setup(stack, c)  # the executors get both addresses
+            ids = submit(c, 12, 48)
+        stack.stop_server(kill=True)
+        killed = time.monotonic()
+        stack.promote_standby()
+        deadline = killed + 30
+        while True:
+            try:
+                if httpx.get(f"{stack.url}/readyz", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the standby did not take over"
+            time.sleep(0.05)
+        took_s = time.monotonic() - killed
+        assert took_s <= 10.0, f"took over in {took_s:.1f} s"
+        with stack.client() as c:
+            assert c.get("/readyz").json()["leadership"]["role"] == "leader"
+            got = wait_done(c, ids)
+            check_tokens(c, got, ids, 48)
+            served_once(stack, c, ids)

@@ -26,7 +26,7 @@ from executor.device import parse_device_ids
 from executor.runner import Stage, StagedModel, load_staged
 from executor.settings import Settings
 from executor.worker import Lease, Worker
-from service.domain.error import NotFoundError, RegisterRefused
+from service.domain.error import NotFoundError, RegisterRefused, TransientError
 from service.domain.model_config import model_config
 from service.domain.wire import Completion, Failure
 from service.models.family import build_model
@@ -584,3 +584,36 @@ def test_devices_auto_names_every_cuda_device_torch_sees_else_one_cpu(monkeypatc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert parse_device_ids("auto") == ["cpu:0"]
     assert parse_device_ids("cpu:0, cpu:1,") == ["cpu:0", "cpu:1"]  # explicit ids as before
+
+
+def test_an_executor_given_several_addresses_moves_past_a_standby_and_an_unreachable_one() -> None:
+    """Serve processes under leader election with no one address in front: a 503 ``not_leader``
+    or a refused connection moves the executor's calls to the next address."""
+    seen: list[str] = []
+
+    def service(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.host)
+        if request.url.host == "standby.test":
+            return httpx.Response(503, json={"error": {"kind": "not_leader", "message": "the standby"}})
+        if request.url.host == "gone.test":
+            raise httpx.ConnectError("connection refused")
+        return httpx.Response(200, json={"ok": True})
+
+    s = Settings(server="http://standby.test, http://gone.test,http://leader.test", key="k", executor_id="node-1",
+                 host_id="node", devices=({"device_id": "cpu:0", "kind": "cpu", "mem_bytes": 1 << 30},))
+    assert s.servers == ("http://standby.test", "http://gone.test", "http://leader.test")
+    daemon = ExecutorDaemon(s, transport=httpx.MockTransport(service))
+    with daemon._client() as client:
+        for _ in range(2):
+            with pytest.raises(TransientError):
+                daemon._call(client, "GET", "/v1/x")
+        assert daemon._call(client, "GET", "/v1/x") == {"ok": True}
+        assert daemon._call(client, "GET", "/v1/x") == {"ok": True}  # it stays with the leader
+    assert seen == ["standby.test", "gone.test", "leader.test", "leader.test"]
+    # A single address is kept whatever the answer (a Service in front routes to the leader).
+    one = ExecutorDaemon(Settings(server="http://standby.test", key="k", executor_id="n", host_id="n",
+                                  devices=s.devices), transport=httpx.MockTransport(service))
+    with one._client() as client:
+        with pytest.raises(TransientError):
+            one._call(client, "GET", "/v1/x")
+        assert client.base_url.host == "standby.test"
