@@ -137,9 +137,11 @@ class Load:
     """Poisson arrivals, each a logical request retried with the same key until it is answered."""
 
     def __init__(self, url: str, tenant_keys: dict[str, str], rng: Any, *, rate_per_s: float, prompt_len: int,
-                 max_tokens: int, timeout_s: float, give_up_s: float, workers: int, clock: Any) -> None:
+                 max_tokens: int, timeout_s: float, give_up_s: float, workers: int, clock: Any,
+                 follow: Any = None) -> None:
         import httpx
 
+        self.follow = follow  # leader election: () -> the leader's address, asked after a refused call
         self.rng = rng
         self.rate_per_s = rate_per_s
         self.prompt_len = prompt_len
@@ -249,6 +251,8 @@ class Load:
                     req.request_ids.append(request_id)
             if request_id is not None:
                 return
+            if self.follow is not None and outcome in ("connect", "http_503"):  # a Service address would do this
+                client.base_url = httpx.URL(self.follow())
             if outcome.startswith("http_") and int(outcome[5:]) not in RETRY_STATUS:
                 req.rejected = f"{outcome}: {r.text[:200]}"
                 return
@@ -381,8 +385,21 @@ class Cluster:
             self.start_executor(name)
 
     def kill_server(self) -> None:
-        self.mark_log("serve.log", "kill -9 serve")
+        self.mark_log("serve.log", f"kill -9 serve on port {self.stack.port}")
         self.stack.stop_server(kill=True)
+
+    def kill_standby(self) -> None:
+        self.mark_log("serve-standby.log", f"kill -9 the standby on port {self.stack.standby_port}")
+        if self.stack.standby is not None:
+            self.stack.standby.kill()
+            self.stack.standby.wait()
+            self.stack.standby = None
+
+    def start_standby(self) -> None:
+        if self.closing:
+            raise RuntimeError("closing: no process starts any more")
+        self.mark_log("serve-standby.log", f"start the standby on port {self.stack.standby_port}")
+        self.stack.start_standby(timeout_s=self.serve_timeout_s)
 
     # the supervisor
     def start(self) -> None:
@@ -411,6 +428,21 @@ class Cluster:
 
     def _check(self) -> None:
         now = self.clock()
+        if self.stack.leader_ttl_s is not None:  # leader election: keep stack.url the leader's; the standby up
+            if self.stack.follow_leader():
+                self.note("leader_moved", port=self.stack.port)
+            standby = self.stack.standby
+            if standby is not None and standby.poll() is not None:
+                self.note("standby_exited", returncode=standby.returncode,
+                          log_tail=tail(self.stack.log_dir / "serve-standby.log"))
+                self.stack.standby = None
+            if self.stack.standby is None and self.stack.standby_port and self.restarts_left > 0:
+                self.restarts_left -= 1
+                try:
+                    self.start_standby()
+                    self.note("standby_restarted_by_supervisor")
+                except RuntimeError as exc:
+                    self.note("standby_restart_failed", error=str(exc))
         server = self.stack.server
         if server is not None and server.poll() is not None:
             self.note("serve_exited", returncode=server.returncode, log_tail=tail(self.stack.log_dir / "serve.log"))
@@ -458,7 +490,7 @@ def tail(path: Path, lines: int = 3) -> list[str]:
 # ---- faults -----------------------------------------------------------------------------------------------
 @dataclass
 class Fault:
-    kind: str  # executor_kill | serve_kill | neo4j_restart | bad_registration
+    kind: str  # executor_kill | serve_kill | leader_kill | neo4j_restart | bad_registration
     planned_s: float
     target: str = ""  # the executor; for neo4j_restart "new_port" or "same_port"
     started_s: float | None = None
@@ -477,6 +509,7 @@ def plan_faults(rng: Any, counts: dict[str, int], port_changes: int, start_s: fl
     for i in range(counts["executor_kill"]):
         rest.append(Fault("executor_kill", 0.0, EXECUTORS[int(rng.integers(len(EXECUTORS)))] if i else EXECUTORS[0]))
     rest += [Fault("serve_kill", 0.0) for _ in range(counts["serve_kill"])]
+    rest += [Fault("leader_kill", 0.0) for _ in range(counts.get("leader_kill", 0))]
     rest += [Fault("neo4j_restart", 0.0, "new_port" if i < port_changes else "same_port")
              for i in range(counts["neo4j_restart"])]
     bad = [Fault("bad_registration", round(start_s + i * bad_gap_s, 2)) for i in range(counts["bad_registration"])]
@@ -519,7 +552,7 @@ def inject(f: Fault, cluster: Cluster, keys: Keys, rng: Any, load: Load, *, neo4
     from service.graph.local_server import free_port
 
     stack = cluster.stack
-    if burst and f.kind in ("serve_kill", "neo4j_restart"):
+    if burst and f.kind in ("serve_kill", "leader_kill", "neo4j_restart"):
         f.detail.update(send_burst(load, burst, burst_max_tokens), burst_sent_s=f.started_s)
         f.started_s, f.started_epoch = round(cluster.clock(), 2), time.time()
     if f.kind == "executor_kill":
@@ -529,12 +562,38 @@ def inject(f: Fault, cluster: Cluster, keys: Keys, rng: Any, load: Load, *, neo4
         time.sleep(pause)
         cluster.start_executor(f.target)
         f.detail.update(restart_after_s=pause)
+    elif f.kind == "serve_kill" and stack.leader_ttl_s is not None:  # under election: the standby
+        cluster.kill_standby()
+        time.sleep(1.0)
+        t = time.monotonic()
+        cluster.start_standby()
+        f.detail.update(restart_s=round(time.monotonic() - t, 2), port=stack.standby_port, target="standby")
     elif f.kind == "serve_kill":
         cluster.kill_server()
         time.sleep(1.0)
         t = time.monotonic()
         cluster.start_server()
         f.detail.update(restart_s=round(time.monotonic() - t, 2), port=stack.port)
+    elif f.kind == "leader_kill":
+        stack.follow_leader()
+        port = stack.port
+        cluster.kill_server()
+        killed = time.monotonic()
+        stack.promote_standby()
+        took_s = None
+        while time.monotonic() - killed < 60.0:  # the standby takes over once the term ends
+            try:
+                if httpx.get(f"{stack.url}/readyz", timeout=1.0).status_code == 200:
+                    took_s = round(time.monotonic() - killed, 2)
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        f.detail.update(takeover_s=took_s, killed_port=port, leader_port=stack.port, back_s=round(cluster.clock(), 2))
+        stack.standby_port = port  # the killed process comes back as the standby, as a Deployment restarts it
+        t = time.monotonic()
+        cluster.start_standby()
+        f.detail.update(standby_restart_s=round(time.monotonic() - t, 2))
     elif f.kind == "neo4j_restart":
         old = stack.local_neo4j.status()
         old_port = old.port if old is not None else None
@@ -775,7 +834,13 @@ def main() -> int:
                    help="serve's placement: with slice, executor kills that strike an executor holding a sliced "
                         "guest's leases are counted (results.executor_kills_holding_sliced_guests)")
     p.add_argument("--executor-kills", type=int, default=24)
-    p.add_argument("--serve-kills", type=int, default=3)
+    p.add_argument("--serve-kills", type=int, default=3,
+                   help="kill -9 of serve, restarted at once (with --leader-kills: of the standby)")
+    p.add_argument("--leader-kills", type=int, default=2,
+                   help="two serve processes under leader election (service.live.leader), and this many kill -9 of "
+                        "the leader: the standby takes over, the killed one comes back as the standby (0: one serve, "
+                        "no election)")
+    p.add_argument("--leader-ttl-s", type=float, default=3.0, help="the leader's term under election")
     p.add_argument("--neo4j-restarts", type=int, default=3)
     p.add_argument("--neo4j-port-changes", type=int, default=2, help="of the Neo4j restarts, how many move its port")
     p.add_argument("--bad-registrations", type=int, default=2,
@@ -794,7 +859,7 @@ def main() -> int:
                    help="keep the processes' logs here (default: a new /tmp folder)")
     args = p.parse_args()
     if args.quick:
-        args.duration_s, args.executor_kills, args.serve_kills = 100.0, 4, 1
+        args.duration_s, args.executor_kills, args.serve_kills, args.leader_kills = 100.0, 4, 1, 1
         args.neo4j_restarts, args.neo4j_port_changes = 1, 1
         args.drain_s, args.give_up_s = 40.0, 20.0
     args.neo4j_port_changes = min(args.neo4j_port_changes, args.neo4j_restarts)
@@ -814,7 +879,7 @@ def main() -> int:
     load_rng, fault_rng = np.random.default_rng([args.seed, 0]), np.random.default_rng([args.seed, 1])
     keys = make_keys(args.seed)
     warmup_s, cooldown_s = (10.0, 20.0) if args.quick else (15.0, 60.0)
-    counts = {"executor_kill": args.executor_kills, "serve_kill": args.serve_kills,
+    counts = {"executor_kill": args.executor_kills, "serve_kill": args.serve_kills, "leader_kill": args.leader_kills,
               "neo4j_restart": args.neo4j_restarts, "bad_registration": args.bad_registrations}
     plan = plan_faults(fault_rng, counts, args.neo4j_port_changes, warmup_s, args.duration_s - cooldown_s,
                        args.bad_gap_s)
@@ -822,8 +887,10 @@ def main() -> int:
     print(f"chaos: {len(plan)} faults over {args.duration_s:.0f} s at {args.rate}/s; logs in {log_dir}", flush=True)
 
     tenants = ["chaos-a", "chaos-b"]
+    election = args.leader_kills > 0
     stack = LiveStack(placement=args.placement, admin_key=keys.admin, executor_key=executor_key(keys), managed=True,
-                      lease_ttl_s=args.lease_ttl_s, heartbeat_s=args.heartbeat_s, log_dir=log_dir)
+                      lease_ttl_s=args.lease_ttl_s, heartbeat_s=args.heartbeat_s, log_dir=log_dir,
+                      leader_ttl_s=args.leader_ttl_s if election else None)
     load: Load | None = None
     probe: HealthProbe | None = None
     cluster: Cluster | None = None
@@ -836,6 +903,10 @@ def main() -> int:
         stack.__enter__()  # closed in the finally below, once nothing can restart a process
         print(f"  Neo4j {stack.neo4j_uri} (managed, state {stack.state_dir}); serve at {stack.url} "
               f"after {time.monotonic() - wall0:.0f} s", flush=True)
+        if election:  # before the executors: they are given both addresses
+            stack.start_standby(timeout_s=90.0)
+            print(f"  standby at http://127.0.0.1:{stack.standby_port} (leader election, {args.leader_ttl_s:g} s terms)",
+                  flush=True)
         cluster = Cluster(stack, clock, serve_timeout_s=90.0)
         with cluster.lock:  # they load torch while the models are traced into the GMG
             for name in EXECUTORS:
@@ -856,7 +927,7 @@ def main() -> int:
         epoch0 = time.time()
         load = Load(stack.url, tenant_keys, load_rng, rate_per_s=args.rate, prompt_len=args.prompt_tokens,
                     max_tokens=args.max_tokens, timeout_s=args.client_timeout_s, give_up_s=args.give_up_s,
-                    workers=args.workers, clock=clock)
+                    workers=args.workers, clock=clock, follow=(lambda: stack.url) if election else None)
         probe = HealthProbe(stack, clock)
         load.start()
         probe.start()
@@ -877,7 +948,7 @@ def main() -> int:
                 except Exception as exc:  # recorded; the run goes on (the supervisor restarts what is down)
                     f.detail["error"] = f"{type(exc).__name__}: {exc}"
                     print(f"    fault failed: {f.detail['error']}", flush=True)
-                f.ended_s = round(clock(), 2)
+                f.ended_s = f.detail.pop("back_s", None) or round(clock(), 2)
             if f.detail:
                 print(f"    {json.dumps({k: v for k, v in f.detail.items() if k != 'answer'})}", flush=True)
         load_end_s = max(args.duration_s, clock() + cooldown_s)
@@ -973,7 +1044,8 @@ def report(args: Any, logical: list[Logical], verdict: dict[str, Any], violation
            api_note: str, timing: dict[str, Any]) -> dict[str, Any]:
     c = verdict["counts"]
     outcomes = collections.Counter(a.outcome for r in logical for a in r.attempts)
-    faults = collections.Counter({k: 0 for k in ("executor_kill", "serve_kill", "neo4j_restart", "bad_registration")})
+    faults = collections.Counter({k: 0 for k in ("executor_kill", "serve_kill", "leader_kill", "neo4j_restart",
+                                                 "bad_registration")})
     faults.update(f.kind for f in plan if f.ok)
     faults["neo4j_port_change"] = sum(1 for f in plan if f.ok and f.kind == "neo4j_restart"
                                       and f.detail.get("new_port") != f.detail.get("old_port"))

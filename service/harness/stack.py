@@ -99,7 +99,7 @@ class LiveStack:
             if self.neo4j is None:
                 self._neo4j = LocalNeo4j(self.state_dir / "neo4j")
                 self.start_neo4j()
-            self.start_server()
+            self.start_server(ready=self.leader_ttl_s is not None)
         except BaseException:
             self.close()
             raise
@@ -197,13 +197,13 @@ class LiveStack:
         _stop(proc, kill=True)
         raise RuntimeError(f"slicesched serve did not answer within {timeout_s:.0f}s: see {self.log_dir / log_name}")
 
-    def start_server(self, *, timeout_s: float = 60.0) -> None:
-        """Start serve and wait until it answers (under leader election: until it leads and is ready)."""
+    def start_server(self, *, timeout_s: float = 60.0, ready: bool = False) -> None:
+        """Start serve and wait until it answers (``ready``: until it is ready, which under
+        leader election means it leads)."""
         self.port = self.port or free_port()
         self.server_started_at = time.time()
         self.server = self._serve(self.port, "serve.log")
-        self._wait_answers(self.server, self.port, "serve.log", timeout_s,
-                           "/healthz" if self.leader_ttl_s is None else "/readyz")
+        self._wait_answers(self.server, self.port, "serve.log", timeout_s, "/readyz" if ready else "/healthz")
 
     def start_standby(self, *, timeout_s: float = 60.0) -> None:
         """A second serve on the same database under leader election (the stack's ``leader_ttl_s``),
@@ -214,12 +214,28 @@ class LiveStack:
         self.standby = self._serve(self.standby_port, "serve-standby.log")
         self._wait_answers(self.standby, self.standby_port, "serve-standby.log", timeout_s, "/healthz")
 
+    def follow_leader(self) -> bool:
+        """Under leader election: when the standby is the one ready (it took over), swap the two,
+        so that :attr:`url` is the leader's. Whether it swapped."""
+        if self.standby is None or self.standby.poll() is not None:
+            return False
+        try:
+            if httpx.get(f"http://127.0.0.1:{self.standby_port}/readyz", timeout=1.0).status_code != 200:
+                return False
+        except httpx.HTTPError:
+            return False
+        self.server, self.standby = self.standby, self.server
+        self.port, self.standby_port = self.standby_port, self.port
+        self.server_started_at = time.time()  # it recovered as a restarted serve does
+        return True
+
     def promote_standby(self) -> None:
         """After the leader's end: the standby is the stack's server from now on (its address first)."""
         if self.standby is None:
             raise RuntimeError("no standby")
         self.server, self.port = self.standby, self.standby_port
         self.standby, self.standby_port = None, 0
+        self.server_started_at = time.time()  # it recovers as a restarted serve does
 
     def stop_server(self, *, kill: bool = False) -> None:
         if self.server is not None:
