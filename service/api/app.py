@@ -33,7 +33,7 @@ from service.api.openai import error_body as openai_error
 from service.api.openai import is_openai_route
 from service.api.routers import ROUTERS
 from service.api.schemas import ErrorOut
-from service.domain.error import DatabaseUnavailableError, SliceschedError
+from service.domain.error import DatabaseUnavailableError, NotLeaderError, SliceschedError
 from service.live.service import LiveService
 from service.live.settings import ServiceSettings
 
@@ -102,6 +102,8 @@ def error_response(request: Request, exc: SliceschedError) -> JSONResponse:
     if exc.http_status is not None:
         retry = getattr(exc, "retry_after_s", None)
         headers = {"Retry-After": str(max(1, math.ceil(retry)))} if retry is not None else None
+        if isinstance(exc, NotLeaderError):  # a client behind a Service reconnects, and may reach the leader
+            headers = {**(headers or {}), "Connection": "close"}
         return _error(request, exc.http_status, exc.kind, str(exc), headers, param=param)
     log.error("unmapped domain error: %r", exc, exc_info=exc)
     return _error(request, 500, "internal", str(exc), param=param)

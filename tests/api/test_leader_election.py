@@ -50,6 +50,7 @@ def test_the_standby_takes_over_when_the_leader_stops_renewing(make_client: Call
     assert r.json()["leadership"]["leader"] == a.app.state.service.leadership.holder
     r = b.get("/v1/stats", headers=auth(ADMIN))
     assert r.status_code == 503 and r.json()["error"]["kind"] == "not_leader" and "Retry-After" in r.headers
+    assert r.headers["Connection"] == "close"  # behind a Service, the retry reconnects
     assert "standby" in r.json()["error"]["message"]
 
     tenant = f"lead{uid}"

@@ -139,11 +139,13 @@ def test_the_overlay_adds_the_secrets_and_its_own_settings(overlay: tuple[list[O
 
 
 # ---- the service ---------------------------------------------------------------------------------
-def test_the_service_is_one_instance_with_probes_on_readyz_and_healthz(base: list[Obj],
-                                                                      overlay: tuple[list[Obj], set[str]]) -> None:
+def test_the_service_is_a_leader_and_a_standby_with_probes_on_readyz_and_healthz(
+        base: list[Obj], overlay: tuple[list[Obj], set[str]]) -> None:
     for objs in both(base, overlay):
         deployment = one(objs, "Deployment", "slicesched")
-        assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+        assert deployment["spec"]["replicas"] == 2 and deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+        config = one(objs, "ConfigMap")["data"]
+        assert config["SLICESCHED_LEADER_ELECTION"] == "1"  # else two pods would grant the same work twice
         (c,) = deployment["spec"]["template"]["spec"]["containers"]
         assert c["command"] == ["slicesched"] and c["args"] == ["serve", "--host", "0.0.0.0", "--port", "8000"]
         assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
