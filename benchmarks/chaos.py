@@ -1068,6 +1068,9 @@ def report(args: Any, logical: list[Logical], verdict: dict[str, Any], violation
         "executor_kills_holding_sliced_guests": sum(1 for f in plan if f.ok and f.kind == "executor_kill"
                                                     and (f.detail.get("sliced_guests_held") or 0) > 0),
         "done_not_durable": c["done_not_durable"],
+        # leader election: seconds from a leader's kill -9 to the standby's /readyz 200 (None: no leader kill)
+        "leader_takeover_s_max": max((f.detail["takeover_s"] for f in plan if f.ok and f.kind == "leader_kill"
+                                      and f.detail.get("takeover_s") is not None), default=None),
         # faults after which no attempt sent was accepted until the load stopped: an outage the service never left
         "faults_never_recovered": sum(1 for f in plan if f.started_s is not None
                                       and f.detail.get("accept_recovery_s") is None),
