@@ -53,6 +53,11 @@ class GenerationRequest:
     busy_s: float = 0.0  # sum of the durations of those iterations
     peak_bytes: int = 0  # largest peak memory of those iterations
     prefill_stage_s: tuple[float, ...] = ()  # its prefill's seconds per stage of the model (nan: a remote stage)
+    # one decode iteration it took part in, timed per stage (its first): the batch's sequences,
+    # the longest context attended (the batch is padded to it) and the seconds per stage
+    decode_stage_s: tuple[float, ...] = ()
+    decode_batch: int = 0
+    decode_context: int = 0
     sampler: TokenSampler = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -231,7 +236,14 @@ class ContinuousBatcher:
         visible[:, -1] = True
         bias = torch.zeros(n, 1, 1, longest + 1, dtype=self.dtype, device=self.device)
         bias.masked_fill_(~visible[:, None, None, :], float("-inf"))
-        logits, new_kv = self.model(ids, pos, kv_cache=cache, attn_bias=bias)
+        # A decode iteration is timed per stage when one of its requests has no timed decode yet
+        # (one per request: a CUDA sync per stage on every iteration would cost throughput).
+        untimed = [self.running[i] for i in slots if not self.running[i].decode_stage_s]
+        stage_s: list[float] | None = [] if untimed else None
+        logits, new_kv = self.model(ids, pos, kv_cache=cache, attn_bias=bias, stage_times=stage_s)
+        if stage_s:
+            for req in untimed:
+                req.decode_stage_s, req.decode_batch, req.decode_context = tuple(stage_s), n, longest
         best = logits[:, -1].argmax(-1).tolist()  # every greedy row's token in one call (one device sync)
         for b, i in enumerate(slots):
             for part, new in zip(self.pool, new_kv, strict=True):

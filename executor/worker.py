@@ -154,6 +154,9 @@ def completion_of(lease: Lease, request: GenerationRequest) -> Completion:
         busy_s=request.busy_s,
         peak_bytes=request.peak_bytes,
         prefill_stage_s=tuple(None if math.isnan(t) else t for t in request.prefill_stage_s),
+        decode_stage_s=tuple(None if math.isnan(t) else t for t in request.decode_stage_s),
+        decode_batch=request.decode_batch,
+        decode_context=request.decode_context,
     )
 
 

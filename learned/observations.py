@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from learned.artifact import ArtifactCostModel, LoadedCostModel, MissingArtifactError, TrainingInputs, artifact_sha256
 from learned.artifact import _samples as base_samples  # the default artifact's training samples
@@ -55,14 +55,16 @@ class ObservedSlice:
     tokens: int
     latency_s: float
     observed_wall: float
-    phase: str = "prefill"
+    phase: str = "prefill"  # prefill: ``batch`` sequences of ``tokens``; decode: one new token each over ``context``
+    context: int = 0  # decode: the longest cached context the iteration attended
 
     @staticmethod
     def from_row(row: Mapping[str, Any]) -> ObservedSlice:
         """A row of the ``slice_observations`` read (``KeyError``/``TypeError``/``ValueError`` if malformed)."""
         return ObservedSlice(str(row["uid"]), str(row["family"]), str(row["device_kind"]), int(row["layer_start"]),
                              int(row["layer_end"]), int(row["batch"]), int(row["tokens"]), float(row["latency_s"]),
-                             float(row["observed_wall"]), str(row.get("phase") or "prefill"))
+                             float(row["observed_wall"]), str(row.get("phase") or "prefill"),
+                             int(row.get("context") or 0))
 
 
 def save_observations(rows: Iterable[ObservedSlice], path: Path) -> Path:
@@ -79,7 +81,10 @@ def load_observations(path: Path) -> list[ObservedSlice]:
         raise InvalidInputError(f"{path}: not a file of slice observations: {exc}", culprit=str(path)) from None
 
 
-Tracer = Callable[[ModelConfig, int, int], OperatorGraph]  # (config, batch, tokens) -> the traced prefill
+class Tracer(Protocol):
+    """A model's phase traced on the meta device (:func:`service.models.trace.trace_phase`)."""
+
+    def __call__(self, config: ModelConfig, phase: str, *, batch: int, tokens: int, context: int) -> OperatorGraph: ...
 
 
 def slice_op_ids(graph: OperatorGraph, n_layers: int, start: int, end: int) -> list[str]:
@@ -99,19 +104,23 @@ def slice_op_ids(graph: OperatorGraph, n_layers: int, start: int, end: int) -> l
 
 
 def observation_samples(rows: Sequence[ObservedSlice], trace: Tracer) -> list[GraphSample]:
-    """Each observation as a :class:`GraphSample` (module docstring), its model's prefill traced
+    """Each observation as a :class:`GraphSample` (module docstring), its model's phase traced
     by ``trace`` (:func:`service.models.trace.trace_phase`, injected: this package does not
-    trace); rows of an unknown model or device kind, another phase, or a non-positive latency
-    are left out (their number is ``len(rows) - len(result)``)."""
+    trace): a prefill of ``batch`` sequences of ``tokens``, or a decode step of ``batch``
+    sequences over ``context`` cached tokens; rows of an unknown model, device kind or phase, or
+    a non-positive latency are left out (their number is ``len(rows) - len(result)``)."""
     out: list[GraphSample] = []
-    graphs: dict[tuple[str, int, int], OperatorGraph] = {}
+    graphs: dict[tuple[str, str, int, int, int], OperatorGraph] = {}
     for r in rows:
-        if r.phase != "prefill" or not (r.latency_s > 0 and math.isfinite(r.latency_s)):
+        if r.phase not in ("prefill", "decode") or not (r.latency_s > 0 and math.isfinite(r.latency_s)):
             continue
         try:
             config = model_config(r.family)
-            key = (r.family, r.batch, r.tokens)
-            graph = graphs[key] if key in graphs else graphs.setdefault(key, trace(config, r.batch, r.tokens))
+            key = (r.family, r.phase, r.batch, r.tokens if r.phase == "prefill" else 1, r.context)
+            graph = graphs.get(key)
+            if graph is None:
+                graph = graphs[key] = trace(config, r.phase, batch=r.batch, tokens=r.tokens if r.phase == "prefill"
+                                            else 1, context=max(1, r.context))
             device = device_of_kind(r.device_kind)
             features, edges = slice_of(graph, slice_op_ids(graph, config.n_layers, r.layer_start, r.layer_end))
         except (SliceschedError, ValueError, KeyError):  # an unknown model or device kind, layers outside it

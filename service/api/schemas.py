@@ -130,6 +130,11 @@ class CompletionIn(Body):
     prefill_stage_s: list[Annotated[float, Field(ge=0, le=1e6)] | None] = Field(
         default_factory=list, max_length=256, description="its prefill's seconds per stage of the lease, in "
         "the lease's stage order (null: a stage not timed there): recorded as slice observations in the GMG")
+    decode_stage_s: list[Annotated[float, Field(ge=0, le=1e6)] | None] = Field(
+        default_factory=list, max_length=256, description="one decode iteration the request took part in, its "
+        "seconds per stage likewise (empty: none timed): recorded as slice observations in the GMG")
+    decode_batch: Int = Field(0, ge=0, le=1_000_000, description="that decode iteration's sequences")
+    decode_context: Int = Field(0, ge=0, le=10**7, description="the longest context that decode iteration attended")
 
 
 class ProgressUpdateIn(Body):

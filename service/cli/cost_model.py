@@ -24,8 +24,7 @@ from learned.choice import TRAIN_COMMAND
 from learned.evaluate import default_data_dir
 from learned.observations import ObservedSlice, load_observed, observations_file, train_observed
 from service.domain.error import SliceschedError
-from service.domain.model_config import ModelConfig
-from service.domain.opgraph import OperatorGraph
+from service.live.retraining import trace_observed
 
 EXIT_BAD_INPUT = 2
 EXIT_UNAVAILABLE = 3
@@ -52,13 +51,6 @@ def observations_from_gmg(since_wall: float) -> list[ObservedSlice]:
     finally:
         driver.close()
     return [ObservedSlice.from_row(r) for r in rows]
-
-
-def trace_prefill(config: ModelConfig, batch: int, tokens: int) -> OperatorGraph:
-    """A model's prefill of ``batch`` sequences of ``tokens`` tokens, traced (the observations' graphs)."""
-    from service.models.trace import trace_phase
-
-    return trace_phase(config, "prefill", batch=batch, tokens=tokens)
 
 
 def train_command(argv: Sequence[str] | None = None) -> int:
@@ -107,7 +99,7 @@ def train_command(argv: Sequence[str] | None = None) -> int:
         return rc
     inputs = TrainingInputs(opts.data_dir or default_data_dir(), tuple(opts.profile) or profiles_from_env())
     try:
-        target = train_observed(path, inputs, cache_dir, trace_prefill, force=opts.force)
+        target = train_observed(path, inputs, cache_dir, trace_observed, force=opts.force)
     except SliceschedError as exc:
         print(f"{TRAIN_COMMAND}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -135,13 +135,20 @@ class Completion:
     # Its prefill's seconds per stage of the lease, in the lease's stage order (``None``: a stage
     # not timed here, e.g. one on another node): what the GMG keeps as slice observations.
     prefill_stage_s: tuple[float | None, ...] = ()
+    # One decode iteration it took part in, per stage likewise (empty: none timed), with that
+    # iteration's sequences and the longest context it attended.
+    decode_stage_s: tuple[float | None, ...] = ()
+    decode_batch: int = 0
+    decode_context: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "prefill_stage_s", tuple(self.prefill_stage_s))  # a list from JSON, kept as a tuple
+        for name in ("prefill_stage_s", "decode_stage_s"):  # a list from JSON, kept as a tuple
+            object.__setattr__(self, name, tuple(getattr(self, name)))
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["prefill_stage_s"] = list(self.prefill_stage_s)
+        out["decode_stage_s"] = list(self.decode_stage_s)
         return out
 
 

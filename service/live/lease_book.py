@@ -373,27 +373,36 @@ class LeaseBook:
         return observed
 
     def observations(self, lease: Lease, req: LiveRequest, c: Completion, wall: float) -> list[Write]:
-        """The request's prefill as slice observations (``record_slice_observations``): one row per
-        stage of the lease the executor timed, with the device it ran on (the GMG's id), the
-        layers it covers, the batch features (one sequence of the prompt's tokens) and its
-        latency. The first stage's row is the lease's own Slice; another stage's is a Slice of its
-        own (``<lease>/<stage>``). A stage count that does not match the placement records nothing."""
+        """The request's prefill, and the decode iteration its executor timed, as slice
+        observations (``record_slice_observations``): one row per stage of the lease the executor
+        timed, with the device it ran on (the GMG's id), the layers it covers, the batch features
+        and its latency. Prefill: one sequence of the prompt's tokens; the first stage's row is
+        the lease's own Slice, another stage's a Slice of its own (``<lease>/<stage>``). Decode:
+        ``decode_batch`` sequences of one new token each over ``decode_context`` cached tokens,
+        on Slices of their own (``<lease>/d<stage>``). A stage count that does not match the
+        placement records nothing of that phase."""
         replica = self.registry.replicas.get(lease.replica_id)
         model = self.registry.models.get(req.model_uid)
-        if replica is None or model is None or not c.prefill_stage_s:
+        if replica is None or model is None or not (c.prefill_stage_s or c.decode_stage_s):
             return []
         stages = self.registry.stages(replica, lease.executor_id, model.config.n_layers)
-        if len(stages) != len(c.prefill_stage_s):
-            return []
+        phases = [("prefill", c.prefill_stage_s, 1, len(req.prompt), 0)]
+        if c.decode_batch > 0 and c.decode_context > 0:
+            phases.append(("decode", c.decode_stage_s, c.decode_batch, c.decode_batch, c.decode_context))
         out = []
-        for i, (stage, seconds) in enumerate(zip(stages, c.prefill_stage_s, strict=True)):
-            if seconds is None or not seconds > 0 or stage.global_device_id is None:
+        for phase, times, batch, tokens, context in phases:
+            if len(stages) != len(times):
                 continue
-            out.append(Write("observation", {
-                "uid": lease.lease_id if i == 0 else f"{lease.lease_id}/{i}", "tenant_id": req.tenant_id,
-                "family": model.family, "device_id": stage.global_device_id, "layer_start": stage.start,
-                "layer_end": stage.end, "batch": 1, "tokens": len(req.prompt), "phase": "prefill",
-                "latency_s": float(seconds), "observed_wall": wall}))
+            for i, (stage, seconds) in enumerate(zip(stages, times, strict=True)):
+                if seconds is None or not seconds > 0 or stage.global_device_id is None:
+                    continue
+                uid = (lease.lease_id if i == 0 else f"{lease.lease_id}/{i}") if phase == "prefill" \
+                    else f"{lease.lease_id}/d{i}"
+                out.append(Write("observation", {
+                    "uid": uid, "tenant_id": req.tenant_id, "family": model.family,
+                    "device_id": stage.global_device_id, "layer_start": stage.start, "layer_end": stage.end,
+                    "batch": batch, "tokens": tokens, "context": context, "phase": phase,
+                    "latency_s": float(seconds), "observed_wall": wall}))
         self.counters["slice_observations"] += len(out)
         return out
 

@@ -25,6 +25,8 @@ from typing import Any
 
 from learned.artifact import LoadedCostModel
 from learned.observations import ObservedSlice, observations_file
+from service.domain.model_config import ModelConfig
+from service.domain.opgraph import OperatorGraph
 from service.live import threads
 
 log = logging.getLogger("slicesched.retraining")
@@ -80,8 +82,9 @@ class CostModelRetrainer:
         log.info("cost model swapped: %s (sha256 %s)", target, loaded.sha256)
 
 
-def trace_prefill(config: Any, batch: int, tokens: int) -> Any:
-    """A model's prefill traced (the observations' graphs: :func:`learned.observations.observation_samples`)."""
+def trace_observed(config: ModelConfig, phase: str, *, batch: int, tokens: int, context: int) -> OperatorGraph:
+    """A model's prefill or decode step traced on the meta device (the observations' graphs:
+    :func:`learned.observations.observation_samples`; torch is imported on first use)."""
     from service.models.trace import trace_phase
 
-    return trace_phase(config, "prefill", batch=batch, tokens=tokens)
+    return trace_phase(config, phase, batch=batch, tokens=tokens, context=context)

@@ -63,7 +63,7 @@ from service.live.reads import LiveReads
 from service.live.records import TERMINAL, LiveModel, LiveRequest
 from service.live.registration import model_from_dir
 from service.live.retention import Retention
-from service.live.retraining import CostModelRetrainer, Swap, trace_prefill
+from service.live.retraining import CostModelRetrainer, Swap, trace_observed
 from service.live.scheduling import SchedulingLoop
 from service.live.settings import ServiceSettings
 from service.live.state import LiveState
@@ -274,7 +274,7 @@ class LiveService(DurableWrites, SchedulingLoop):
 
         return CostModelRetrainer(
             read=read, load=load_observed, swap=swap, files_dir=cache_dir,
-            train=lambda path: train_observed(path, default_inputs(), cache_dir, trace_prefill),
+            train=lambda path: train_observed(path, default_inputs(), cache_dir, trace_observed),
             min_new=self.settings.cost_model_retrain_min_new)
 
     async def stop(self) -> None:

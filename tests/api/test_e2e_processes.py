@@ -88,32 +88,39 @@ def served_once(stack: LiveStack, c: httpx.Client, ids: dict[str, Any]) -> None:
 
 
 def observations_close_the_loop(c: httpx.Client, ids: dict[str, tuple[str, str]]) -> None:
-    """Every request's prefill reached the GMG as slice observations (one per stage its
-    executor timed: the device, the layers, the prompt's tokens, the measured latency), and
-    the cost model's trainer turns each into a training sample."""
+    """Every request's prefill and one of its decode iterations reached the GMG as slice
+    observations (one per stage its executor timed: the device, the layers, the prompt's tokens
+    or the decode's batch and cached context, the measured latency), and the cost model's
+    trainer turns each into a training sample."""
     from learned.observations import ObservedSlice, observation_samples
-    from service.live.retraining import trace_prefill
+    from service.live.retraining import trace_observed
 
     query = ("MATCH (s:Slice) WHERE s.latency_s IS NOT NULL AND s.tenant_id IN $tenants "
              "MATCH (d:Device {device_id: s.observed_device_id}) "
              "RETURN s.uid AS uid, s.family AS family, d.kind AS device_kind, s.layer_start AS layer_start, "
              "s.layer_end AS layer_end, s.batch AS batch, s.tokens AS tokens, s.phase AS phase, "
-             "s.latency_s AS latency_s, s.observed_wall AS observed_wall, s.tenant_id AS tenant")
+             "s.context AS context, s.latency_s AS latency_s, s.observed_wall AS observed_wall, "
+             "s.tenant_id AS tenant")
     tenants = [t for t, _ in TENANTS]
     deadline = time.monotonic() + 15
     while True:  # soft state: the GMG writer batches
         out = c.post("/v1/inspect", json={"query": query, "params": {"tenants": tenants}}).json()
         rows = [dict(zip(out["columns"], r, strict=True)) for r in out["rows"]]
-        leases = {str(r["uid"]).split("/")[0] for r in rows}
-        if len(leases) >= len(ids) or time.monotonic() > deadline:
+        leases = {phase: {str(r["uid"]).split("/")[0] for r in rows if r["phase"] == phase}
+                  for phase in ("prefill", "decode")}
+        if min(len(x) for x in leases.values()) >= len(ids) or time.monotonic() > deadline:
             break
         time.sleep(0.3)
-    assert len(leases) == len(ids), f"{len(leases)} of {len(ids)} requests' prefills observed"
+    for phase, observed in leases.items():
+        assert len(observed) == len(ids), f"{len(observed)} of {len(ids)} requests' {phase} observed"
     prompts = {tenant: {len(p.encode()) for t, p in ids.values() if t == tenant} for tenant in tenants}
     for r in rows:
-        assert r["phase"] == "prefill" and r["batch"] == 1 and r["latency_s"] > 0 and r["device_kind"] == "cpu"
-        assert r["tokens"] in prompts[r["tenant"]] and 0 <= r["layer_start"] < r["layer_end"] <= 2
-    samples = observation_samples([ObservedSlice.from_row(r) for r in rows], trace_prefill)
+        assert r["latency_s"] > 0 and r["device_kind"] == "cpu" and 0 <= r["layer_start"] < r["layer_end"] <= 2
+        if r["phase"] == "prefill":
+            assert r["batch"] == 1 and r["tokens"] in prompts[r["tenant"]] and r["context"] == 0
+        else:  # a decode step: one new token per sequence over at least its prompt
+            assert r["tokens"] == r["batch"] >= 1 and r["context"] >= min(prompts[r["tenant"]])
+    samples = observation_samples([ObservedSlice.from_row(r) for r in rows], trace_observed)
     assert len(samples) == len(rows)
 
 

@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 
 from learned.observations import ObservedSlice, observation_samples
-from service.cli.cost_model import observations_from_gmg, trace_prefill
+from service.cli.cost_model import observations_from_gmg
 from service.core.slot import PlacedSlice
 from service.domain.cluster import ClusterSpec
 from service.graph.connection import Neo4jSettings
 from service.graph.repository import GraphRepository
+from service.live.retraining import trace_observed
 
 pytestmark = pytest.mark.neo4j
 
@@ -47,7 +48,7 @@ def test_observations_are_written_on_slices_and_read_back_as_training_rows(
         on = repo.run_read("MATCH (s:Slice {uid: $u})-[:ON]->(d:Device) RETURN d.device_id, s.state",
                            {"u": f"{tenant}/n1"}).rows
         assert on == [[d1, "done"]]  # created ON its device, never busy
-        samples = observation_samples(got, trace_prefill)
+        samples = observation_samples(got, trace_observed)
         assert [s.target_ms for s in samples] == pytest.approx([2.0, 3.0])
         assert [s.device.kind for s in samples] == ["A100-80GB", "H100-80GB"]
 

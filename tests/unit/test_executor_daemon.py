@@ -82,9 +82,15 @@ def test_leases_of_several_replicas_complete_with_the_tokens_of_the_model_run_al
         assert 0 < c.busy_s <= c.e2e_s
         assert c.peak_bytes > 0
     assert set(done["L1"].to_json()) == {"lease_id", "output_tokens", "queued_s", "ttft_s", "e2e_s", "iterations",
-                                        "busy_s", "peak_bytes", "prefill_stage_s"}
+                                        "busy_s", "peak_bytes", "prefill_stage_s", "decode_stage_s", "decode_batch",
+                                        "decode_context"}
     assert len(done["L1"].prefill_stage_s) == len(specs["L1"]["stages"])
     assert all(t is not None and t > 0 for t in done["L1"].prefill_stage_s)
+    # one decode iteration of each request timed per stage, with its batch and longest context
+    for c in done.values():
+        assert len(c.decode_stage_s) == len(specs[c.lease_id]["stages"])
+        assert all(t is not None and t > 0 for t in c.decode_stage_s)
+        assert 1 <= c.decode_batch <= 8 and c.decode_context >= len(specs[c.lease_id]["prompt_tokens"])
 
 
 def test_completion_times_count_from_lease_receipt() -> None:

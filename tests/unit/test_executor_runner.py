@@ -154,12 +154,18 @@ def test_a_prefill_is_timed_per_stage_and_its_completion_carries_the_times() -> 
     assert len(times) == 2 and all(t > 0 for t in times)
 
     batcher = ContinuousBatcher(staged, max_batch=2, max_context=32)
-    batcher.submit(GenerationRequest("r", [1, 2, 3], 2))
+    batcher.submit(GenerationRequest("r", [1, 2, 3], 3))
+    batcher.submit(GenerationRequest("s", [1, 2, 3, 4, 5, 6], 3))
     while not batcher.idle:
         batcher.step()
-    (req,) = batcher.take_finished()
+    req, other = sorted(batcher.take_finished(), key=lambda r: r.request_id)
     assert len(req.prefill_stage_s) == 2 and all(t > 0 for t in req.prefill_stage_s)
-    lease = Lease("l1", "r", "a/m@x", "tiny", 7, tuple(SPLITS["two-stage"]), (1, 2, 3), 2, received_s=req.arrival_s)
+    # each request's first decode iteration, timed per stage: both in one batch of 2, padded to
+    # the longer cached context (the 6 prompt tokens; the new token's KV is written by this step)
+    for r in (req, other):
+        assert len(r.decode_stage_s) == 2 and all(t > 0 for t in r.decode_stage_s)
+        assert (r.decode_batch, r.decode_context) == (2, 6)
+    lease = Lease("l1", "r", "a/m@x", "tiny", 7, tuple(SPLITS["two-stage"]), (1, 2, 3), 3, received_s=req.arrival_s)
     req.prefill_stage_s = (req.prefill_stage_s[0], math.nan)  # as a remote stage leaves it
     c = completion_of(lease, req)
     assert c.prefill_stage_s == (req.prefill_stage_s[0], None)

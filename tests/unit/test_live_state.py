@@ -331,3 +331,15 @@ def test_a_completion_records_its_prefill_per_stage_as_slice_observations() -> N
     assert [r["uid"] for r in rows] == [f"{second}/1"]
     assert run((0.004,))[1] == []  # not the placement's two stages
     assert state.counters["slice_observations"] == 3
+
+    # A timed decode iteration: one row per stage on Slices of their own, its batch of one new
+    # token per sequence over the longest cached context.
+    submit(state, "a")
+    ((lease, _, _),) = state.grant("e2", 8)
+    c = Completion(**{**done(lease.lease_id).__dict__, "prefill_stage_s": (0.004, 0.006),
+                      "decode_stage_s": (0.001, None), "decode_batch": 3, "decode_context": 40})
+    rows = [w.row for w in state.complete(c, state.completion_row("e2", c))]
+    decode = [r for r in rows if r["phase"] == "decode"]
+    assert [(r["uid"], r["device_id"], r["batch"], r["tokens"], r["context"], r["latency_s"]) for r in decode] == [
+        (f"{lease.lease_id}/d0", "e2/cpu:0", 3, 3, 40, 0.001)]
+    assert [r["context"] for r in rows if r["phase"] == "prefill"] == [0, 0]

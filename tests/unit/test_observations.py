@@ -21,9 +21,10 @@ from learned.observations import (
     slice_op_ids,
     train_observed,
 )
-from service.cli.cost_model import parse_since, trace_prefill, train_command
+from service.cli.cost_model import parse_since, train_command
 from service.core.cost import slice_of
 from service.domain.model_config import model_config
+from service.live.retraining import trace_observed
 from service.models.trace import trace_phase
 
 
@@ -45,13 +46,17 @@ def test_a_slices_operators_are_its_layers_with_the_ends_it_carries() -> None:
 def test_observations_become_samples_with_their_latency_as_the_target() -> None:
     rows = [obs("a"), obs("b", start=1, end=2, latency_s=0.006), obs("c", family="no-such-model"),
             obs("d", device_kind="no-such-device"), obs("e", start=1, end=3), obs("f", latency_s=0.0),
-            obs("g", phase="decode")]
-    samples = observation_samples(rows, trace_prefill)
-    assert [s.target_ms for s in samples] == pytest.approx([4.0, 6.0])  # the others are left out
+            obs("g", phase="decode", context=20, latency_s=0.002), obs("h", phase="warmup")]
+    samples = observation_samples(rows, trace_observed)
+    assert [s.target_ms for s in samples] == pytest.approx([4.0, 6.0, 2.0])  # the others are left out
     graph = trace_phase(model_config("tiny-llama"), "prefill", batch=2, tokens=8)
     features, edges = slice_of(graph, slice_op_ids(graph, 2, 1, 2))
     assert samples[1].ops == tuple(features) and samples[1].edges == tuple(edges)
     assert samples[0].device.kind == "cpu"
+    # a decode row: one new token for each of its 2 sequences over 20 cached tokens
+    step = trace_phase(model_config("tiny-llama"), "decode", batch=2, context=20)
+    features, edges = slice_of(step, slice_op_ids(step, 2, 0, 1))
+    assert samples[2].ops == tuple(features) and samples[2].edges == tuple(edges)
 
 
 def test_observation_files_round_trip_and_are_named_by_their_bytes(tmp_path: Path) -> None:
@@ -88,15 +93,15 @@ def test_the_gnn_is_refitted_on_the_observations_beside_the_base_artifact(tmp_pa
     path = save_observations([obs(f"o{i}", latency_s=0.001 * (i + 1), start=i % 2, end=i % 2 + 1)
                               for i in range(12)], tmp_path / "o.jsonl")
     inputs = _Inputs(tmp_path, (), replace(SHIPPED_GNN, epochs=2))
-    target = train_observed(path, inputs, tmp_path, trace_prefill, progress=lambda s: None)
+    target = train_observed(path, inputs, tmp_path, trace_observed, progress=lambda s: None)
     assert target.name.startswith("observed-") and (target / "gnn").is_dir()
     loaded = load_observed(target)
     meta = (target / "meta.json").read_text()
     assert '"rows": 12' in meta and str(base) in meta and loaded.sha256
-    assert train_observed(path, inputs, tmp_path, trace_prefill, progress=lambda s: None) == target  # present
+    assert train_observed(path, inputs, tmp_path, trace_observed, progress=lambda s: None) == target  # present
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(Exception, match="none of the 0 observations"):
-        train_observed(tmp_path / "empty.jsonl", inputs, tmp_path, trace_prefill)
+        train_observed(tmp_path / "empty.jsonl", inputs, tmp_path, trace_observed)
 
 
 def test_the_commands_bad_options_exit_2_and_an_unreachable_gmg_3(monkeypatch: pytest.MonkeyPatch,

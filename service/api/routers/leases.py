@@ -47,7 +47,8 @@ async def complete(body: CompleteIn, svc: Svc, p: ExecutorPrincipal) -> JSONResp
     svc.pools.check_owner(p, body.executor_id)
     accepted, rejected = await svc.complete(body.executor_id, [
         Completion(c.lease_id, list(c.output_tokens), c.queued_s, c.ttft_s, c.e2e_s, c.iterations, c.busy_s,
-                   c.peak_bytes, tuple(c.prefill_stage_s)) for c in body.results])
+                   c.peak_bytes, tuple(c.prefill_stage_s), tuple(c.decode_stage_s), c.decode_batch, c.decode_context)
+        for c in body.results])
     return JSONResponse({"accepted": accepted, "rejected": rejected})
 
 
