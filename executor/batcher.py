@@ -52,7 +52,7 @@ class GenerationRequest:
     iterations: int = 0  # iterations this request took part in (its prefill and its decode steps)
     busy_s: float = 0.0  # sum of the durations of those iterations
     peak_bytes: int = 0  # largest peak memory of those iterations
-    prefill_stage_s: tuple[float, ...] = ()  # its prefill's seconds per stage of the model (nan: a remote stage)
+    prefill_stage_s: tuple[float, ...] = ()  # its prefill's seconds per stage of the model (nan: not timed)
     # one decode iteration it took part in, timed per stage (its first): the batch's sequences,
     # the longest context attended (the batch is padded to it) and the seconds per stage
     decode_stage_s: tuple[float, ...] = ()

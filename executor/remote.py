@@ -24,6 +24,7 @@ import contextlib
 import io
 import logging
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -66,6 +67,8 @@ class RemoteStage(nn.Module):
 
     ``forward(x, rope, cache, bias) -> (x, new_kv)`` with ``new_kv`` stacked over the stage's
     layers, as a local stage returns them; tensors come back on the caller's device.
+    ``last_compute_s``: the seconds the last call's layers ran on the server (its own clock,
+    synchronised on CUDA; not the network or the wait for the node's owners), None before one.
     """
 
     def __init__(self, url: str, family: str, seed: int, start: int, end: int, device: str,
@@ -77,6 +80,7 @@ class RemoteStage(nn.Module):
         self._client = httpx.Client(timeout=timeout_s)
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.last_compute_s: float | None = None
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None, cache: Tensor | None,
                 bias: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -88,6 +92,8 @@ class RemoteStage(nn.Module):
         self.bytes_sent += len(body)
         self.bytes_received += len(response.content)
         out = unpack(response.content)
+        compute_s = out.get("compute_s")
+        self.last_compute_s = float(compute_s) if isinstance(compute_s, (int, float)) and compute_s > 0 else None
         return out["x"].to(x.device), out["kv"].to(x.device)
 
 
@@ -166,12 +172,16 @@ class StageServer:
             raise ValueError(f"cache has {cache.shape[0]} layers, the stage {end - start}")
         gate = self.gate if msg.get("yields") else contextlib.nullcontext()
         with gate, self._lock, torch.inference_mode():
+            started = time.perf_counter()  # after the wait for the gate: the layers' own time
             kvs = []
             for i, block in enumerate(blocks):
                 x, kv = block(x, rope, cache[i] if cache is not None else None, bias)
                 kvs.append(kv)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            compute_s = time.perf_counter() - started
             self.calls += 1
-        return pack({"x": x.cpu(), "kv": torch.stack(kvs).cpu()})
+        return pack({"x": x.cpu(), "kv": torch.stack(kvs).cpu(), "compute_s": compute_s})
 
     def _stage(self, family: str, seed: int, path: str | None, start: int, end: int, device_id: str,
                device: torch.device) -> nn.ModuleList:

@@ -117,7 +117,8 @@ class StagedModel(nn.Module):
         """``stage_times``: when given, filled with each stage's seconds in this call (the
         embedding counted in the first stage, the final norm and head in the last, as a slice of
         those layers would run them; a CUDA stage synchronised at its end so its kernels are its
-        own), and ``nan`` for a remote stage (its time is the network's too)."""
+        own); a remote stage's is what its stage server reports its layers took (not the network's
+        time; ``nan`` when it reports none)."""
         timer = _StageTimer(stage_times, self.devices)
         x, rope = embed_inputs(self.embed, self.pos_embed, None if self.pos_embed is not None else self.inv_freq,
                                input_ids, positions)
@@ -131,7 +132,7 @@ class StagedModel(nn.Module):
             if isinstance(blocks, RemoteStage):  # activations (and this stage's cache) over HTTP
                 x, stage_kv = blocks(x, stage_rope, kv_cache[s] if kv_cache is not None else None, bias)
                 new_kv.append(stage_kv)
-                timer.remote(s)
+                timer.remote(s, blocks.last_compute_s)
                 continue
             kvs = []
             for j, block in enumerate(cast(nn.ModuleList, blocks)):
@@ -153,7 +154,8 @@ class StagedModel(nn.Module):
 class _StageTimer:
     """Per-stage seconds of one forward (:meth:`StagedModel.forward`'s ``stage_times``); does
     nothing when no list is given. A stage's time runs from the end of the one before it (the
-    start of the forward for the first) to its own end; a remote stage's stays ``nan``."""
+    start of the forward for the first) to its own end; a remote stage's is the time its server
+    reports its layers ran (``nan`` if it reports none: a server of an older version)."""
 
     def __init__(self, out: list[float] | None, devices: Sequence[torch.device]) -> None:
         self.out, self.devices = out, devices
@@ -172,10 +174,13 @@ class _StageTimer:
         self.out[stage] = now - self.mark
         self.mark = now
 
-    def remote(self, stage: int) -> None:
-        """Stage ``stage`` ran on another node: no time of its own here."""
+    def remote(self, stage: int, compute_s: float | None) -> None:
+        """Stage ``stage`` ran on another node, whose stage server timed it (``compute_s``): the
+        network and the wait for that node's owners are not the stage's."""
         if self.out is not None:
             self.skip.add(stage)
+            if compute_s is not None:
+                self.out[stage] = compute_s
             self.mark = time.perf_counter()
 
 

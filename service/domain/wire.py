@@ -132,8 +132,9 @@ class Completion:
     iterations: int
     busy_s: float  # sum of the durations of the iterations the request took part in
     peak_bytes: int
-    # Its prefill's seconds per stage of the lease, in the lease's stage order (``None``: a stage
-    # not timed here, e.g. one on another node): what the GMG keeps as slice observations.
+    # Its prefill's seconds per stage of the lease, in the lease's stage order (a stage on another
+    # node: the time its stage server reports; ``None``: a stage not timed): what the GMG keeps as
+    # slice observations.
     prefill_stage_s: tuple[float | None, ...] = ()
     # One decode iteration it took part in, per stage likewise (empty: none timed), with that
     # iteration's sequences and the longest context it attended.

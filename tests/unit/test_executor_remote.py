@@ -37,6 +37,10 @@ def test_remote_stages_generate_the_same_tokens(server: StageServer, family: str
     got = {r.request_id: r.tokens for r in batcher.finished}
     assert all(got[str(i)] == generate_alone(reference, p, 6) for i, p in enumerate(prompts))
     assert server.calls > 0
+    # every stage's prefill and decode is timed, a remote one by its server
+    for r in batcher.finished:
+        for times in (r.prefill_stage_s, r.decode_stage_s):
+            assert len(times) == len(stages) and all(t > 0 for t in times), (r.request_id, times)
 
 
 def test_bad_stage_requests_are_refused(server: StageServer) -> None:

@@ -171,9 +171,12 @@ def test_a_prefill_is_timed_per_stage_and_its_completion_carries_the_times() -> 
     assert c.prefill_stage_s == (req.prefill_stage_s[0], None)
     assert c.to_json()["prefill_stage_s"] == [req.prefill_stage_s[0], None]  # JSON: no NaN on the wire
 
-    timer = _StageTimer([], [torch.device("cpu")] * 3)
+    timer = _StageTimer([], [torch.device("cpu")] * 4)
     timer.lap(0)
-    timer.remote(1)
-    timer.lap(1)  # the remote stage keeps nan
+    timer.remote(1, None)
+    timer.lap(1)  # a remote stage whose server reported nothing keeps nan
+    timer.remote(2, 0.25)  # one that reported its layers' time has it
     timer.lap(2)
-    assert timer.out is not None and timer.out[0] >= 0 and math.isnan(timer.out[1]) and timer.out[2] >= 0
+    timer.lap(3)
+    assert timer.out is not None and timer.out[0] >= 0 and math.isnan(timer.out[1]) and timer.out[2] == 0.25
+    assert timer.out[3] >= 0
