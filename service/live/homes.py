@@ -5,30 +5,40 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from service.core.placement import TenantDemand, container_replicas
 from service.domain.audit import SCHEDULER
 from service.domain.error import DatabaseUnavailableError, InvalidInputError
 from service.domain.model_config import MODEL_CONFIGS
+from service.graph.repository import GraphRepository
 from service.live.audit import AuditLog
-from service.live.neo4j_gate import Neo4jGate
+from service.live.metrics import LiveMetrics
 from service.live.notify import Signal
 from service.live.records import LIVE_FAMILIES, LiveModel
+from service.live.state import LiveState
 from service.live.view import LIVE_CLUSTER, live_spec
 from service.sim.iteration import weight_bytes
 
 log = logging.getLogger("slicesched.service")
 
 
-class HomePlanner(Neo4jGate):
-    """Where each model lives by default (a part of :class:`~service.live.service.LiveService`)."""
+class HomePlanner:
+    """Where each model lives by default: the live state's home replicas, re-planned when models
+    or devices change, and the cluster's shape in the GMG. Composed into
+    :class:`~service.live.service.LiveService`, its parts passed in: the state, the metrics and
+    the audit log it reports to, ``db`` (a repository call through the Neo4j gate, failing fast
+    while Neo4j is down), ``repo`` (the repository, once open) and ``work`` (notified when leases
+    may be granted)."""
 
-    work: Signal  # notified when leases may be granted
-    audit: AuditLog
-    _gmg_dirty: bool  # the cluster's devices and weights in the GMG await a re-write
-    _replan_lock: asyncio.Lock  # one re-plan at a time: they rewrite the same devices
+    def __init__(self, state: LiveState, metrics: LiveMetrics, audit: AuditLog, work: Signal,
+                 db: Callable[..., Awaitable[Any]], repo: Callable[[], GraphRepository | None]) -> None:
+        self.state, self.metrics, self.audit, self.work = state, metrics, audit, work
+        self._db, self._repo = db, repo
+        self.unplaced: dict[str, str] = {}  # model uid -> why the last re-plan found it no home
+        self.gmg_dirty = False  # the cluster's devices and weights in the GMG await a re-write
+        self._lock = asyncio.Lock()  # one re-plan at a time: they rewrite the same devices
 
     @staticmethod
     def check_devices(devices: list[tuple[str, str, int]]) -> None:
@@ -44,9 +54,9 @@ class HomePlanner(Neo4jGate):
         """(Re)compute home replicas after models or devices changed, and put the weights in the
         GMG. A model that fits nowhere is reported in :attr:`unplaced`, never fails the re-plan;
         when Neo4j cannot take the cluster's new shape now, the watcher writes it later."""
-        async with self._replan_lock:
+        async with self._lock:
             self._replan()
-            await self._write_cluster()
+            await self.write_cluster()
 
     def _replan(self) -> None:
         state = self.state
@@ -73,13 +83,14 @@ class HomePlanner(Neo4jGate):
             self.audit.record(SCHEDULER, "placement.replan", "placement", models={r.model_uid for r in added + drained},
                               details={"policy": "container", "added": [r.replica_id for r in added],
                                        "drained": [r.replica_id for r in drained], "unplaced": dict(self.unplaced)})
-        self._gmg_dirty = True
+        self.gmg_dirty = True
         self.work.notify()
 
-    async def _write_cluster(self) -> None:
+    async def write_cluster(self) -> None:
         """The live devices and where each model's weights reside, into the GMG."""
-        assert self.repo is not None
-        self._gmg_dirty = False
+        repo = self._repo()
+        assert repo is not None
+        self.gmg_dirty = False
         devices = sorted(self.state.devices.values(), key=lambda d: d.device_id)
         spec = live_spec([(d.device_id, d.executor_id, d.kind, d.mem_bytes) for d in devices])
         on: dict[str, list[str]] = {uid: [] for uid in self.state.models}
@@ -87,11 +98,11 @@ class HomePlanner(Neo4jGate):
             on.setdefault(r.model_uid, []).extend(r.device_ids)
         try:
             if devices:
-                await self.db(self.repo.apply_cluster, spec)
+                await self._db(repo.apply_cluster, spec)
             for uid, device_ids in on.items():
-                await self.db(self.repo.set_weight_residence, uid, sorted(set(device_ids)), cluster=LIVE_CLUSTER)
+                await self._db(repo.set_weight_residence, uid, sorted(set(device_ids)), cluster=LIVE_CLUSTER)
         except DatabaseUnavailableError:
-            self._gmg_dirty = True  # the watcher writes it when Neo4j is back
+            self.gmg_dirty = True  # the watcher writes it when Neo4j is back
             log.warning("the cluster's shape could not be written to the GMG now; it will be when Neo4j answers")
 
     def _homes(self, models: list[LiveModel], devices: list[Any]) -> list[tuple[str, tuple[str, ...]]]:

@@ -20,6 +20,7 @@ from service.graph.repository import GraphRepository
 from service.live import threads
 from service.live.audit import AuditLog
 from service.live.call_health import CallHealth
+from service.live.homes import HomePlanner
 from service.live.leader import Leadership
 from service.live.metrics import LiveMetrics
 from service.live.records import Write
@@ -103,8 +104,8 @@ class Neo4jGate:
     db_up: bool
     db_error: str | None
     calls: CallHealth  # submissions' and completions' writes: failing ones make the service not ready
-    unplaced: dict[str, str]  # model uid -> why the last re-plan found it no home
     leadership: Leadership | None  # with leader election on (service.live.leader)
+    homes: HomePlanner  # home replicas (its unplaced models in the readiness report)
     taking_traffic: bool  # won (with election), recovered and started
     _reopening: asyncio.Future[None] | None = None  # the steps before traffic is taken again, across ticks
     _reopen_since: float = 0.0  # monotonic start of the reopening in progress
@@ -345,7 +346,7 @@ class Neo4jGate:
                 "loops": self.supervisor.report(), "stuck_loops": stuck,
                 "gmg_pending_writes": writer.pending if writer else 0,
                 "gmg_dropped_writes": writer.rows_dropped if writer else 0,
-                "unplaced_models": dict(self.unplaced), "audit": self.audit.report()}
+                "unplaced_models": dict(self.homes.unplaced), "audit": self.audit.report()}
 
     def _health_metrics(self) -> Iterator[Metric]:
         failures = CounterMetricFamily("slicesched:loop_failures", "Failed ticks of a background loop", labels=["loop"])

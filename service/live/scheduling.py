@@ -24,6 +24,8 @@ from service.domain.error import InvalidInputError, InvariantError
 from service.domain.request import RequestSpec, RequestStatus
 from service.live.audit import decision_details, replica_model
 from service.live.homes import HomePlanner
+from service.live.neo4j_gate import Neo4jGate
+from service.live.notify import Signal
 from service.live.records import TERMINAL, LiveReplica
 from service.live.view import LiveClusterView, LiveSnapshot, live_spec
 from service.sim.replica import SliceStage
@@ -33,8 +35,11 @@ log = logging.getLogger("slicesched.service")
 MAX_WINDOW_S = 120.0  # how far back the what-if mirror replays arrivals, at most
 
 
-class SchedulingLoop(HomePlanner):
+class SchedulingLoop(Neo4jGate):
     """``Scheduler.step`` on the live state (a part of :class:`~service.live.service.LiveService`)."""
+
+    homes: HomePlanner  # where each model lives by default
+    work: Signal  # notified when leases may be granted
 
     started: float  # monotonic
     scheduler: Scheduler
@@ -212,7 +217,7 @@ class SchedulingLoop(HomePlanner):
         self.step_status = None if decision.status is None else decision.status.as_dict()
         if decision.add or decision.drain:
             self.work.notify()
-            await self._write_cluster()
+            await self.homes.write_cluster()
         return decision
 
     def sliced_in_words(self, replica: LiveReplica) -> str:

@@ -10,8 +10,12 @@ previous process are void); then the workflows, the running ones resumed
 (:meth:`~service.live.workflows.WorkflowBook.restore`).
 
 Its parts, one module each: the Neo4j gate (:mod:`service.live.neo4j_gate`), durable intake and
-completions (:mod:`service.live.durable`), home replicas (:mod:`service.live.homes`) and the
-scheduler loop with the what-ifs (:mod:`service.live.scheduling`); this module holds the
+completions (:mod:`service.live.durable`) and the scheduler loop with the what-ifs
+(:mod:`service.live.scheduling`), still mixed in; and objects it is composed of, their parts
+passed in through their constructors: home replicas (:class:`~service.live.homes.HomePlanner`),
+key administration (:class:`~service.live.key_admin.KeyAdmin`), leader election
+(:class:`~service.live.leader.Leadership`), the read side (:class:`~service.live.reads.LiveReads`)
+and the books (access, quotas, onboarding, workflows, streams). This module holds the
 lifecycle, the restart recovery and the background loops' ticks.
 
 Placement: ``container`` gives each served model whole devices in proportion to its tenant's
@@ -51,6 +55,7 @@ from service.live.audit import AuditLog
 from service.live.call_health import CallHealth
 from service.live.credential import hash_key
 from service.live.durable import DurableWrites
+from service.live.homes import HomePlanner
 from service.live.key_admin import KeyAdmin
 from service.live.keys import ExecutorPools
 from service.live.leader import Leadership
@@ -128,12 +133,12 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.metrics.watch(self._quota_metrics)
         self.metrics.watch(lambda: self.predictors.metrics(PREFIX))
         self.work = Signal()  # notified when leases may be granted
+        self.homes = HomePlanner(self.state, self.metrics, self.audit, self.work, self.db, lambda: self.repo)
         self.changed = asyncio.Event()  # set on arrivals and completions (the scheduler's trigger)
         self.decisions: list[str] = []
         self.decision_reasons: list[dict[str, Any]] = []  # the last 50 decisions' reasons, in fields
         self.step_status: dict[str, Any] | None = None  # the last step's status (placed, or nothing and why)
         self.step_s: list[float] = []  # wall time of each scheduler step (what-ifs included)
-        self.unplaced: dict[str, str] = {}  # model uid -> why the last re-plan found it no home
         self.leadership: Leadership | None = None  # leader election on: this process's run (at start)
         self._campaign: asyncio.Task[None] | None = None
         self.on_fatal: Callable[[str], None] = lambda why: end_process(why)  # a deposed leader, a failed take-over
@@ -141,10 +146,8 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.db_up = False
         self.db_error: str | None = None
         self.calls = CallHealth()  # the request path's bounded writes (readiness)
-        self._gmg_dirty = False  # the cluster's devices and weights in the GMG await a re-write
         self._busy_mark: dict[str, tuple[float, float]] = {}
         self._first_arrival: dict[str, float] = {}
-        self._replan_lock = asyncio.Lock()  # one re-plan at a time: they rewrite the same devices
         self._submitting: dict[tuple[str, str], asyncio.Future[None]] = {}  # idempotency keys in flight
         self._unsettled: set[str] = set()  # requests whose end's write has no clear outcome yet
         self._completion_batch: list[tuple[list[dict[str, Any]], Any, asyncio.Future[BaseException | None]]] = []
@@ -303,6 +306,18 @@ class LiveService(DurableWrites, SchedulingLoop):
                             exc_info=True)
         if self.driver is not None:
             await asyncio.to_thread(self.driver.close)
+
+    # ---- home replicas (service.live.homes) ---------------------------------------------------
+    async def replan(self) -> None:
+        """(Re)compute the home replicas after models or devices changed (:class:`HomePlanner`)."""
+        await self.homes.replan()
+
+    @property
+    def unplaced(self) -> dict[str, str]:
+        """Model uid -> why the last re-plan found it no home."""
+        return self.homes.unplaced
+
+    check_devices = staticmethod(HomePlanner.check_devices)
 
     # ---- the facade's commands (what the HTTP layer asks of the state) ----------------------------
     def principal_of(self, key: str) -> Principal:
@@ -497,8 +512,8 @@ class LiveService(DurableWrites, SchedulingLoop):
         if not self.db_up:
             self.calls.succeeded()  # what failed in the outage is not the reopened gate's
         self.db_up, self.db_error = True, None
-        if self._gmg_dirty:
-            await self._write_cluster()
+        if self.homes.gmg_dirty:
+            await self.homes.write_cluster()
 
     async def _before_traffic(self) -> None:
         """After an outage: a new connection pool (the old one's connections died with the
@@ -532,7 +547,7 @@ class LiveService(DurableWrites, SchedulingLoop):
             log.warning("executor(s) silent for %.0fs dropped; re-planning homes", 3 * self.settings.lease_ttl_s)
             await self.replan()
         elif removed:
-            await self._write_cluster()
+            await self.homes.write_cluster()
         if writes or removed:
             self.changed.set()
 
