@@ -17,7 +17,7 @@ from neo4j.exceptions import ServiceUnavailable
 from service.domain.error import NotLeaderError
 from tests.api.conftest import ADMIN, auth
 
-TTL_S = 1.5
+TTL_S = 3.0  # renewals every 0.6 s, a leader stops writing 2 s after its last; room for a loaded machine
 
 
 @pytest.fixture(autouse=True)
@@ -45,6 +45,7 @@ def test_the_standby_takes_over_when_the_leader_stops_renewing(make_client: Call
     _wait(lambda: a.get("/readyz").status_code == 200, 60.0)
     assert a.get("/readyz").json()["leadership"]["role"] == "leader"
     b = make_client(leader_election=True, leader_ttl_s=TTL_S)
+    _wait(lambda: b.get("/readyz").json()["leadership"]["leader"] is not None, 30.0)  # its first ask answered
     r = b.get("/readyz")
     assert r.status_code == 503 and r.json()["leadership"]["role"] == "standby"
     assert r.json()["leadership"]["leader"] == a.app.state.service.leadership.holder
