@@ -141,6 +141,7 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.step_s: list[float] = []  # wall time of each scheduler step (what-ifs included)
         self.leadership: Leadership | None = None  # leader election on: this process's run (at start)
         self._campaign: asyncio.Task[None] | None = None
+        self._stepped_down = False  # on_fatal called for a deposed leader
         self.on_fatal: Callable[[str], None] = lambda why: end_process(why)  # a deposed leader, a failed take-over
         self.taking_traffic = False  # started (with leader election: won, recovered and started)
         self.db_up = False
@@ -216,7 +217,8 @@ class LiveService(DurableWrites, SchedulingLoop):
             if not lead.leads:
                 raise NotLeaderError(f"leadership not renewed ({type(exc).__name__}: {exc}); writes stopped "
                                      "until it is") from exc
-        if lead.deposed:
+        if lead.deposed and not self._stepped_down:  # once: a second SIGTERM would force uvicorn's exit
+            self._stepped_down = True
             seen = lead.last
             self.on_fatal(f"deposed: {seen and seen.holder} leads at epoch {seen and seen.epoch}")
 
