@@ -59,11 +59,11 @@ def stats(svc: LiveService) -> dict[str, Any]:
                           **({"slices": [{"device": d, "layers": [s, e]} for d, s, e in r.plan],
                               "yields": r.yields} if r.plan else {})}
                          for r in reads.replicas()],
-            "decisions": svc.decisions[-50:], "decision_reasons": svc.decision_reasons[-50:],
-            "step_status": svc.step_status, "iteration_s": reads.iteration_s(),
+            "decisions": svc.loop.decisions[-50:], "decision_reasons": svc.loop.decision_reasons[-50:],
+            "step_status": svc.loop.step_status, "iteration_s": reads.iteration_s(),
             "queue_policy": reads.queue_policy_name(),
             "unplaced_models": dict(svc.unplaced), "loops": svc.supervisor.report(),
-            "scheduler_steps": len(svc.step_s), "scheduler_step_s_total": sum(svc.step_s),
+            "scheduler_steps": len(svc.loop.step_s), "scheduler_step_s_total": sum(svc.loop.step_s),
             "token_budget_mae": sum(errors) / len(errors) if errors else None}
 
 

@@ -6,31 +6,46 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from service.domain.error import ConflictError, DatabaseUnavailableError, InvalidInputError
 from service.domain.request import RequestStatus
 from service.domain.wire import Completion
+from service.graph.repository import GraphRepository
 from service.live.access import AccessBook
+from service.live.metrics import LiveMetrics
 from service.live.neo4j_gate import Neo4jGate, neo4j_down
 from service.live.notify import Signal
 from service.live.quota import QuotaBook
 from service.live.records import TERMINAL, LiveRequest, Write
+from service.live.state import LiveState
 
 log = logging.getLogger("slicesched.service")
 
 
-class DurableWrites(Neo4jGate):
-    """Writes that must land before an answer (a part of :class:`~service.live.service.LiveService`)."""
+class DurableWrites:
+    """Writes that must land before an answer: submissions, completions and request ends
+    (a part of :class:`~service.live.service.LiveService`, its parts passed in)."""
 
-    work: Signal
-    changed: asyncio.Event
-    _submitting: dict[tuple[str, str], asyncio.Future[None]]  # idempotency keys in flight
-    _unsettled: set[str]  # requests whose end's write has no clear outcome yet
-    _completion_batch: list[tuple[list[dict[str, Any]], Any, asyncio.Future[BaseException | None]]]
-    _completion_flush: asyncio.Future[None] | None  # the group commit in flight
-    access: AccessBook  # projects and tenant quotas
-    quotas: QuotaBook  # usage against them
+    def __init__(self, gate: Neo4jGate, state: LiveState, metrics: LiveMetrics, work: Signal,
+                 changed: asyncio.Event, persist: Callable[[Iterable[Write]], None], access: AccessBook,
+                 quotas: QuotaBook) -> None:
+        self.gate, self.state, self.metrics = gate, state, metrics
+        self.settings = gate.settings  # call_timeout_s, db_timeout_s
+        self.work = work  # notified when leases may be granted
+        self.changed = changed  # set on arrivals and completions (the scheduler's trigger)
+        self.persist = persist  # soft writes for the GMG mirror
+        self.access = access  # projects and tenant quotas
+        self.quotas = quotas  # usage against them
+        self._submitting: dict[tuple[str, str], asyncio.Future[None]] = {}  # idempotency keys in flight
+        self.unsettled: set[str] = set()  # requests whose end's write has no clear outcome yet
+        self._completion_batch: list[tuple[list[dict[str, Any]], Any, asyncio.Future[BaseException | None]]] = []
+        self._completion_flush: asyncio.Future[None] | None = None  # the group commit in flight
+
+    @property
+    def repo(self) -> GraphRepository | None:
+        return self.gate.repo
 
     async def accept_requests(self, reqs: list[LiveRequest]) -> list[LiveRequest]:
         """Write the requests to Neo4j (one transaction), then queue them: an answered request
@@ -59,11 +74,11 @@ class DurableWrites(Neo4jGate):
             for k in mine:
                 self._submitting[k] = done
             try:
-                self._check_db()
+                self.gate.check()
                 self.admit(fresh)  # quotas: a 429 accepts none
-                task = self.in_thread(self.repo.create_requests, [r.row() for r in fresh])
+                task = self.gate.in_thread(self.repo.create_requests, [r.row() for r in fresh])
                 task.add_done_callback(lambda t: self._settle_intake(t, fresh))
-                existing = await self._bounded(task, self.settings.call_timeout_s + 0.01 * len(fresh))
+                existing = await self.gate.bounded(task, self.settings.call_timeout_s + 0.01 * len(fresh))
             finally:
                 for k in mine:
                     self._submitting.pop(k, None)
@@ -158,7 +173,7 @@ class DurableWrites(Neo4jGate):
 
         def settle(committed: set[str] | None, sent: bool = True) -> None:
             # committed None: the write failed; if it was sent, it may have committed all the same
-            # (its answer lost): the request stays claimed until Neo4j says (see _reconcile).
+            # (its answer lost): the request stays claimed until Neo4j says (see reconcile).
             for lease_id, row in rows.items():
                 req = state.requests[row["request"]["uid"]]
                 if committed is not None and req.request_id in committed:
@@ -168,7 +183,7 @@ class DurableWrites(Neo4jGate):
                 elif committed is None and not sent:
                     state.abandon_finish(req)
                 else:
-                    self._unsettled.add(req.request_id)
+                    self.unsettled.add(req.request_id)
                     if committed is not None:  # Neo4j holds it finished already: memory takes that state
                         state.counters["completions_rejected"] += 1
                         rejected.append({"lease_id": lease_id, "reason": f"request {req.request_id} is already finished"})
@@ -186,7 +201,7 @@ class DurableWrites(Neo4jGate):
         together in the next one (group commit: one transaction for many batches, as a database
         log does), each settled with the shared outcome before its caller is answered."""
         try:
-            self._check_db()
+            self.gate.check()
         except DatabaseUnavailableError:
             settle(None, False)
             raise
@@ -211,13 +226,13 @@ class DurableWrites(Neo4jGate):
             while self._completion_batch:
                 batch, self._completion_batch = self._completion_batch, []
                 try:
-                    committed: set[str] | None = await self.in_thread(
+                    committed: set[str] | None = await self.gate.in_thread(
                         self.repo.complete_leases, [row for rows, _, _ in batch for row in rows])
                     failure: BaseException | None = None
                 except Exception as exc:
                     committed, failure = None, exc
                     if neo4j_down(exc):
-                        self._db_failed(f"{type(exc).__name__}: {exc}")
+                        self.gate.failed(f"{type(exc).__name__}: {exc}")
                 for _, settle, done in batch:
                     try:
                         settle(committed)
@@ -241,8 +256,8 @@ class DurableWrites(Neo4jGate):
                 self.work.notify()
                 self.changed.set()
                 outcome.append(True)
-            else:  # finished elsewhere, or a failed write that may have landed: Neo4j decides (_reconcile)
-                self._unsettled.add(req.request_id)
+            else:  # finished elsewhere, or a failed write that may have landed: Neo4j decides (reconcile)
+                self.unsettled.add(req.request_id)
                 outcome.append(False)
 
         await self._write_then(self.repo.finish_requests, [row], settle)
@@ -254,7 +269,7 @@ class DurableWrites(Neo4jGate):
         when it commits, ``settle(None)`` when it fails. Past the bound the caller gets a 503
         while the write runs on; its outcome is still settled when it ends."""
         try:
-            self._check_db()
+            self.gate.check()
         except DatabaseUnavailableError:
             settle(None)
             raise
@@ -266,23 +281,23 @@ class DurableWrites(Neo4jGate):
             settled.append(True)
             settle(t.result() if not t.cancelled() and t.exception() is None else None)
 
-        task = self.in_thread(fn, rows)
+        task = self.gate.in_thread(fn, rows)
         task.add_done_callback(once)
         try:
-            await self._bounded(task, self.settings.call_timeout_s + 0.002 * len(rows))
+            await self.gate.bounded(task, self.settings.call_timeout_s + 0.002 * len(rows))
         finally:
             if task.done():
                 once(task)
 
-    async def _reconcile(self) -> None:
+    async def reconcile(self) -> None:
         """Requests whose end was written without a clear answer: adopt what Neo4j holds (done,
         cancelled or failed: memory follows, nothing runs them again), else release the claim."""
         assert self.repo is not None
         repo = self.repo
-        uids = sorted(self._unsettled)
-        stored: dict[str, dict[str, Any]] = await self._watch_call(lambda: repo.request_results(uids))
+        uids = sorted(self.unsettled)
+        stored: dict[str, dict[str, Any]] = await self.gate.watch_call(lambda: repo.request_results(uids))
         for uid in uids:
-            self._unsettled.discard(uid)
+            self.unsettled.discard(uid)
             req = self.state.requests.get(uid)
             if req is None or req.status in TERMINAL:
                 continue

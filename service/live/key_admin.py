@@ -21,7 +21,8 @@ from service.live.state import LiveState
 class Gate(Protocol):
     """The one way to Neo4j: its repository (set once the service started) and the bounded call."""
 
-    repo: GraphRepository | None
+    @property
+    def repo(self) -> GraphRepository | None: ...
 
     async def db(self, fn: Any, *args: Any, bound_s: float | None = -1.0, **kwargs: Any) -> Any: ...
 

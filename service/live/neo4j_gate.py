@@ -1,6 +1,5 @@
-"""The live service's Neo4j gate: every call bounded and failing fast while Neo4j is down, the
-driver following the managed server when it moves, the GMG mirror's batched writes, readiness
-and the health metrics of the background loops."""
+"""The live service's Neo4j gate: every call bounded and failing fast while Neo4j is down, and
+the driver following the managed server when it moves."""
 
 from __future__ import annotations
 
@@ -9,30 +8,21 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from service.domain.error import DatabaseUnavailableError, Neo4jServerError
+from service.graph.catalog import QueryCatalog
 from service.graph.connection import Neo4jSettings, open_driver
 from service.graph.repository import GraphRepository
 from service.live import threads
-from service.live.audit import AuditLog
 from service.live.call_health import CallHealth
-from service.live.homes import HomePlanner
-from service.live.leader import Leadership
-from service.live.metrics import LiveMetrics
-from service.live.records import Write
 from service.live.settings import ServiceSettings
-from service.live.state import LiveState
-from service.live.supervisor import Supervisor
-from service.live.writer import GmgWriter
 
 log = logging.getLogger("slicesched.service")
 
 
-def _retrieve(task: asyncio.Future[Any]) -> None:
+def retrieve(task: asyncio.Future[Any]) -> None:
     """A call whose caller stopped waiting (503 past its bound) may still fail later: its error
     is logged here, not left to asyncio's 'exception was never retrieved'."""
     if not task.cancelled() and task.exception() is not None:
@@ -88,32 +78,42 @@ def neo4j_down(exc: BaseException) -> bool:
 
 
 class Neo4jGate:
-    """The Neo4j side of :class:`~service.live.service.LiveService` (a part of it: the attributes
-    below are set by its constructor)."""
+    """The live service's way to Neo4j: the driver (following the managed server when it
+    moves), the repository, whether Neo4j answers, and every call bounded and failing fast
+    while it does not. One object, passed to the parts of
+    :class:`~service.live.service.LiveService` that write or read the GMG."""
 
-    settings: ServiceSettings
-    state: LiveState
-    metrics: LiveMetrics
-    supervisor: Supervisor
-    driver: Any
-    neo4j_uri: str | None
-    previous_neo4j_uri: str | None
-    repo: GraphRepository | None
-    writer: GmgWriter | None
-    audit: AuditLog
-    db_up: bool
-    db_error: str | None
-    calls: CallHealth  # submissions' and completions' writes: failing ones make the service not ready
-    leadership: Leadership | None  # with leader election on (service.live.leader)
-    homes: HomePlanner  # home replicas (its unplaced models in the readiness report)
-    taking_traffic: bool  # won (with election), recovered and started
-    _reopening: asyncio.Future[None] | None = None  # the steps before traffic is taken again, across ticks
-    _reopen_since: float = 0.0  # monotonic start of the reopening in progress
-    _reopen_said: float = 0.0  # when the last "still reopening" line was logged
-    _retired: list[tuple[float, Any]] | None = None  # (monotonic time, driver) replaced after an outage, closed later
-    _closing: bool = False  # a close of retired drivers is running
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings  # its db_timeout_s, call_timeout_s and neo4j
+        self.driver: Any = None
+        self.neo4j_uri: str | None = None
+        self.previous_neo4j_uri: str | None = None
+        self.repo: GraphRepository | None = None  # at open
+        self.db_up = False
+        self.db_error: str | None = None
+        self.calls = CallHealth()  # submissions' and completions' writes: failing ones make the service not ready
+        self._reopening: asyncio.Future[None] | None = None  # the steps before traffic is taken again, across ticks
+        self._reopen_since = 0.0  # monotonic start of the reopening in progress
+        self._reopen_said = 0.0  # when the last "still reopening" line was logged
+        self._retired: list[tuple[float, Any]] = []  # (monotonic time, driver) replaced after an outage, closed later
+        self._closing = False  # a close of retired drivers is running
 
-    def _open_driver(self, start: bool, resolved: Neo4jSettings | None = None) -> Any:
+    def open(self) -> GraphRepository:
+        """Connect (starting the managed server if it is not running) and open the repository."""
+        self.driver = self.open_driver(True)
+        self.repo = GraphRepository(self.driver, QueryCatalog.load(), database=self.settings.neo4j.database)
+        self.db_up = True
+        return self.repo
+
+    def answered(self) -> None:
+        """Neo4j answers again (the watcher): calls go through."""
+        self.db_up, self.db_error = True, None
+
+    def down(self) -> None:
+        """Neo4j does not answer a ping (the watcher): calls fail fast."""
+        self.db_up = False
+
+    def open_driver(self, start: bool, resolved: Neo4jSettings | None = None) -> Any:
         """A verified driver to the configured server (the managed one: wherever its state says
         it runs now, with its credentials), with timeouts that fail a call within about
         ``db_timeout_s`` when it is down. :attr:`neo4j_uri` changes only once it answers."""
@@ -134,16 +134,16 @@ class Neo4jGate:
         not to retry with an Idempotency-Key); ``done``: called once, on the event loop, when the
         call's thread has ended (at once when it never starts), not when its caller stops waiting."""
         try:
-            self._check_db()
+            self.check()
         except BaseException:
             if done is not None:
                 done()
             raise
         task = self.in_thread(fn, *args, **kwargs)
-        task.add_done_callback(_retrieve)
+        task.add_done_callback(retrieve)
         if done is not None:
             task.add_done_callback(lambda _: done())
-        return await self._bounded(task, self.settings.call_timeout_s if bound_s == -1.0 else bound_s, read,
+        return await self.bounded(task, self.settings.call_timeout_s if bound_s == -1.0 else bound_s, read,
                                    request_path=False)
 
     def in_thread(self, fn: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
@@ -159,12 +159,12 @@ class Neo4jGate:
         """Wait (at most ``timeout_s``) for the worker threads still running."""
         await threads.drain(timeout_s)
 
-    def _check_db(self) -> None:
+    def check(self) -> None:
         if not self.db_up:
             raise DatabaseUnavailableError(f"Neo4j is unreachable ({self.db_error or 'reconnecting'})",
                                            retry_after_s=self.settings.db_timeout_s)
 
-    async def _bounded(self, task: asyncio.Future[Any], bound_s: float | None, read: bool = False, *,
+    async def bounded(self, task: asyncio.Future[Any], bound_s: float | None, read: bool = False, *,
                        request_path: bool = True) -> Any:
         """Await ``task`` for at most ``bound_s``; past that the caller gets a 503 while the
         task runs on (its outcome is unknown to the caller, unless it is a ``read``).
@@ -187,7 +187,7 @@ class Neo4jGate:
                                            "same Idempotency-Key)", retry_after_s=self.settings.db_timeout_s) from None
         except Exception as exc:
             if neo4j_down(exc):  # not ready already (Neo4j down), not counted here
-                self._db_failed(f"{type(exc).__name__}: {exc}")
+                self.failed(f"{type(exc).__name__}: {exc}")
                 raise DatabaseUnavailableError(f"Neo4j is unreachable: {type(exc).__name__}",
                                                retry_after_s=self.settings.db_timeout_s) from None
             if track:
@@ -197,36 +197,36 @@ class Neo4jGate:
             self.calls.succeeded()
         return result
 
-    def _db_failed(self, why: str) -> None:
+    def failed(self, why: str) -> None:
         if self.db_up:
             log.warning("Neo4j unreachable (%s): failing fast until it answers again", why)
         self.db_up, self.db_error = False, why[:300]
 
-    async def _watch_call(self, fn: Any, bound_s: float | None = None) -> Any:
+    async def watch_call(self, fn: Any, bound_s: float | None = None) -> Any:
         bound = bound_s or 3 * self.settings.db_timeout_s + 2.0
         task = self.in_thread(fn)
-        task.add_done_callback(_retrieve)  # an abandoned or late call's error: logged, not 'never retrieved'
+        task.add_done_callback(retrieve)  # an abandoned or late call's error: logged, not 'never retrieved'
         try:
             return await asyncio.wait_for(task, bound)
         except TimeoutError:
             abandon(task)
             raise DatabaseUnavailableError(f"the Neo4j watcher's {fn.__name__} took longer than {bound:.0f} s") from None
 
-    async def _reachable(self) -> bool:
+    async def reachable(self) -> bool:
         """Whether Neo4j answers a ping; when it does not and it is the managed server, find
         where it runs now (a restart may have moved it to another port), reconnect and ask again."""
         if self._retired and not self._closing:  # off the watcher's path: a close may block on dead sockets
             self._closing = True
-            closing = self.in_thread(self._close_retired)
-            closing.add_done_callback(_retrieve)
+            closing = self.in_thread(self.close_retired)
+            closing.add_done_callback(retrieve)
             closing.add_done_callback(lambda _: setattr(self, "_closing", False))
-        ok = bool(await self._watch_call(self._ping))
+        ok = bool(await self.watch_call(self.ping))
         if not ok and self.settings.neo4j.managed:
-            await self._watch_call(self._follow_managed)
-            ok = bool(await self._watch_call(self._ping))
+            await self.watch_call(self.follow_managed)
+            ok = bool(await self.watch_call(self.ping))
         return ok
 
-    async def _reopened(self, steps: Callable[[], Any], wait_s: float = 1.0) -> bool:
+    async def reopened(self, steps: Callable[[], Any], wait_s: float = 1.0) -> bool:
         """Run ``steps`` (what must be done before traffic is taken again: a coroutine function)
         once, as one task that outlives the watcher's ticks; True once it has succeeded. Each
         tick waits for it at most ``wait_s`` and returns (the tick is not failed, so the watcher
@@ -254,50 +254,44 @@ class Neo4jGate:
         task.result()  # a failure fails this tick; the next one starts again
         return True
 
-    async def _stop_reopening(self) -> None:
+    async def stop_reopening(self) -> None:
         """Cancel the steps before traffic if they are running (the service stops)."""
         task, self._reopening = self._reopening, None
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait({task}, timeout=1.0)
 
-    def _renew_driver(self) -> None:
+    def renew_driver(self) -> None:
         """A new driver (a new connection pool) to the server that answers again. Why: the old
         pool's connections died with the server, and each call that drew one failed
         (``SessionExpired: Failed to read from defunct connection``, some only at a read
         deadline), closing the gate again after it opened. The old driver is closed a minute
-        later (:meth:`_close_retired`), once calls still holding its connections have ended."""
+        later (:meth:`close_retired`), once calls still holding its connections have ended."""
         resolved = self.settings.neo4j.resolved(start=False) if self.settings.neo4j.managed else None
-        driver = self._open_driver(False, resolved)
+        driver = self.open_driver(False, resolved)
         old, self.driver = self.driver, driver
         if self.repo is not None:
             self.repo.driver = driver
-        self._retired = [*(self._retired or []), (time.monotonic(), old)]
+        self._retired = [*self._retired, (time.monotonic(), old)]
 
-    def _close_retired(self, *, older_than_s: float = 60.0) -> None:
+    def close_retired(self, *, older_than_s: float = 60.0) -> None:
         """Close the drivers replaced at least ``older_than_s`` ago (0: all, at stop)."""
         now = time.monotonic()
-        due = [d for at, d in self._retired or [] if now - at >= older_than_s]
-        self._retired = [(at, d) for at, d in self._retired or [] if now - at < older_than_s]
+        due = [d for at, d in self._retired if now - at >= older_than_s]
+        self._retired = [(at, d) for at, d in self._retired if now - at < older_than_s]
         for old in due:
             try:
                 old.close()
             except Exception:  # its server is gone; its sockets may already be closed
                 log.debug("closing a retired driver failed", exc_info=True)
 
-    def _warm_intake(self) -> None:
+    def warm_intake(self) -> None:
         """Plan the statement a submission runs (an empty batch writes nothing) and pay a cold
         server's first query, before the gate opens."""
         assert self.repo is not None
         self.repo.create_requests([])
 
-    def _warm_in_background(self) -> None:
-        """The GMG writer's statements, planned after the gate opened (their rows were promised
-        to nobody: they wait in the writer's queue meanwhile)."""
-        if self.writer is not None:
-            self.in_thread(self.writer.warm_up).add_done_callback(_retrieve)
-
-    def _ping(self) -> bool:
+    def ping(self) -> bool:
         try:
             self.driver.verify_connectivity()
             return True
@@ -305,7 +299,7 @@ class Neo4jGate:
             self.db_error = f"{type(exc).__name__}: {exc}"[:300]
             return False
 
-    def _follow_managed(self) -> None:
+    def follow_managed(self) -> None:
         try:
             resolved = self.settings.neo4j.resolved(start=False)
         except Neo4jServerError:  # not running (yet)
@@ -313,7 +307,7 @@ class Neo4jGate:
         if resolved.uri == self.neo4j_uri:
             return
         try:
-            driver = self._open_driver(False, resolved)
+            driver = self.open_driver(False, resolved)
         except Exception as exc:
             if not neo4j_down(exc):
                 raise
@@ -328,46 +322,3 @@ class Neo4jGate:
         except Exception:  # the old server is gone; its sockets may already be closed
             log.debug("closing the old driver failed", exc_info=True)
 
-    def persist(self, writes: Iterable[Write]) -> None:
-        """Soft state for the GMG mirror, batched (see :mod:`service.live.writer`)."""
-        assert self.writer is not None
-        self.writer.submit(writes)
-
-    def readiness(self) -> dict[str, Any]:
-        stuck = self.supervisor.stuck()
-        writer = self.writer
-        ready = self.db_up and not stuck and writer is not None and not self.calls.failing()
-        lead = self.leadership
-        if lead is not None:
-            ready = ready and lead.leads and self.taking_traffic
-        return {"ready": ready, "neo4j": {"reachable": self.db_up, "uri": self.neo4j_uri, "error": self.db_error},
-                "leadership": None if lead is None else lead.describe(),
-                "lease_path": self.calls.report(),
-                "loops": self.supervisor.report(), "stuck_loops": stuck,
-                "gmg_pending_writes": writer.pending if writer else 0,
-                "gmg_dropped_writes": writer.rows_dropped if writer else 0,
-                "unplaced_models": dict(self.homes.unplaced), "audit": self.audit.report()}
-
-    def _health_metrics(self) -> Iterator[Metric]:
-        failures = CounterMetricFamily("slicesched:loop_failures", "Failed ticks of a background loop", labels=["loop"])
-        since = GaugeMetricFamily("slicesched:loop_last_ok_age_seconds",
-                                  "Seconds since a background loop last ticked successfully", labels=["loop"])
-        now = time.monotonic()
-        for name, h in sorted(self.supervisor.loops.items()):
-            failures.add_metric([name], h.failures)
-            since.add_metric([name], now - (h.last_ok_at if h.last_ok_at is not None else h.started_at))
-        yield failures
-        yield since
-        yield GaugeMetricFamily("slicesched:neo4j_up", "1 when Neo4j answers", value=1.0 if self.db_up else 0.0)
-        writer = self.writer
-        yield GaugeMetricFamily("slicesched:gmg_writer_queue_depth", "GMG mirror rows waiting to be written "
-                                "(coalesced: one per changed object)", value=writer.pending if writer else 0)
-        yield CounterMetricFamily("slicesched:gmg_dropped_writes", "GMG mirror rows dropped past max_pending_writes",
-                                  value=writer.rows_dropped if writer else 0)
-        audit = self.audit
-        yield GaugeMetricFamily("slicesched:audit_pending_entries", "Audit entries waiting to be written",
-                                value=audit.pending)
-        yield CounterMetricFamily("slicesched:audit_entries_written", "Audit entries written by this process",
-                                  value=audit.entries_written)
-        yield CounterMetricFamily("slicesched:audit_dropped_entries", "Audit entries lost past the queue's bound "
-                                  "during an outage", value=audit.dropped)

@@ -28,8 +28,11 @@ if TYPE_CHECKING:
 class Gate(Protocol):
     """The Neo4j gate (:class:`~service.live.neo4j_gate.Neo4jGate`): bounded calls into the stores."""
 
-    repo: GraphRepository | None
-    writer: GmgWriter | None
+    @property
+    def repo(self) -> GraphRepository | None: ...
+
+    @property
+    def writer(self) -> GmgWriter | None: ...
 
     async def db(self, fn: Any, *args: Any, bound_s: float | None = -1.0, read: bool = False,
                  done: Callable[[], None] | None = None, **kwargs: Any) -> Any: ...

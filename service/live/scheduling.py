@@ -9,6 +9,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -22,35 +23,49 @@ from service.core.slot import InputDep, Slot, SlotQuery
 from service.domain.audit import SCHEDULER
 from service.domain.error import InvalidInputError, InvariantError
 from service.domain.request import RequestSpec, RequestStatus
-from service.live.audit import decision_details, replica_model
+from service.live.audit import AuditLog, decision_details, replica_model
 from service.live.homes import HomePlanner
+from service.live.metrics import LiveMetrics
 from service.live.neo4j_gate import Neo4jGate
 from service.live.notify import Signal
 from service.live.records import TERMINAL, LiveReplica
+from service.live.state import LiveState
 from service.live.view import LiveClusterView, LiveSnapshot, live_spec
 from service.sim.replica import SliceStage
 from service.sim.sla import SLA_CLASSES
 
 log = logging.getLogger("slicesched.service")
 MAX_WINDOW_S = 120.0  # how far back the what-if mirror replays arrivals, at most
+SLICE_STEP_WHATIF_S = 5.0  # wall seconds of what-ifs in one step of the live slice policy (the loop stays responsive)
 
 
-class SchedulingLoop(Neo4jGate):
-    """``Scheduler.step`` on the live state (a part of :class:`~service.live.service.LiveService`)."""
+class SchedulingLoop:
+    """``Scheduler.step`` on the live state (a part of :class:`~service.live.service.LiveService`,
+    its parts passed in): the placement ``placement`` (container, replica or slice) with its
+    candidates from the Cypher slot search, the what-ifs priced by ``cost_model()`` (the one in
+    force: a retrain swaps it), decisions applied, audited and published."""
 
-    homes: HomePlanner  # where each model lives by default
-    work: Signal  # notified when leases may be granted
-
-    started: float  # monotonic
-    scheduler: Scheduler
-    cost_model: CostModel  # the what-if mirror's
-    changed: asyncio.Event  # set on arrivals and completions (the scheduler's trigger)
-    decisions: list[str]
-    decision_reasons: list[dict[str, Any]]  # the last 50, each DecisionReason.as_dict()
-    step_status: dict[str, Any] | None  # the last step's Status.as_dict() (None: no step yet, or none said)
-    step_s: list[float]  # wall time of each scheduler step (what-ifs included)
-    _busy_mark: dict[str, tuple[float, float]]
-    _first_arrival: dict[str, float]  # model uid -> epoch seconds of its first request seen live (load forecasts)
+    def __init__(self, placement: str, gate: Neo4jGate, state: LiveState, metrics: LiveMetrics, audit: AuditLog,
+                 homes: HomePlanner, work: Signal, changed: asyncio.Event, cost_model: Callable[[], CostModel], *,
+                 headroom_utilisation: float | None = None, confirm_drains: int = 0) -> None:
+        self.placement = placement
+        self.gate, self.state, self.metrics, self.audit, self.homes = gate, state, metrics, audit, homes
+        self.work = work  # notified when leases may be granted
+        self.changed = changed  # set on arrivals and completions (the scheduler's trigger)
+        self.cost_model = cost_model  # the what-if mirror's
+        self.started = time.monotonic()
+        params: dict[str, Any] = {}
+        if placement == "replica":
+            params = {"headroom_utilisation": headroom_utilisation or None, "confirm_drains": confirm_drains}
+        elif placement == "slice":  # sliced plans from the Cypher slots; a step's what-ifs bounded in wall time
+            params = {"find_plans": self._cypher_plans, "whatif_wall_s": SLICE_STEP_WHATIF_S, "clock": time.monotonic}
+        self.scheduler = Scheduler(make_placement_policy(placement, find_devices=self._cypher_candidates, **params))
+        self.decisions: list[str] = []
+        self.decision_reasons: list[dict[str, Any]] = []  # the last 50, each DecisionReason.as_dict()
+        self.step_status: dict[str, Any] | None = None  # the last step's Status.as_dict() (None: no step yet)
+        self.step_s: list[float] = []  # wall time of each scheduler step (what-ifs included)
+        self._busy_mark: dict[str, tuple[float, float]] = {}
+        self._first_arrival: dict[str, float] = {}  # model uid -> epoch s of its first request seen (load forecasts)
 
     def snapshot(self, window_s: float = 20.0) -> LiveSnapshot:
         """The live state as the scheduler sees it. Compute units: an executor daemon runs one
@@ -142,14 +157,14 @@ class SchedulingLoop(Neo4jGate):
         query runs on real devices, and each answer counts for its unit (best first). The GMG's
         live busy windows are epoch seconds (running leases: :mod:`service.domain.slice_state`),
         so times cross at the snapshot's offset, ``window_start_wall``, both ways."""
-        if self.repo is None:
+        if self.gate.repo is None:
             raise InvariantError("the Cypher candidate search needs the GMG")
         devices_of = view.snap.devices_of
         epoch = view.snap.window_start_wall
         deps = tuple(InputDep(devices_of[d.device_id][0] if d.device_id in devices_of else d.device_id,
                               d.end_s + epoch, d.bytes) for d in q.input_deps)
         n_devices = sum(len(ds) for ds in devices_of.values())
-        slots = self.repo.find_candidate_slots(replace(q, now_s=q.now_s + epoch, input_deps=deps,
+        slots = self.gate.repo.find_candidate_slots(replace(q, now_s=q.now_s + epoch, input_deps=deps,
                                                        k=max(q.k, n_devices)))
         best: dict[str, Slot] = {}
         for slot in slots:  # best first
@@ -172,14 +187,14 @@ class SchedulingLoop(Neo4jGate):
             raise InvariantError("the Cypher candidate search needs a live view")
         return plans_at_quantum(view, model_uid, layers_per_slice, k, search=lambda q: self.cypher_slots(view, q))
 
-    async def _schedule_tick(self) -> None:
+    async def tick(self) -> None:
         """Wait (up to a few seconds) for arrivals or completions, then step the replica policy."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.changed.wait(), 5.0)
         if not self.changed.is_set():
             return
         self.changed.clear()
-        if self.settings.placement in ("replica", "slice") and self.state.replicas:
+        if self.placement in ("replica", "slice") and self.state.replicas:
             await self.step()
 
     async def step(self) -> Decision:
@@ -188,9 +203,9 @@ class SchedulingLoop(Neo4jGate):
         for eid, e in self.state.executors.items():
             self._busy_mark[eid] = (time.monotonic(), e.busy_s)
         started = time.perf_counter()
-        view = LiveClusterView(snap, cost_model=self.cost_model, target=self.state,
+        view = LiveClusterView(snap, cost_model=self.cost_model(), target=self.state,
                                on_what_if=self.metrics.what_if_timer("scheduler"))
-        decision = await self.in_thread(self.scheduler.step, snap.now_s, view)
+        decision = await self.gate.in_thread(self.scheduler.step, snap.now_s, view)
         self.step_s.append(time.perf_counter() - started)
         self.metrics.step_done(self.scheduler.name, self.step_s[-1])
         applied = view.apply(decision)  # on the event loop: the state is not shared with worker threads
@@ -243,7 +258,7 @@ class SchedulingLoop(Neo4jGate):
         """What one step of the replica policy would decide on the current state (nothing applied)."""
         policy = make_placement_policy("replica", find_devices=self._cypher_candidates, horizon_s=horizon_s)
         snap = self.snapshot()
-        decision = policy.step(snap.now_s, LiveClusterView(snap, cost_model=self.cost_model,
+        decision = policy.step(snap.now_s, LiveClusterView(snap, cost_model=self.cost_model(),
                                                            on_what_if=self.metrics.what_if_timer("admin")))
         return {"placement": "replica", "horizon_s": horizon_s, "whatifs": decision.num_whatifs,
                 "add": [{"model": c.model_uid, "compute_units": list(c.device_ids)} for c in decision.add],
@@ -257,7 +272,7 @@ class SchedulingLoop(Neo4jGate):
         unknown = [d for d in device_ids if d not in self.state.devices]
         if unknown or not device_ids:
             raise InvalidInputError(f"unknown devices {unknown or 'none given'}")
-        view = LiveClusterView(self.snapshot(), cost_model=self.cost_model,
+        view = LiveClusterView(self.snapshot(), cost_model=self.cost_model(),
                                on_what_if=self.metrics.what_if_timer("admin"))
         units = tuple(dict.fromkeys(u for d in device_ids if (u := view.unit_of(d)) is not None))
         baseline, changed = view.what_if(ReplicaChange(model_uid, self.state.models[model_uid].family, units),

@@ -9,11 +9,12 @@ models, and every request that was accepted and not finished, queued again (leas
 previous process are void); then the workflows, the running ones resumed
 (:meth:`~service.live.workflows.WorkflowBook.restore`).
 
-Its parts, one module each: the Neo4j gate (:mod:`service.live.neo4j_gate`), durable intake and
-completions (:mod:`service.live.durable`) and the scheduler loop with the what-ifs
-(:mod:`service.live.scheduling`), still mixed in; and objects it is composed of, their parts
-passed in through their constructors: home replicas (:class:`~service.live.homes.HomePlanner`),
-key administration (:class:`~service.live.key_admin.KeyAdmin`), leader election
+It is composed of objects, one module each, their parts passed in through their constructors:
+the Neo4j gate (:class:`~service.live.neo4j_gate.Neo4jGate`), durable intake and completions
+(:class:`~service.live.durable.DurableWrites`), the placement loop with the what-ifs
+(:class:`~service.live.scheduling.SchedulingLoop`), home replicas
+(:class:`~service.live.homes.HomePlanner`), key administration
+(:class:`~service.live.key_admin.KeyAdmin`), leader election
 (:class:`~service.live.leader.Leadership`), the read side (:class:`~service.live.reads.LiveReads`)
 and the books (access, quotas, onboarding, workflows, streams). This module holds the
 lifecycle, the restart recovery and the background loops' ticks.
@@ -39,17 +40,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from learned.artifact import LoadedCostModel, default_cache_dir, default_inputs, load_cost_model
 from learned.observations import load_observed, train_observed
-from service.core.policies import make_placement_policy
 from service.core.queue import QueuedRequest, QueuePolicy, make_queue_policy
-from service.core.scheduler import Scheduler
 from service.domain.audit import SYSTEM
 from service.domain.error import InvalidInputError, InvariantError, NotLeaderError, UnauthorizedError
 from service.domain.principal import Principal
 from service.domain.quota import Quota
 from service.domain.request import RequestStatus
 from service.domain.role import ADMIN, EXECUTOR, TENANT_ADMIN
-from service.graph.catalog import QueryCatalog
+from service.domain.wire import Completion
 from service.graph.repository import GraphRepository
+from service.live import threads
 from service.live.access import DEFAULT_PROJECT, AccessBook, ApiKeyRecord, LiveProject
 from service.live.audit import AuditLog
 from service.live.call_health import CallHealth
@@ -60,12 +60,13 @@ from service.live.key_admin import KeyAdmin
 from service.live.keys import ExecutorPools
 from service.live.leader import Leadership
 from service.live.metrics import PREFIX, LiveMetrics
+from service.live.neo4j_gate import Neo4jGate, retrieve
 from service.live.notify import Signal
 from service.live.onboarding import AccessRequests
 from service.live.predictors import LivePredictors, PredictorSettings
 from service.live.quota import QuotaBook
 from service.live.reads import LiveReads
-from service.live.records import TERMINAL, LiveModel, LiveRequest
+from service.live.records import TERMINAL, LiveModel, LiveRequest, Write
 from service.live.registration import model_from_dir
 from service.live.retention import Retention
 from service.live.retraining import CostModelRetrainer, Swap, trace_observed
@@ -80,11 +81,11 @@ from service.live.writer import GmgWriter
 log = logging.getLogger("slicesched.service")
 
 RECOVER_FINISHED_S = 24 * 3600.0  # finished requests loaded at start (for status queries)
-SLICE_STEP_WHATIF_S = 5.0  # wall seconds of what-ifs in one step of the live slice policy (the loop stays responsive)
 
 
-class LiveService(DurableWrites, SchedulingLoop):
-    """The service layer behind the routers (see the module docstring)."""
+class LiveService:
+    """The service layer behind the routers (see the module docstring): one facade over the
+    objects it is composed of."""
 
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
@@ -100,6 +101,7 @@ class LiveService(DurableWrites, SchedulingLoop):
                                lease_ttl_s=settings.lease_ttl_s, max_attempts=settings.max_attempts,
                                max_batch=settings.max_batch)
         self.metrics = LiveMetrics(self.state)
+        self.gate = Neo4jGate(settings)  # the driver, the repository, every call bounded
         self.reads = LiveReads(self.state, self, inspect_timeout_s=settings.inspect_timeout_s,
                                max_inspections=settings.max_inspections,
                                inspect_max_rows=settings.inspect_max_rows)  # what the HTTP layer reads
@@ -112,47 +114,80 @@ class LiveService(DurableWrites, SchedulingLoop):
         self.state.book.on_lease_end = self._lease_ended
         self.state.book.on_extend = self.persist  # renewals past a lease's expected end: its busy window
         self.pools = ExecutorPools(settings.executor_key, settings.executor_kinds)  # executor keys
-        self.driver: Any = None
-        self.neo4j_uri: str | None = None
-        self.previous_neo4j_uri: str | None = None
-        self.repo: GraphRepository | None = None
         self.writer: GmgWriter | None = None
         self.audit = AuditLog(enabled=settings.audit, wait_s=settings.call_timeout_s)  # its store: at start
-        self.key_admin = KeyAdmin(self, self.pools, self.state, self.audit, self.persist, self.replan)
-        params: dict[str, Any] = {}
-        if settings.placement == "replica":
-            params = {"headroom_utilisation": settings.headroom_utilisation or None,
-                      "confirm_drains": settings.confirm_drains}
-        elif settings.placement == "slice":  # sliced plans from the Cypher slots; a step's what-ifs bounded in wall time
-            params = {"find_plans": self._cypher_plans, "whatif_wall_s": SLICE_STEP_WHATIF_S, "clock": time.monotonic}
-        self.scheduler = Scheduler(make_placement_policy(settings.placement, find_devices=self._cypher_candidates,
-                                                         **params))
+        self.key_admin = KeyAdmin(self.gate, self.pools, self.state, self.audit, self.persist, self.replan)
         self.supervisor = Supervisor()
         self.retention: Retention | None = None  # archive-then-delete of what grows (needs the store: at start)
         self.metrics.watch(self._health_metrics)
         self.metrics.watch(self._quota_metrics)
         self.metrics.watch(lambda: self.predictors.metrics(PREFIX))
         self.work = Signal()  # notified when leases may be granted
-        self.homes = HomePlanner(self.state, self.metrics, self.audit, self.work, self.db, lambda: self.repo)
         self.changed = asyncio.Event()  # set on arrivals and completions (the scheduler's trigger)
-        self.decisions: list[str] = []
-        self.decision_reasons: list[dict[str, Any]] = []  # the last 50 decisions' reasons, in fields
-        self.step_status: dict[str, Any] | None = None  # the last step's status (placed, or nothing and why)
-        self.step_s: list[float] = []  # wall time of each scheduler step (what-ifs included)
+        self.homes = HomePlanner(self.state, self.metrics, self.audit, self.work, self.db, lambda: self.repo)
+        self.durable = DurableWrites(self.gate, self.state, self.metrics, self.work, self.changed, self.persist,
+                                     self.access, self.quotas)  # submissions, completions, request ends
+        self.loop = SchedulingLoop(settings.placement, self.gate, self.state, self.metrics, self.audit, self.homes,
+                                   self.work, self.changed, lambda: self.cost_model,
+                                   headroom_utilisation=settings.headroom_utilisation,
+                                   confirm_drains=settings.confirm_drains)  # placement steps, what-ifs
         self.leadership: Leadership | None = None  # leader election on: this process's run (at start)
         self._campaign: asyncio.Task[None] | None = None
         self._stepped_down = False  # on_fatal called for a deposed leader
         self.on_fatal: Callable[[str], None] = lambda why: end_process(why)  # a deposed leader, a failed take-over
         self.taking_traffic = False  # started (with leader election: won, recovered and started)
-        self.db_up = False
-        self.db_error: str | None = None
-        self.calls = CallHealth()  # the request path's bounded writes (readiness)
-        self._busy_mark: dict[str, tuple[float, float]] = {}
-        self._first_arrival: dict[str, float] = {}
-        self._submitting: dict[tuple[str, str], asyncio.Future[None]] = {}  # idempotency keys in flight
-        self._unsettled: set[str] = set()  # requests whose end's write has no clear outcome yet
-        self._completion_batch: list[tuple[list[dict[str, Any]], Any, asyncio.Future[BaseException | None]]] = []
-        self._completion_flush: asyncio.Future[None] | None = None  # the group commit in flight
+
+    # ---- the Neo4j side (service.live.neo4j_gate) ------------------------------------------------
+    @property
+    def repo(self) -> GraphRepository | None:
+        """The GMG's repository (None before start)."""
+        return self.gate.repo
+
+    @property
+    def db_up(self) -> bool:
+        return self.gate.db_up
+
+    @property
+    def neo4j_uri(self) -> str | None:
+        return self.gate.neo4j_uri
+
+    @property
+    def calls(self) -> CallHealth:
+        return self.gate.calls
+
+    async def db(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """A repository call, bounded and failing fast while Neo4j is down (:meth:`Neo4jGate.db`)."""
+        return await self.gate.db(fn, *args, **kwargs)
+
+    def in_thread(self, fn: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        """``fn`` in a worker thread the stop waits for (:meth:`Neo4jGate.in_thread`)."""
+        return self.gate.in_thread(fn, *args, **kwargs)
+
+    def persist(self, writes: Iterable[Write]) -> None:
+        """Soft state for the GMG mirror, batched (see :mod:`service.live.writer`)."""
+        assert self.writer is not None
+        self.writer.submit(writes)
+
+    # ---- durable writes (service.live.durable) and the placement loop (service.live.scheduling) ----
+    async def accept_requests(self, reqs: list[LiveRequest]) -> list[LiveRequest]:
+        """Write the requests, then queue them (:meth:`DurableWrites.accept_requests`)."""
+        return await self.durable.accept_requests(reqs)
+
+    async def complete(self, executor_id: str, completions: list[Completion]) -> tuple[list[str], list[dict[str, str]]]:
+        """Completions of leases, durable before they are acknowledged (:meth:`DurableWrites.complete`)."""
+        return await self.durable.complete(executor_id, completions)
+
+    async def finish(self, req: LiveRequest, row: dict[str, Any], apply: Any) -> None:
+        """A request's end without a result, written then applied (:meth:`DurableWrites.finish`)."""
+        await self.durable.finish(req, row, apply)
+
+    def what_if(self, model_uid: str, device_ids: tuple[str, ...], horizon_s: float) -> dict[str, Any]:
+        """What a replica of ``model_uid`` on ``device_ids`` would do (:meth:`SchedulingLoop.what_if`)."""
+        return self.loop.what_if(model_uid, device_ids, horizon_s)
+
+    def policy_what_if(self, horizon_s: float) -> dict[str, Any]:
+        """What one step of the replica policy would decide (:meth:`SchedulingLoop.policy_what_if`)."""
+        return self.loop.policy_what_if(horizon_s)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -160,12 +195,10 @@ class LiveService(DurableWrites, SchedulingLoop):
         background and take traffic once won (until then every call but the probes answers 503
         ``not_leader``; :mod:`service.live.leader`)."""
         await self.predictors.start()  # a predictor that cannot be loaded stops the start, with its reason
-        self.driver = await asyncio.to_thread(self._open_driver, True)
-        self.repo = GraphRepository(self.driver, QueryCatalog.load(), database=self.settings.neo4j.database)
-        self.db_up = True
-        await asyncio.to_thread(self.repo.apply_schema)
+        repo = await asyncio.to_thread(self.gate.open)
+        await asyncio.to_thread(repo.apply_schema)
         if self.settings.leader_election:
-            self.leadership = Leadership(self.repo, ttl_s=self.settings.leader_ttl_s)
+            self.leadership = Leadership(repo, ttl_s=self.settings.leader_ttl_s)
             self._campaign = asyncio.create_task(self._run_for_leadership(), name="leader-election")
             self._campaign.add_done_callback(self._campaign_ended)
             return
@@ -240,7 +273,7 @@ class LiveService(DurableWrites, SchedulingLoop):
                               after=self._public_settings())
         sup.spawn("lease-expiry", self._expiry_tick, interval_s=min(0.5, self.settings.lease_ttl_s / 4),
                   stuck_after_s=30.0)
-        sup.spawn("scheduler", self._schedule_tick, interval_s=self.settings.schedule_interval_s,
+        sup.spawn("scheduler", self.loop.tick, interval_s=self.settings.schedule_interval_s,
                   stuck_after_s=300.0)
         sup.spawn("gmg-writer", self.writer.tick, interval_s=0.0, stuck_after_s=60.0)
         settings = self.settings
@@ -288,8 +321,8 @@ class LiveService(DurableWrites, SchedulingLoop):
             campaign.cancel()
         await self.workflows.stop()
         await self.supervisor.stop()
-        await self._stop_reopening()
-        await asyncio.to_thread(self._close_retired, older_than_s=0.0)
+        await self.gate.stop_reopening()
+        await asyncio.to_thread(self.gate.close_retired, older_than_s=0.0)
         try:
             await self.predictors.flush()  # the last observations
         except Exception:
@@ -298,7 +331,7 @@ class LiveService(DurableWrites, SchedulingLoop):
             await self.writer.close()
         if self.repo is not None:
             await self.audit.close()
-        await self.threads_done(30.0)  # a scheduler step or a call cancelled on its way still holds a session
+        await threads.drain(30.0)  # a scheduler step or a call cancelled on its way still holds a session
         lead = self.leadership
         if lead is not None and lead.leads:  # the standby takes over at its next ask, not at the term's end
             try:
@@ -306,8 +339,49 @@ class LiveService(DurableWrites, SchedulingLoop):
             except Exception:
                 log.warning("the leadership was not released at stop; the standby takes over when its term ends",
                             exc_info=True)
-        if self.driver is not None:
-            await asyncio.to_thread(self.driver.close)
+        if self.gate.driver is not None:
+            await asyncio.to_thread(self.gate.driver.close)
+
+    # ---- readiness and health --------------------------------------------------------------------
+    def readiness(self) -> dict[str, Any]:
+        stuck = self.supervisor.stuck()
+        writer = self.writer
+        gate = self.gate
+        ready = gate.db_up and not stuck and writer is not None and not gate.calls.failing()
+        lead = self.leadership
+        if lead is not None:
+            ready = ready and lead.leads and self.taking_traffic
+        return {"ready": ready, "neo4j": {"reachable": gate.db_up, "uri": gate.neo4j_uri, "error": gate.db_error},
+                "leadership": None if lead is None else lead.describe(),
+                "lease_path": gate.calls.report(),
+                "loops": self.supervisor.report(), "stuck_loops": stuck,
+                "gmg_pending_writes": writer.pending if writer else 0,
+                "gmg_dropped_writes": writer.rows_dropped if writer else 0,
+                "unplaced_models": dict(self.homes.unplaced), "audit": self.audit.report()}
+
+    def _health_metrics(self) -> Iterator[Metric]:
+        failures = CounterMetricFamily("slicesched:loop_failures", "Failed ticks of a background loop", labels=["loop"])
+        since = GaugeMetricFamily("slicesched:loop_last_ok_age_seconds",
+                                  "Seconds since a background loop last ticked successfully", labels=["loop"])
+        now = time.monotonic()
+        for name, h in sorted(self.supervisor.loops.items()):
+            failures.add_metric([name], h.failures)
+            since.add_metric([name], now - (h.last_ok_at if h.last_ok_at is not None else h.started_at))
+        yield failures
+        yield since
+        yield GaugeMetricFamily("slicesched:neo4j_up", "1 when Neo4j answers", value=1.0 if self.gate.db_up else 0.0)
+        writer = self.writer
+        yield GaugeMetricFamily("slicesched:gmg_writer_queue_depth", "GMG mirror rows waiting to be written "
+                                "(coalesced: one per changed object)", value=writer.pending if writer else 0)
+        yield CounterMetricFamily("slicesched:gmg_dropped_writes", "GMG mirror rows dropped past max_pending_writes",
+                                  value=writer.rows_dropped if writer else 0)
+        audit = self.audit
+        yield GaugeMetricFamily("slicesched:audit_pending_entries", "Audit entries waiting to be written",
+                                value=audit.pending)
+        yield CounterMetricFamily("slicesched:audit_entries_written", "Audit entries written by this process",
+                                  value=audit.entries_written)
+        yield CounterMetricFamily("slicesched:audit_dropped_entries", "Audit entries lost past the queue's bound "
+                                  "during an outage", value=audit.dropped)
 
     # ---- home replicas (service.live.homes) ---------------------------------------------------
     async def replan(self) -> None:
@@ -387,7 +461,7 @@ class LiveService(DurableWrites, SchedulingLoop):
                 "heartbeat_s": s.heartbeat_s, "max_attempts": s.max_attempts, "max_batch": s.max_batch,
                 "schedule_interval_s": s.schedule_interval_s, "slice_retention_s": s.slice_retention_s,
                 "executor_kinds": list(s.executor_kinds), "bootstrap_executor_pool": s.executor_key is not None,
-                "neo4j_uri": self.neo4j_uri, "predictor": s.predictor, "predictor_refit_s": s.predictor_refit_s}
+                "neo4j_uri": self.gate.neo4j_uri, "predictor": s.predictor, "predictor_refit_s": s.predictor_refit_s}
 
     async def _recover(self) -> None:
         """Rebuild the live state from the GMG and reconcile what a previous process left: its
@@ -505,15 +579,16 @@ class LiveService(DurableWrites, SchedulingLoop):
         GMG's view of the cluster up to date if a re-plan could not write it. Every call is
         bounded, so a hung connection shows as a failed tick, never as a watcher that stopped
         watching."""
-        ok = await self._reachable()
+        gate = self.gate
+        ok = await gate.reachable()
         if not ok:
-            self.db_up = False
+            gate.down()
             return
-        if (not self.db_up or self._unsettled) and not await self._reopened(self._before_traffic):
+        if (not gate.db_up or self.durable.unsettled) and not await gate.reopened(self._before_traffic):
             return  # still getting ready: the gate stays as it is
-        if not self.db_up:
-            self.calls.succeeded()  # what failed in the outage is not the reopened gate's
-        self.db_up, self.db_error = True, None
+        if not gate.db_up:
+            gate.calls.succeeded()  # what failed in the outage is not the reopened gate's
+        gate.answered()
         if self.homes.gmg_dirty:
             await self.homes.write_cluster()
 
@@ -523,17 +598,19 @@ class LiveService(DurableWrites, SchedulingLoop):
         once), and the requests whose end had no clear answer settled from what Neo4j
         holds (an executor's retry then meets a settled request). The writer's statements are
         planned after the gate opens."""
-        reopening = not self.db_up
+        gate = self.gate
+        reopening = not gate.db_up
         if reopening:
             t0 = time.monotonic()
-            await self._watch_call(self._renew_driver)
-            await self._watch_call(self._warm_intake, bound_s=60.0)
-            log.warning("Neo4j answers again at %s (ready to take traffic after %.1f s of warm-up)", self.neo4j_uri,
+            await gate.watch_call(gate.renew_driver)
+            await gate.watch_call(gate.warm_intake, bound_s=60.0)
+            log.warning("Neo4j answers again at %s (ready to take traffic after %.1f s of warm-up)", gate.neo4j_uri,
                         time.monotonic() - t0)
-        if self._unsettled:
-            await self._reconcile()
-        if reopening:
-            self._warm_in_background()
+        if self.durable.unsettled:
+            await self.durable.reconcile()
+        if reopening and self.writer is not None:  # the writer's statements, planned after the gate opened (their
+            # rows were promised to nobody: they wait in the writer's queue meanwhile)
+            gate.in_thread(self.writer.warm_up).add_done_callback(retrieve)
 
     async def _expiry_tick(self) -> None:
         executors = set(self.state.executors)

@@ -237,12 +237,12 @@ class WorkflowBook:
                                  tenant_id=workflow.tenant_id,
                                  after={"steps": len(workflow.steps), "slo_s": workflow.slo_s, "project": project_id})
 
-        svc._check_db()
+        svc.gate.check()
         self._submitting.add(key)
         task = svc.in_thread(svc.repo.create_workflows, [run.create_row()])
         task.add_done_callback(settle)
         try:
-            await svc._bounded(task, svc.settings.call_timeout_s)
+            await svc.gate.bounded(task, svc.settings.call_timeout_s)
         finally:
             if task.done():
                 settle(task)

@@ -158,8 +158,8 @@ def test_a_placement_decision_is_audited_with_its_notes_and_what_if_figures(
                "lateness_after": 0}
     decision = Decision(add=[change], reasons=[DecisionReason("add", f"{a}/m", a, (f"e{b}",), figures=figures)],
                         num_whatifs=1, whatifs=[WhatIfRun(change, baseline, better)], status=Status("placed"))
-    svc.scheduler = Scheduler(Scripted(decision))
-    client.portal.call(svc.step)  # type: ignore[union-attr]
+    svc.loop.scheduler = Scheduler(Scripted(decision))
+    client.portal.call(svc.loop.step)  # type: ignore[union-attr]
     client.portal.call(svc.audit.flush)  # type: ignore[union-attr]
     entry = one(client, "placement.decision")
     assert (entry["actor"], entry["actor_role"], entry["tenant_id"]) == ("scheduler", "scheduler", None)
@@ -177,8 +177,8 @@ def test_a_placement_decision_is_audited_with_its_notes_and_what_if_figures(
                                    "with_change": {"output_tokens": 160, "violations_by_model": {f"{a}/m": 0},
                                                    "memory_violations": 0},
                                    "gain_tokens": 60}]
-    svc.scheduler = Scheduler(Scripted(Decision()))  # a step that changes nothing is no entry
-    client.portal.call(svc.step)  # type: ignore[union-attr]
+    svc.loop.scheduler = Scheduler(Scripted(Decision()))  # a step that changes nothing is no entry
+    client.portal.call(svc.loop.step)  # type: ignore[union-attr]
     client.portal.call(svc.audit.flush)  # type: ignore[union-attr]
     assert len(audit(client, action="placement.decision")) == 1
 

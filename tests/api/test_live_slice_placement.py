@@ -37,19 +37,19 @@ def test_a_sliced_guest_is_applied_shown_and_leased_with_its_cut(make_client: Ca
         assert r.status_code in (200, 201), r.text
         register(client, f"e{tenant}", port)
     svc = client.app.state.service  # type: ignore[attr-defined]
-    assert svc.scheduler.name == "slice"  # the live slice policy: the same object as replay's
+    assert svc.loop.scheduler.name == "slice"  # the live slice policy: the same object as replay's
     # tenant a's layer 0 on b's executor (the lease's leader), layer 1 back on a's: owner priority
     cut = ((f"e{b}", 0, 0), (f"e{a}", 1, 1))
-    svc.scheduler = Scheduler(Scripted(Decision(add=[ReplicaChange(f"{a}/m", "tiny", (f"e{b}", f"e{a}"), cut)])))
-    client.portal.call(svc.step)  # type: ignore[union-attr]
+    svc.loop.scheduler = Scheduler(Scripted(Decision(add=[ReplicaChange(f"{a}/m", "tiny", (f"e{b}", f"e{a}"), cut)])))
+    client.portal.call(svc.loop.step)  # type: ignore[union-attr]
     rid = f"{a}/m@e{b}/cpu:0:0-1+e{a}/cpu:0:1-2"
-    assert svc.decisions[-1] == (f"sliced: {a}/m layers 0-0 on e{b}/cpu:0, layers 1-1 on e{a}/cpu:0, "
+    assert svc.loop.decisions[-1] == (f"sliced: {a}/m layers 0-0 on e{b}/cpu:0, layers 1-1 on e{a}/cpu:0, "
                                  f"in {a} and {b}'s idle windows (owner priority)")
     stats = client.get("/v1/stats", headers=auth(ADMIN)).json()
-    assert stats["decisions"][-1] == svc.decisions[-1]
+    assert stats["decisions"][-1] == svc.loop.decisions[-1]
     assert stats["decision_reasons"][-1] == {  # the same line in fields
         "code": "sliced", "tenant": a, "model": f"{a}/m", "replica": f"{a}/m@e{b}/cpu:0:0-1+e{a}/cpu:0:1-2",
-        "devices": [f"e{b}/cpu:0", f"e{a}/cpu:0"], "text": svc.decisions[-1],
+        "devices": [f"e{b}/cpu:0", f"e{a}/cpu:0"], "text": svc.loop.decisions[-1],
         "figures": {"plan": [[f"e{b}/cpu:0", 0, 1], [f"e{a}/cpu:0", 1, 2]], "owners": sorted([a, b]), "yields": True}}
     shown = {r["replica_id"]: r for r in client.get("/v1/stats", headers=auth(ADMIN)).json()["replicas"]}
     assert shown[rid]["guest"] and shown[rid]["yields"]
@@ -106,23 +106,23 @@ def test_the_live_slice_policy_judges_plans_from_the_cypher_slots_on_a_backlog(
         register(client, f"e{tenant}", port)
     svc = client.app.state.service  # type: ignore[attr-defined]
     searched: list[int] = []
-    cypher_slots = svc.cypher_slots
-    svc.cypher_slots = lambda view, q: searched.append(1) or cypher_slots(view, q)
+    cypher_slots = svc.loop.cypher_slots
+    svc.loop.cypher_slots = lambda view, q: searched.append(1) or cypher_slots(view, q)
     judged: list[int] = []  # what-ifs of every step, the service's own loop's included (it steps on arrivals)
-    step = svc.scheduler.step
-    svc.scheduler.step = lambda now, view: (d := step(now, view), judged.append(d.num_whatifs))[0]
+    step = svc.loop.scheduler.step
+    svc.loop.scheduler.step = lambda now, view: (d := step(now, view), judged.append(d.num_whatifs))[0]
     for _ in range(24):
         client.post("/v1/requests", json={"model_id": "m", "prompt_tokens": list(range(1, 200)), "max_tokens": 64},
                     headers=auth(keys[a]))
-    client.portal.call(svc.step)  # type: ignore[union-attr]
-    assert searched and sum(judged) >= 1, (judged, svc.decisions)
+    client.portal.call(svc.loop.step)  # type: ignore[union-attr]
+    assert searched and sum(judged) >= 1, (judged, svc.loop.decisions)
     # a sliced guest in place (its cut in the snapshot's plans): the mirror runs it under owner priority
     applied = svc.state.apply(Decision(add=[ReplicaChange(f"{a}/m", "tiny", (f"e{b}",),
                                                           ((f"e{b}", 0, 0), (f"e{b}", 1, 1)))]),
                               {f"e{b}": (f"e{b}/cpu:0",)})
-    snap = svc.snapshot()
+    snap = svc.loop.snapshot()
     # this one (the policy's own step above may have placed a sliced guest of its own: its choice
     # depends on the live iteration times it measured)
     (sliced,) = [r for r in snap.replicas if r.replica_id in snap.plans and r.replica_id in applied.added]
     assert sliced.yields_to_owners and [s.device_id for s in snap.plans[sliced.replica_id]] == [f"e{b}", f"e{b}"]
-    client.portal.call(svc.step)  # type: ignore[union-attr]
+    client.portal.call(svc.loop.step)  # type: ignore[union-attr]

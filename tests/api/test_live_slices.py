@@ -53,9 +53,9 @@ def test_a_live_lease_makes_its_device_busy_until_it_completes(make_client: Call
     assert offered_at(repo, tenant, device, end) == end
     # the scheduler's own search asks in mirror seconds: the lease's end, translated
     svc = client.app.state.service  # type: ignore[attr-defined]
-    view = LiveClusterView(svc.snapshot(), cost_model=svc.cost_model)
+    view = LiveClusterView(svc.loop.snapshot(), cost_model=svc.cost_model)
     q = SlotQuery(LIVE_CLUSTER, tenant, f"{tenant}/m", view.now_s, {"cpu": 0.05}, slice_bytes=0, k=8)
-    [slot] = [s for s in svc.cypher_slots(view, q) if s.device_id == executor]
+    [slot] = [s for s in svc.loop.cypher_slots(view, q) if s.device_id == executor]
     assert abs(slot.start_s - (end - view.snap.window_start_wall)) < 1e-6 and slot.start_s > view.now_s
 
     r = client.post("/v1/leases/complete", json={"executor_id": executor, "results": [completion(lease)]},

@@ -219,7 +219,7 @@ def test_submission_fails_fast_while_neo4j_is_down(client: TestClient, uid: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     svc = client.app.state.service  # type: ignore[attr-defined]
     key = setup_tenant_model(client, f"f{uid}")
-    monkeypatch.setattr(svc, "_ping", lambda: False)  # the watcher finds Neo4j silent
+    monkeypatch.setattr(svc.gate, "ping", lambda: False)  # the watcher finds Neo4j silent
     wait_for(lambda: not svc.db_up)
     t0 = time.monotonic()
     r = submit(client, key)

@@ -17,9 +17,8 @@ from service.live.neo4j_gate import Neo4jGate
 
 
 def gate() -> Neo4jGate:
-    g = Neo4jGate()
-    g.settings = SimpleNamespace(call_timeout_s=0.2, db_timeout_s=1.0)  # type: ignore[assignment]
-    g.db_up, g.db_error = True, None
+    g = Neo4jGate(SimpleNamespace(call_timeout_s=0.2, db_timeout_s=1.0))  # type: ignore[arg-type]
+    g.answered()
     return g
 
 
@@ -63,9 +62,9 @@ def test_the_steps_before_traffic_run_once_across_ticks() -> None:
 
     async def go() -> list[bool]:
         g = gate()
-        ticks = [await g._reopened(steps, wait_s=0.05) for _ in range(3)]
+        ticks = [await g.reopened(steps, wait_s=0.05) for _ in range(3)]
         while not ticks[-1]:
-            ticks.append(await g._reopened(steps, wait_s=0.05))
+            ticks.append(await g.reopened(steps, wait_s=0.05))
         return ticks
 
     ticks = asyncio.run(go())
@@ -83,7 +82,7 @@ def test_failed_steps_fail_the_tick_and_start_again_on_the_next() -> None:
     async def go() -> bool:
         g = gate()
         with pytest.raises(DatabaseUnavailableError):
-            await g._reopened(steps, wait_s=0.5)
-        return await g._reopened(steps, wait_s=0.5)
+            await g.reopened(steps, wait_s=0.5)
+        return await g.reopened(steps, wait_s=0.5)
 
     assert asyncio.run(go()) is True and starts == [1, 1]
