@@ -51,7 +51,7 @@ def one_run(neo4j: Any, repo: Any, mode: str, args: argparse.Namespace) -> dict[
                    log_dir=args.log_dir) as stack:
         out = asyncio.run(lease_throughput.run(stack.url, stack.admin_key, stack.executor_key, args))
         audit = httpx.get(f"{stack.url}/readyz", timeout=30.0).json()["audit"]
-    deleted = repo.delete_tenant("bench")  # its model, requests and slices: the next service recovers none
+    deleted = repo.models.delete_tenant("bench")  # its model, requests and slices: the next service recovers none
     return {"mode": mode, "paced_leases_per_s": out["paced"]["leases_per_s"],
             "saturated_leases_per_s": out["saturated"]["leases_per_s"],
             "lease_p99_ms": out["paced"]["lease_latency_ms"]["p99"], "audit_entries_written": audit["written"],
@@ -117,20 +117,20 @@ def verify_chain(repo: Any, entries: int, rng: np.random.Generator) -> dict[str,
     """Append ``entries`` chained entries after the head, then verify the whole chain."""
     from service.domain.audit import GENESIS, chain
 
-    head = repo.audit_head()
+    head = repo.audit.audit_head()
     seq, digest = (int(head["head_seq"]), str(head["head_hash"])) if head["head_seq"] is not None else (0, GENESIS)
     first = seq
     started = time.perf_counter()
     for i in range(0, entries, BATCH):
         batch = chain(synthetic_records(min(BATCH, entries - i), rng), seq, digest)
-        repo.append_audit_entries([{"entry": e.row(), "tenants": [], "models": [], "pools": []} for e in batch],
+        repo.audit.append_audit_entries([{"entry": e.row(), "tenants": [], "models": [], "pools": []} for e in batch],
                                   (batch[-1].seq, batch[-1].hash))
         seq, digest = batch[-1].seq, batch[-1].hash
         print(f"  generated {i + len(batch):,}/{entries:,}", end="\r", flush=True)
     generate_s = time.perf_counter() - started
     print(f"\n  {entries:,} entries appended in {generate_s:.1f}s; verifying {seq:,}", flush=True)
     started = time.perf_counter()
-    result = repo.verify_audit(progress=lambda n, s: print(f"  verified {n:,} ({n / max(s, 1e-9):,.0f}/s)",
+    result = repo.audit.verify_audit(progress=lambda n, s: print(f"  verified {n:,} ({n / max(s, 1e-9):,.0f}/s)",
                                                             end="\r", flush=True))
     verify_s = time.perf_counter() - started
     print(flush=True)

@@ -4,10 +4,10 @@ Builds a GMG in a fresh managed Neo4j (own state dir, stopped at the end): ``--h
 ``--gpus-per-host`` GPUs (A100 and H100 hosts alternating), NVLink between the GPUs of a host
 (device LINKs) and a network link between every pair of hosts (host LINKs: the per-host link
 model, hosts^2 edges instead of devices^2); tenants' Llama-2 7B/13B/70B models imported with
-``GraphRepository.import_model`` until ``--operators`` operators are written, 7B/13B weights
+``GraphRepository.models.import_model`` until ``--operators`` operators are written, 7B/13B weights
 resident on random devices (70B's do not fit one device); ``--slices-per-device`` live placements
 per device (plus three done ones). Then runs ``--queries`` random slot queries (0-2 remote inputs,
-half needing weights) through ``GraphRepository.find_candidate_slots`` and through
+half needing weights) through ``GraphRepository.slots.find_candidate_slots`` and through
 ``find_slots_in_memory`` on the same state, checks they agree, and reports latency percentiles.
 Target: p99 <= 20 ms for the Cypher query.
 """
@@ -91,8 +91,8 @@ def main() -> int:
             repo = GraphRepository(driver)
             repo.apply_schema()
             t = time.perf_counter()
-            repo.apply_cluster(spec)
-            repo.replace_host_links(cluster, host_links)
+            repo.cluster.apply_cluster(spec)
+            repo.slots.replace_host_links(cluster, host_links)
             print(f"cluster: {len(spec.devices)} devices, {len(spec.links)} device links, "
                   f"{len(host_links)} host links in {time.perf_counter() - t:.1f}s", flush=True)
 
@@ -107,7 +107,7 @@ def main() -> int:
                 device = None if name == "llama2-70b" else device_ids[int(rng.integers(len(device_ids)))]
                 for phase in ("prefill", "decode"):
                     g = graphs[(name, phase)]
-                    repo.import_model(tenant, model_id, g, device_id=device if phase == "prefill" else None)
+                    repo.models.import_model(tenant, model_id, g, device_id=device if phase == "prefill" else None)
                     ops += len(g.operators)
                 uid = f"{tenant}/{model_id}"
                 models[uid] = graphs[(name, "prefill")].bytes_of("weight")
@@ -116,7 +116,7 @@ def main() -> int:
                 i += 1
                 if i % 5 == 0:
                     print(f"  imported {i} models, {ops} operators ({time.perf_counter() - t:.0f}s)", flush=True)
-            repo.refresh_device_state(cluster)
+            repo.cluster.refresh_device_state(cluster)
             import_s = time.perf_counter() - t
             print(f"models: {len(models)} models, {ops} operators, weights on {len(resident)} devices "
                   f"in {import_s:.0f}s", flush=True)
@@ -145,8 +145,8 @@ def main() -> int:
                         done[uid] = None
                     else:
                         placements.setdefault(d, []).append(Placement(start, end, s.resident_bytes))
-            repo.place_slices(slices)
-            repo.mark_slices_done(done)
+            repo.slots.place_slices(slices)
+            repo.slots.mark_slices_done(done)
             live = sum(len(v) for v in placements.values())
             print(f"slices: {live} live, {len(done)} done in {time.perf_counter() - t:.1f}s", flush=True)
 
@@ -169,7 +169,7 @@ def main() -> int:
                                  needs_weights=bool(rng.random() < 0.5), input_deps=deps, margin=0.05, k=args.k)
 
             for _ in range(100):  # warm the plan cache, the page cache and the JIT (as a live service is)
-                repo.find_candidate_slots(random_query())
+                repo.slots.find_candidate_slots(random_query())
             cypher_ms: list[float] = []
             memory_ms: list[float] = []
             mismatches = 0
@@ -177,7 +177,7 @@ def main() -> int:
             for n in range(args.queries):
                 q = random_query()
                 t0 = time.perf_counter()
-                got = repo.find_candidate_slots(q)
+                got = repo.slots.find_candidate_slots(q)
                 t1 = time.perf_counter()
                 want = find_slots_in_memory(state, q)
                 t2 = time.perf_counter()
@@ -191,7 +191,7 @@ def main() -> int:
                 if (n + 1) % max(1, args.queries // 5) == 0:
                     print(f"  {n + 1}/{args.queries} queries: cypher p50 {statistics.median(cypher_ms):.2f} ms, "
                           f"p99 {pct(cypher_ms, 99):.2f} ms", flush=True)
-            counts = repo.count_labels()
+            counts = repo.cluster.count_labels()
         finally:
             if info is not None:
                 server.stop()

@@ -50,7 +50,7 @@ def main() -> int:
             repo = GraphRepository(driver)
             repo.apply_schema()
             # Warm the JVM on one import that is not measured.
-            repo.import_model("warmup", "m", graphs[0])
+            repo.models.import_model("warmup", "m", graphs[0])
 
             jobs = []
             total_ops = 0
@@ -65,7 +65,7 @@ def main() -> int:
 
             def run(job: tuple[str, str, object]) -> tuple[int, int]:
                 tenant, model_id, graph = job
-                stats = repo.import_model(tenant, model_id, graph)  # type: ignore[arg-type]
+                stats = repo.models.import_model(tenant, model_id, graph)  # type: ignore[arg-type]
                 rates.append(stats.items_per_s)
                 done[0] += 1
                 if done[0] % max(1, len(jobs) // 10) == 0:
@@ -78,7 +78,7 @@ def main() -> int:
             wall = time.perf_counter() - started
             ops = sum(r[0] for r in results)
             edges = sum(r[1] for r in results)
-            nodes_in_db = repo.count_labels()
+            nodes_in_db = repo.cluster.count_labels()
             driver.close()
         finally:
             server.stop()

@@ -61,7 +61,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     try:
-        result = GraphRepository(driver, database=settings.database).verify_audit(anchor=anchor, page=args.page,
+        result = GraphRepository(driver, database=settings.database).audit.verify_audit(anchor=anchor, page=args.page,
                                                                                   progress=progress)
     finally:
         driver.close()

@@ -47,7 +47,7 @@ def observations_from_gmg(since_wall: float) -> list[ObservedSlice]:
     settings = Neo4jSettings.from_env()
     driver = open_driver(settings, start=False)
     try:
-        rows = GraphRepository(driver, database=settings.database).slice_observations(since_wall)
+        rows = GraphRepository(driver, database=settings.database).live.slice_observations(since_wall)
     finally:
         driver.close()
     return [ObservedSlice.from_row(r) for r in rows]

@@ -11,6 +11,11 @@ unknown id is exit 2, Neo4j unreachable exit 3 (service/domain/error.py).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from service.graph.repository import GraphRepository
+
 import argparse
 import json
 from collections.abc import Sequence
@@ -56,7 +61,7 @@ def add_parser(sub: Any) -> None:
     re.set_defaults(func=cmd_rerun)
 
 
-def _repository() -> Any:
+def _repository() -> GraphRepository:
     from service.graph.connection import Neo4jSettings, open_driver
     from service.graph.repository import GraphRepository
 
@@ -79,7 +84,7 @@ def record_doc(e: Experiment) -> dict[str, Any]:
 def cmd_list(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise InvalidInputError("--limit must be at least 1")
-    rows = _repository().list_experiments(project=args.project, kind=args.kind, limit=args.limit)
+    rows = _repository().experiments.list_experiments(project=args.project, kind=args.kind, limit=args.limit)
     if args.json:
         print(json.dumps(rows))
         return 0
@@ -102,7 +107,7 @@ def _plot_state(path: str, sha256: str) -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    e = _repository().get_experiment(args.id)
+    e = _repository().experiments.get_experiment(args.id)
     if args.json:
         print(json.dumps(record_doc(e), default=float))
         return 0
@@ -131,7 +136,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 # ---- compare ------------------------------------------------------------------------------------
 def cmd_compare(args: argparse.Namespace) -> int:
     repo = _repository()
-    a, b = repo.get_experiment(args.a), repo.get_experiment(args.b)
+    a, b = repo.experiments.get_experiment(args.a), repo.experiments.get_experiment(args.b)
     out = Path(args.out or f"compare-{a.uid}-{b.uid}")
     if out.exists() and not out.is_dir():
         raise InvalidInputError(f"--out {out} exists and is not a folder")
@@ -204,7 +209,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     from service.cli.replay import execute, experiment_of, replay_arguments
     from service.replay.mix import forget_read_data
 
-    record = _repository().get_experiment(args.id)
+    record = _repository().experiments.get_experiment(args.id)
     if record.kind != "replay":
         raise InvalidInputError(f"experiment {record.uid} is a {record.kind} run: only replay experiments can be "
                                 "rerun")

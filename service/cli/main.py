@@ -8,6 +8,11 @@ happen inside the subcommands that need them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from service.graph.repository import GraphRepository
+
 import argparse
 import json
 import sys
@@ -38,7 +43,7 @@ def _parse_params(pairs: Sequence[str]) -> dict[str, Any]:
     return params
 
 
-def _repository() -> Any:
+def _repository() -> GraphRepository:
     from service.graph.connection import Neo4jSettings, open_driver
     from service.graph.repository import GraphRepository
 
@@ -113,7 +118,7 @@ def cmd_cluster_apply(args: argparse.Namespace) -> int:
     from service.cluster.spec import load_cluster_spec
 
     spec = load_cluster_spec(args.spec)
-    counts = _repository().apply_cluster(spec)
+    counts = _repository().cluster.apply_cluster(spec)
     print(f"applied {spec.name}: {counts['hosts']} hosts, {counts['devices']} devices, {counts['links']} directed links")
     return 0
 
@@ -179,7 +184,7 @@ def cmd_model_import(args: argparse.Namespace) -> int:
     else:
         graph = _trace(args)
         model_id = args.model_id or args.name or Path(args.path).absolute().name
-    stats = _repository().import_model(args.tenant, model_id, graph, device_id=args.device)
+    stats = _repository().models.import_model(args.tenant, model_id, graph, device_id=args.device)
     print(f"imported {stats.model_uid} {stats.phase}: {stats.operators} operators, {stats.tensors} tensors, "
           f"{stats.edges} edges in {stats.seconds:.2f}s"
           + (f"; weights resident on {args.device}" if args.device else ""))
@@ -241,10 +246,10 @@ def cmd_cypher(args: argparse.Namespace) -> int:
     params = _parse_params(args.param)
     repo = _repository()
     if args.named:
-        table = repo.run_named(args.named, params)
+        table = repo.inspection.run_named(args.named, params)
         title = args.named
     elif args.query:
-        table = repo.run_read(args.query, params)
+        table = repo.inspection.run_read(args.query, params)
         title = None
     else:
         raise InvalidInputError("give a query, --named NAME or --list")

@@ -469,5 +469,5 @@ def _record(experiment: Experiment) -> None:
     settings = Neo4jSettings.from_env()
     repo = GraphRepository(open_driver(settings), database=settings.database)
     repo.apply_schema()
-    uid = repo.create_experiment(experiment)
+    uid = repo.experiments.create_experiment(experiment)
     print(f"recorded experiment {uid} in Neo4j (slicesched experiments show {uid})")

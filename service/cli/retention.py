@@ -45,7 +45,7 @@ def cmd_retention(args: argparse.Namespace) -> int:
     try:
         repo = GraphRepository(driver, database=neo4j.database)
         if args.action == "verify-archive":
-            through_seq, through_hash, files = repo.audit_archive()
+            through_seq, through_hash, files = repo.audit.audit_archive()
             result = verify_audit_archive(files)
             ok = result.ok and (result.last_seq, result.last_hash) == (through_seq, through_hash)
             print(json.dumps({"ok": ok, "files": len(files), "archived_through_seq": through_seq,

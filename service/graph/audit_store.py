@@ -23,13 +23,13 @@ import neo4j
 from neo4j import ManagedTransaction
 
 from service.domain.audit import GENESIS, ChainVerifier, VerifyResult
-from service.graph.store import GraphStore
+from service.graph.store import StorePart
 
 AUDIT_LOG = "audit"  # the AuditHead's name (one log today)
 PAGE = 20_000  # entries per page when walking the chain
 
 
-class AuditStore(GraphStore):
+class AuditStore(StorePart):
     QUERIES: tuple[str, ...] = ("append_audit_entries", "set_audit_head", "audit_head", "audit_page", "audit_log",
                                 "audit_archive")
 

@@ -8,10 +8,10 @@ from typing import Any
 from neo4j import ManagedTransaction
 
 from service.domain.cluster import ClusterSpec
-from service.graph.store import GraphStore
+from service.graph.store import StorePart
 
 
-class ClusterStore(GraphStore):
+class ClusterStore(StorePart):
     QUERIES: tuple[str, ...] = ("upsert_hosts", "upsert_devices", "replace_links", "delete_stale_devices", "list_devices",
                "count_labels", "refresh_device_state", "set_weight_residence")
 

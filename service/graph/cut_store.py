@@ -6,10 +6,10 @@ from __future__ import annotations
 from service.core.cut import Granularity, SliceCut, check_slices
 from service.domain.error import InvalidInputError, NotFoundError
 from service.domain.opgraph import PHASES
-from service.graph.store import GraphStore, model_uid
+from service.graph.store import StorePart, model_uid
 
 
-class CutStore(GraphStore):
+class CutStore(StorePart):
     QUERIES: tuple[str, ...] = ("model_layers", "cut_slices")
 
     def cut_slices(self, tenant_id: str, model_id: str, phase: str, granularity: Granularity) -> list[SliceCut]:

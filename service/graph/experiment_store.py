@@ -12,7 +12,7 @@ from typing import Any
 
 from service.domain.error import NotFoundError
 from service.domain.experiment import CodeVersion, Experiment, Plot
-from service.graph.store import GraphStore
+from service.graph.store import StorePart
 
 
 class UnknownExperimentError(NotFoundError):
@@ -24,7 +24,7 @@ def _json(value: Any) -> str:
     return json.dumps(value, default=float, sort_keys=True)
 
 
-class ExperimentStore(GraphStore):
+class ExperimentStore(StorePart):
     QUERIES: tuple[str, ...] = ("create_experiment", "list_experiments", "get_experiment")
 
     def create_experiment(self, experiment: Experiment) -> str:

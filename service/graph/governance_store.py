@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from service.domain.error import NotFoundError
-from service.graph.store import GraphStore, check_id
+from service.graph.store import StorePart, check_id
 
 
-class GovernanceStore(GraphStore):
+class GovernanceStore(StorePart):
     QUERIES: tuple[str, ...] = ("upsert_api_key", "live_api_keys", "upsert_project", "live_projects", "record_usage",
                                 "upsert_access_request", "access_requests")
 

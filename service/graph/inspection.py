@@ -16,7 +16,7 @@ from neo4j.exceptions import ClientError, CypherSyntaxError, DatabaseError, Tran
 from service.domain.error import InvalidInputError, ReadOnlyViolationError
 from service.graph import guard
 from service.graph.catalog import Query
-from service.graph.store import GraphStore
+from service.graph.store import StorePart
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class Inspection(GraphStore):
+class Inspection(StorePart):
     QUERIES: tuple[str, ...] = ("reconciliation_violations",)
 
     def run_read(self, text: str, params: Mapping[str, Any] | None = None, *, timeout_s: float | None = None,

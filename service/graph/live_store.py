@@ -11,10 +11,10 @@ from typing import Any
 from neo4j import ManagedTransaction
 
 from service.domain.error import InvalidInputError, NotFoundError
-from service.graph.store import GraphStore, check_id
+from service.graph.store import StorePart, check_id
 
 
-class LiveStore(GraphStore):
+class LiveStore(StorePart):
     QUERIES: tuple[str, ...] = ("create_request", "update_requests", "create_slices", "end_slices", "extend_slices",
                "live_tenants", "live_models",
                "live_requests", "delete_old_live_slices", "complete_leases", "finish_requests", "close_open_slices",

@@ -11,7 +11,7 @@ from neo4j import ManagedTransaction
 
 from service.domain.error import InvalidInputError
 from service.domain.opgraph import OperatorGraph
-from service.graph.store import GraphStore, check_id, model_uid
+from service.graph.store import StorePart, check_id, model_uid
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class ImportStats:
         return (self.operators + self.edges) / self.seconds if self.seconds > 0 else float("inf")
 
 
-class ModelStore(GraphStore):
+class ModelStore(StorePart):
     QUERIES: tuple[str, ...] = ("upsert_tenant", "upsert_model", "delete_model_phase", "create_model_phase", "place_weights",
                "model_summary", "delete_tenant")
 

@@ -15,7 +15,10 @@ retention's pages and deletes (:mod:`service.graph.retention_store`).
 
 from __future__ import annotations
 
+from neo4j import Driver
+
 from service.graph.audit_store import AuditStore
+from service.graph.catalog import QueryCatalog
 from service.graph.cluster_store import ClusterStore
 from service.graph.cut_store import CutStore
 from service.graph.experiment_store import ExperimentStore
@@ -25,12 +28,28 @@ from service.graph.live_store import LiveStore
 from service.graph.model_store import ModelStore
 from service.graph.retention_store import RetentionStore
 from service.graph.slot_store import SlotStore
-from service.graph.store import GraphStore
+from service.graph.store import GraphStore, StorePart
 from service.graph.workflow_store import WorkflowStore
 
 
-class GraphRepository(ModelStore, ClusterStore, SlotStore, CutStore, LiveStore, WorkflowStore, AuditStore,
-                      GovernanceStore, ExperimentStore, Inspection, RetentionStore):
-    REQUIRED: tuple[str, ...] = (*GraphStore.QUERIES, *ModelStore.QUERIES, *ClusterStore.QUERIES, *SlotStore.QUERIES,
-                *CutStore.QUERIES, *LiveStore.QUERIES, *WorkflowStore.QUERIES, *AuditStore.QUERIES, *GovernanceStore.QUERIES,
-                *ExperimentStore.QUERIES, *Inspection.QUERIES, *RetentionStore.QUERIES)
+class GraphRepository(GraphStore):
+    """The plumbing (:class:`GraphStore`: driver, catalog, schema, the write fence) and its parts,
+    one attribute each: ``repo.live.create_requests(...)``, ``repo.slots.find_candidate_slots(...)``."""
+
+    PARTS: tuple[type[StorePart], ...] = (ModelStore, ClusterStore, SlotStore, CutStore, LiveStore, WorkflowStore,
+                                          AuditStore, GovernanceStore, ExperimentStore, Inspection, RetentionStore)
+    REQUIRED: tuple[str, ...] = (*GraphStore.QUERIES, *(q for part in PARTS for q in part.QUERIES))
+
+    def __init__(self, driver: Driver, catalog: QueryCatalog | None = None, *, database: str = "neo4j") -> None:
+        super().__init__(driver, catalog, database=database)
+        self.models = ModelStore(self)  # tenants, models, their operators and weights
+        self.cluster = ClusterStore(self)  # devices, links, device state
+        self.slots = SlotStore(self)  # the candidate-slot search and replay's slices
+        self.cuts = CutStore(self)  # slices cut from a model's graph
+        self.live = LiveStore(self)  # the live service's requests, leases, keys, leadership
+        self.workflows = WorkflowStore(self)  # live workflows
+        self.audit = AuditStore(self)  # the audit log
+        self.governance = GovernanceStore(self)  # keys, projects, access requests, usage
+        self.experiments = ExperimentStore(self)  # experiment records
+        self.inspection = Inspection(self)  # named read-only queries and ad hoc reads
+        self.retention = RetentionStore(self)  # retention's pages and deletes

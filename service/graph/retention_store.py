@@ -12,10 +12,10 @@ from typing import Any
 
 from service.domain.audit import GENESIS
 from service.graph.audit_store import AUDIT_LOG
-from service.graph.store import GraphStore
+from service.graph.store import StorePart
 
 
-class RetentionStore(GraphStore):
+class RetentionStore(StorePart):
     QUERIES: tuple[str, ...] = ("retention_requests_page", "retention_delete_requests", "retention_workflows_page",
                                 "retention_delete_workflows", "retention_delete_audit_prefix", "retention_counts")
 

@@ -14,10 +14,10 @@ from neo4j import ManagedTransaction
 from service.core.slot import PlacedSlice, Slot, SlotQuery
 from service.domain.cluster import Link
 from service.domain.error import InvalidInputError
-from service.graph.store import GraphStore, check_id
+from service.graph.store import StorePart, check_id
 
 
-class SlotStore(GraphStore):
+class SlotStore(StorePart):
     QUERIES: tuple[str, ...] = ("find_candidate_slots", "place_slices", "mark_slices_done", "delete_done_slices",
                "replace_host_links")
 

@@ -117,3 +117,47 @@ class GraphStore:
                     n += 1
             s.run("CALL db.awaitIndexes(300)").consume()
         return n
+
+
+class StorePart:
+    """One part of :class:`~service.graph.repository.GraphRepository` (models, cluster, slots, live
+    records...): its queries run through the repository's plumbing (:class:`GraphStore`: one driver,
+    one catalog, one write fence), held as an attribute of the repository, not a base of it."""
+
+    QUERIES: tuple[str, ...] = ()  # the catalog queries this part runs
+
+    def __init__(self, store: GraphStore) -> None:
+        self.store = store
+
+    @property
+    def driver(self) -> Driver:
+        return self.store.driver
+
+    @property
+    def database(self) -> str:
+        return self.store.database
+
+    @property
+    def catalog(self) -> QueryCatalog:
+        return self.store.catalog
+
+    def _execute_write(self, work: Callable[[ManagedTransaction], T]) -> T:
+        return self.store._execute_write(work)
+
+    def _q(self, name: str, params: Mapping[str, Any]) -> tuple[Query, dict[str, Any]]:
+        return self.store._q(name, params)
+
+    def _tx_run(self, tx: ManagedTransaction, name: str, **params: Any) -> list[dict[str, Any]]:
+        return self.store._tx_run(tx, name, **params)
+
+    def _write(self, name: str, **params: Any) -> list[dict[str, Any]]:
+        return self.store._write(name, **params)
+
+    def _read(self, name: str, **params: Any) -> list[dict[str, Any]]:
+        return self.store._read(name, **params)
+
+    def _write_slices(self, name: str, **params: Any) -> list[dict[str, Any]]:
+        return self.store._write_slices(name, **params)
+
+    def _tx_refresh_busy_windows(self, tx: ManagedTransaction, touched: Iterable[Sequence[Any]]) -> None:
+        self.store._tx_refresh_busy_windows(tx, touched)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.graph.store import GraphStore
+from service.graph.store import StorePart
 
 
-class WorkflowStore(GraphStore):
+class WorkflowStore(StorePart):
     QUERIES: tuple[str, ...] = ("create_workflows", "update_workflows", "live_workflows")
 
     def create_workflows(self, rows: list[dict[str, Any]]) -> set[str]:

@@ -40,7 +40,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     _step("cluster: local-cpu-2")
     spec = load_cluster_spec("local-cpu-2")
-    repo.apply_cluster(spec)
+    repo.cluster.apply_cluster(spec)
     print_table(["device", "host", "kind", "mem_bytes", "peak_flops"],
                 [[d.device_id, d.host_id, d.kind, d.mem_bytes, d.peak_flops] for d in spec.devices])
 
@@ -51,7 +51,7 @@ def run_demo(args: argparse.Namespace) -> int:
         config = model_config(name)
         for phase in ("prefill", "decode"):
             graph = trace_phase(config, phase, batch=4, tokens=64, context=256)
-            stats = repo.import_model(tenant, model_id, graph, device_id=device)
+            stats = repo.models.import_model(tenant, model_id, graph, device_id=device)
             rows.append([tenant, model_id, name, phase, stats.operators, stats.edges, graph.total_flops,
                          f"{stats.seconds:.2f}s"])
     print_table(["tenant", "model", "config", "phase", "operators", "edges", "flops", "write"], rows)
@@ -74,19 +74,19 @@ def run_demo(args: argparse.Namespace) -> int:
             tokens.append(int(out[0, -1].argmax()))
     same = torch.allclose(logits, eager_logits, atol=1e-5)
     graph = recorder.graphs[-1]
-    stats = repo.import_model("globex", "bot", graph, device_id="cpu:1")
+    stats = repo.models.import_model("globex", "bot", graph, device_id="cpu:1")
     print(f"compiled run matches eager: {same}; generated token ids {tokens}")
     print(f"recorded graph: {stats.operators} operators, {graph.total_flops:,} FLOPs -> {stats.model_uid} in Neo4j")
 
     _step("Cypher inspection (slicesched cypher --named NAME)")
     for name, params in (("tenant_models", {}), ("devices_headroom", {}), ("shared_devices", {}),
                          ("heaviest_operators", {"tenant_id": "initech", "model_id": "assist", "limit": 5})):
-        table = repo.run_named(name, params)
+        table = repo.inspection.run_named(name, params)
         print_table(table.columns, table.rows, title=name)
-    chain = repo.run_named("dependency_chain", {"tenant_id": "acme", "model_id": "chat", "phase": "prefill",
+    chain = repo.inspection.run_named("dependency_chain", {"tenant_id": "acme", "model_id": "chat", "phase": "prefill",
                                                 "op_id": "8"})
     print_table(chain.columns, chain.rows, title="dependency_chain of acme/chat prefill operator #8")
-    counts = repo.count_labels()
+    counts = repo.cluster.count_labels()
     print("GMG nodes: " + ", ".join(f"{k} {v:,}" for k, v in counts.items() if v))
     driver.close()
 

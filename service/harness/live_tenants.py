@@ -38,4 +38,4 @@ def reset_tenants(neo4j: Neo4jSettings, tenant_ids: Sequence[str]) -> None:
     with open_driver(neo4j) as driver:
         repo = GraphRepository(driver)
         for tenant in tenant_ids:
-            repo.delete_tenant(tenant)
+            repo.models.delete_tenant(tenant)

@@ -76,7 +76,7 @@ class DurableWrites:
             try:
                 self.gate.check()
                 self.admit(fresh)  # quotas: a 429 accepts none
-                task = self.gate.in_thread(self.repo.create_requests, [r.row() for r in fresh])
+                task = self.gate.in_thread(self.repo.live.create_requests, [r.row() for r in fresh])
                 task.add_done_callback(lambda t: self._settle_intake(t, fresh))
                 existing = await self.gate.bounded(task, self.settings.call_timeout_s + 0.01 * len(fresh))
             finally:
@@ -227,7 +227,7 @@ class DurableWrites:
                 batch, self._completion_batch = self._completion_batch, []
                 try:
                     committed: set[str] | None = await self.gate.in_thread(
-                        self.repo.complete_leases, [row for rows, _, _ in batch for row in rows])
+                        self.repo.live.complete_leases, [row for rows, _, _ in batch for row in rows])
                     failure: BaseException | None = None
                 except Exception as exc:
                     committed, failure = None, exc
@@ -260,7 +260,7 @@ class DurableWrites:
                 self.unsettled.add(req.request_id)
                 outcome.append(False)
 
-        await self._write_then(self.repo.finish_requests, [row], settle)
+        await self._write_then(self.repo.live.finish_requests, [row], settle)
         if not outcome[0]:
             raise ConflictError(f"request {req.request_id} is already finished")
 
@@ -295,7 +295,7 @@ class DurableWrites:
         assert self.repo is not None
         repo = self.repo
         uids = sorted(self.unsettled)
-        stored: dict[str, dict[str, Any]] = await self.gate.watch_call(lambda: repo.request_results(uids))
+        stored: dict[str, dict[str, Any]] = await self.gate.watch_call(lambda: repo.live.request_results(uids))
         for uid in uids:
             self.unsettled.discard(uid)
             req = self.state.requests.get(uid)

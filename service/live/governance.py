@@ -39,7 +39,7 @@ async def create_key(svc: LiveService, p: Principal, tenant_id: str | None, key_
     record = ApiKeyRecord(key_id, tenant_id, name, role, projects, hash_key(key),
                           None if expires_in_s is None else now + expires_in_s, now, actor_of(p).actor_id)
     assert svc.repo is not None
-    await svc.db(svc.repo.upsert_api_key, tenant_id, key_id, **_props(record))
+    await svc.db(svc.repo.governance.upsert_api_key, tenant_id, key_id, **_props(record))
     svc.access.add_key(record)
     await svc.audit.append(actor_of(p), "key.create", "api_key", key_id, tenant_id,
                            after={**record.public(now), **key_state(record.key_hash)})
@@ -61,7 +61,7 @@ async def rotate_key(svc: LiveService, p: Principal, tenant_id: str | None, key_
     key = new_key(f"{tenant_id or 'platform'}-{key_id}")
     rotated = ApiKeyRecord(**{**record.__dict__, "key_hash": hash_key(key)})
     assert svc.repo is not None
-    await svc.db(svc.repo.upsert_api_key, tenant_id, key_id, **_props(rotated))
+    await svc.db(svc.repo.governance.upsert_api_key, tenant_id, key_id, **_props(rotated))
     svc.access.add_key(rotated)
     await svc.audit.append(actor_of(p), "key.rotate", "api_key", key_id, tenant_id, before=before,
                            after=key_state(rotated.key_hash))
@@ -73,7 +73,7 @@ async def revoke_key(svc: LiveService, p: Principal, tenant_id: str | None, key_
     before = key_state(record.key_hash)
     revoked = ApiKeyRecord(**{**record.__dict__, "key_hash": None})
     assert svc.repo is not None
-    await svc.db(svc.repo.upsert_api_key, tenant_id, key_id, **{**_props(revoked), "revoked_at": svc.state.wall()})
+    await svc.db(svc.repo.governance.upsert_api_key, tenant_id, key_id, **{**_props(revoked), "revoked_at": svc.state.wall()})
     svc.access.add_key(revoked)
     await svc.audit.append(actor_of(p), "key.revoke", "api_key", key_id, tenant_id, before=before,
                            after=key_state(None))
@@ -87,7 +87,7 @@ async def create_project(svc: LiveService, p: Principal, tenant_id: str, project
     svc.access.check_new_project(tenant_id, project_id)
     project = LiveProject(tenant_id, project_id, quota, description, svc.state.wall())
     assert svc.repo is not None
-    await svc.db(svc.repo.upsert_project, tenant_id, project_id, description=description,
+    await svc.db(svc.repo.governance.upsert_project, tenant_id, project_id, description=description,
                  created_at=project.created_at, **quota_props(quota))
     svc.access.add_project(project)
     await svc.audit.append(actor_of(p), "project.create", "project", project.uid, tenant_id,
@@ -99,7 +99,7 @@ async def set_project_quota(svc: LiveService, actor: Actor, tenant_id: str, proj
     project = svc.access.project(tenant_id, project_id)
     before = project.quota.to_dict()
     assert svc.repo is not None
-    await svc.db(svc.repo.upsert_project, tenant_id, project_id, description=project.description,
+    await svc.db(svc.repo.governance.upsert_project, tenant_id, project_id, description=project.description,
                  created_at=project.created_at, **quota_props(quota))
     project.quota = quota
     await svc.audit.append(actor, "project.quota", "project", project.uid, tenant_id, before={"quota": before},
@@ -110,7 +110,7 @@ async def set_tenant_quota(svc: LiveService, actor: Actor, tenant_id: str, quota
     svc.state.tenant(tenant_id)
     before = svc.access.quota_of(tenant_id).to_dict()
     assert svc.repo is not None
-    await svc.db(svc.repo.upsert_tenant, tenant_id, **quota_props(quota))
+    await svc.db(svc.repo.models.upsert_tenant, tenant_id, **quota_props(quota))
     svc.access.tenant_quota[tenant_id] = quota
     await svc.audit.append(actor, "tenant.quota", "tenant", tenant_id, tenant_id, before={"quota": before},
                            after={"quota": quota.to_dict()})
@@ -119,7 +119,7 @@ async def set_tenant_quota(svc: LiveService, actor: Actor, tenant_id: str, quota
 # ---- access requests ------------------------------------------------------------------------------------
 async def _save(svc: LiveService, req: AccessRequest) -> None:
     assert svc.repo is not None
-    await svc.db(svc.repo.upsert_access_request, req.uid, **req.props())
+    await svc.db(svc.repo.governance.upsert_access_request, req.uid, **req.props())
 
 
 async def submit_onboarding(svc: LiveService, tenant_id: str, payload: dict[str, Any]) -> tuple[AccessRequest, str]:
@@ -204,7 +204,7 @@ async def _apply(svc: LiveService, actor: Actor, req: AccessRequest) -> None:
         tenant = svc.state.tenant(req.tenant_id)
         before = tenant.sla_class
         assert svc.repo is not None
-        await svc.db(svc.repo.upsert_tenant, req.tenant_id, sla_class=payload["sla_class"])
+        await svc.db(svc.repo.models.upsert_tenant, req.tenant_id, sla_class=payload["sla_class"])
         tenant.sla_class = payload["sla_class"]
         await svc.audit.append(actor, "tenant.sla_class", "tenant", req.tenant_id, req.tenant_id,
                                before={"sla_class": before}, after={"sla_class": tenant.sla_class})
@@ -223,7 +223,7 @@ async def claim(svc: LiveService, uid: str, token: str) -> dict[str, Any]:
         return out
     key = new_key(req.tenant_id)
     assert svc.repo is not None
-    await svc.db(svc.repo.set_tenant_key, req.tenant_id, hash_key(key))
+    await svc.db(svc.repo.live.set_tenant_key, req.tenant_id, hash_key(key))
     req.claimed = True
     req.note(req.payload.get("contact") or req.tenant_id, "claimed")
     try:

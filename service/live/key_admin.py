@@ -49,7 +49,7 @@ class KeyAdmin:
         key = new_key(f"pool-{pool_id}")
         pool = ExecutorPool(pool_id, hash_key(key), tuple(dict.fromkeys(allowed_kinds or CATALOGUE_KINDS)),
                             max_devices, max_mem_bytes)
-        await self.gate.db(self._repo().upsert_executor_pool, pool.pool_id, key_hash=pool.key_hash,
+        await self.gate.db(self._repo().live.upsert_executor_pool, pool.pool_id, key_hash=pool.key_hash,
                            allowed_kinds=list(pool.allowed_kinds), max_devices=pool.max_devices,
                            max_mem_bytes=pool.max_mem_bytes)  # persisted first: a key never outlives a crash unrecorded
         self.pools.add(pool)
@@ -64,7 +64,7 @@ class KeyAdmin:
         """A new key (returned once); the old one is refused from now on."""
         before = key_state(self.pools.changeable(pool_id).key_hash)
         key = new_key(f"pool-{pool_id}")
-        await self.gate.db(self._repo().set_executor_pool_key, pool_id, hash_key(key))
+        await self.gate.db(self._repo().live.set_executor_pool_key, pool_id, hash_key(key))
         self.pools.set_key(pool_id, hash_key(key))
         await self.audit.append(actor, "executor_pool.key.rotate", "executor_pool", pool_id, pools=[pool_id],
                                 before=before, after=key_state(hash_key(key)))
@@ -74,7 +74,7 @@ class KeyAdmin:
         """The pool's key is refused from now on; its executors are dropped (their leases go
         back to the queue). Answers the executors dropped."""
         before = key_state(self.pools.changeable(pool_id).key_hash)
-        await self.gate.db(self._repo().set_executor_pool_key, pool_id, None)
+        await self.gate.db(self._repo().live.set_executor_pool_key, pool_id, None)
         self.pools.set_key(pool_id, None)
         dropped = self.pools.executors_of(pool_id, self.state)
         for executor_id in dropped:
@@ -89,7 +89,7 @@ class KeyAdmin:
         """A new key for the tenant (returned once); the old one is refused from now on."""
         before = key_state(self.state.tenant(tenant_id).key_hash)
         key = new_key(tenant_id)
-        await self.gate.db(self._repo().set_tenant_key, tenant_id, hash_key(key))
+        await self.gate.db(self._repo().live.set_tenant_key, tenant_id, hash_key(key))
         self.state.set_tenant_key(tenant_id, hash_key(key))
         await self.audit.append(actor, "tenant.key.rotate", "tenant", tenant_id, tenant_id, before=before,
                                 after=key_state(hash_key(key)))
@@ -98,7 +98,7 @@ class KeyAdmin:
     async def revoke_tenant_key(self, actor: Actor, tenant_id: str) -> None:
         """The tenant's key is refused from now on; its models and requests stay."""
         before = key_state(self.state.tenant(tenant_id).key_hash)
-        await self.gate.db(self._repo().set_tenant_key, tenant_id, None)
+        await self.gate.db(self._repo().live.set_tenant_key, tenant_id, None)
         self.state.set_tenant_key(tenant_id, None)
         await self.audit.append(actor, "tenant.key.revoke", "tenant", tenant_id, tenant_id, before=before,
                                 after=key_state(None))

@@ -289,7 +289,7 @@ class Neo4jGate:
         """Plan the statement a submission runs (an empty batch writes nothing) and pay a cold
         server's first query, before the gate opens."""
         assert self.repo is not None
-        self.repo.create_requests([])
+        self.repo.live.create_requests([])
 
     def ping(self) -> bool:
         try:

@@ -156,20 +156,20 @@ class LiveReads:
 
     async def audit_log(self, **filters: Any) -> list[dict[str, Any]]:
         """Audit entries matching every filter (:meth:`AuditStore.audit_log`), oldest first."""
-        rows: list[dict[str, Any]] = await self._inspection(self._repo().audit_log, **filters,
+        rows: list[dict[str, Any]] = await self._inspection(self._repo().audit.audit_log, **filters,
                                                             bound_s=self.inspect_timeout_s + GRACE_S)
         return rows
 
     async def verify_audit(self, anchor: tuple[int, str] | None) -> Any:
         """The whole chain walked and checked (no time bound: it grows with the log)."""
-        return await self._inspection(self._repo().verify_audit, anchor=anchor, bound_s=None)
+        return await self._inspection(self._repo().audit.verify_audit, anchor=anchor, bound_s=None)
 
     async def experiment(self, uid: str) -> Any:
         """The experiment record ``uid`` (:class:`NotFoundError` when absent)."""
-        return await self.gate.db(self._repo().get_experiment, uid)
+        return await self.gate.db(self._repo().experiments.get_experiment, uid)
 
     async def experiments(self, **filters: Any) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = await self.gate.db(self._repo().list_experiments, **filters)
+        rows: list[dict[str, Any]] = await self.gate.db(self._repo().experiments.list_experiments, **filters)
         return rows
 
     def named_query(self, name: str) -> Query:
@@ -177,16 +177,16 @@ class LiveReads:
         return self._repo().catalog.get(name)
 
     def inspection_queries(self) -> list[Query]:
-        return list(self._repo().inspection_queries())
+        return list(self._repo().inspection.inspection_queries())
 
     async def run_read(self, query: str, params: dict[str, Any]) -> Table:
         """Read-only Cypher (refused when it writes), its values as parameters, within the
         inspection's bounds (the class's docstring)."""
-        table: Table = await self._inspection(self._repo().run_read, query, params, **self._bounds())
+        table: Table = await self._inspection(self._repo().inspection.run_read, query, params, **self._bounds())
         return table
 
     async def run_named(self, name: str, params: dict[str, Any]) -> Table:
-        table: Table = await self._inspection(self._repo().run_named, name, params, **self._bounds())
+        table: Table = await self._inspection(self._repo().inspection.run_named, name, params, **self._bounds())
         return table
 
     def _bounds(self) -> dict[str, Any]:

@@ -38,8 +38,8 @@ async def create_tenant(svc: LiveService, actor: Actor, tenant_id: str, sla_clas
                              **quota_props(quota)}
     if not issue_key:
         props["approved_at"] = time.time()
-    await svc.db(svc.repo.upsert_tenant, tenant_id, **props)  # persisted first: a key never outlives a crash unrecorded
-    await svc.db(svc.repo.upsert_project, tenant_id, DEFAULT_PROJECT, description="the tenant's default project",
+    await svc.db(svc.repo.models.upsert_tenant, tenant_id, **props)  # persisted first: a key never outlives a crash unrecorded
+    await svc.db(svc.repo.governance.upsert_project, tenant_id, DEFAULT_PROJECT, description="the tenant's default project",
                  created_at=time.time(), **quota_props(Quota()))
     svc.state.add_tenant(tenant_id, sla_class, weight, priority, key_hash)
     svc.access.tenant_quota[tenant_id] = quota
@@ -114,8 +114,8 @@ async def create_model(svc: LiveService, actor: Actor, tenant_id: str, model_id:
         for phase in ("prefill", "decode"):
             graph = trace_phase(config, phase, batch=svc.settings.max_batch, tokens=min(64, config.max_seq_len),
                                 context=min(256, config.max_seq_len - 1))
-            repo.import_model(tenant_id, model_id, graph, create_tenant=False)
-        repo.upsert_model(tenant_id, model_id, family=model.family, seed=model.seed, replicas=replicas,
+            repo.models.import_model(tenant_id, model_id, graph, create_tenant=False)
+        repo.models.upsert_model(tenant_id, model_id, family=model.family, seed=model.seed, replicas=replicas,
                           path=model.path)
 
     await svc.db(trace_and_write, bound_s=None)

@@ -183,14 +183,14 @@ class Retention:
     # ---- one batch each (blocking: the service runs them in a worker thread) ----------------------------
     def requests_batch(self, now: float) -> KindReport:
         cutoff = self.settings.cutoffs(now)["requests"]
-        rows = self.repo.retention_requests_page(cutoff, self.settings.batch)
-        return self._archive_then_delete("requests", rows, lambda uids: self.repo.retention_delete_requests(uids, cutoff))
+        rows = self.repo.retention.retention_requests_page(cutoff, self.settings.batch)
+        return self._archive_then_delete("requests", rows, lambda uids: self.repo.retention.retention_delete_requests(uids, cutoff))
 
     def workflows_batch(self, now: float) -> KindReport:
         cutoff = self.settings.cutoffs(now)["workflows"]
-        rows = self.repo.retention_workflows_page(cutoff, self.settings.batch)
+        rows = self.repo.retention.retention_workflows_page(cutoff, self.settings.batch)
         return self._archive_then_delete("workflows", rows,
-                                         lambda uids: self.repo.retention_delete_workflows(uids, cutoff))
+                                         lambda uids: self.repo.retention.retention_delete_workflows(uids, cutoff))
 
     def _archive_then_delete(self, kind: str, rows: list[dict[str, Any]], delete: Callable[[list[str]], int]
                              ) -> KindReport:
@@ -208,12 +208,12 @@ class Retention:
         where the kept chain starts, archived, then deleted with the archive's start moved."""
         out = KindReport()
         cutoff = self.settings.cutoffs(now)["audit"]
-        after_seq, after_hash, _ = self.repo.audit_archive()
-        head = self.repo.audit_head()
+        after_seq, after_hash, _ = self.repo.audit.audit_archive()
+        head = self.repo.audit.audit_head()
         if head["head_seq"] is None:
             return out
         prefix = []
-        for row in self.repo.audit_page(after_seq, self.settings.batch):
+        for row in self.repo.audit.audit_page(after_seq, self.settings.batch):
             if row[0] >= int(head["head_seq"]) or not float(row[1]) < cutoff:
                 break
             prefix.append(row)
@@ -225,7 +225,7 @@ class Retention:
             raise ArchiveError(f"the audit chain is broken at seq {verifier.bad[0]} ({verifier.bad[1]}): nothing "
                                "archived or deleted; run 'slicesched audit verify'")
         path = write_archive(self.archive_dir, "audit", [dict(zip(FIELDS, row, strict=True)) for row in prefix], "seq")
-        deleted = self.repo.retention_delete_audit_prefix(after_seq, (prefix[-1][0], prefix[-1][-1]), str(path), now)
+        deleted = self.repo.retention.retention_delete_audit_prefix(after_seq, (prefix[-1][0], prefix[-1][-1]), str(path), now)
         if deleted is None:
             raise ArchiveError(f"the audit archive moved past seq {after_seq} during this batch (another retention "
                                f"run?): {path} holds entries that stay in the graph")
@@ -319,8 +319,8 @@ class Retention:
         """What a pass would archive and delete now, per kind (nothing is changed)."""
         now = self.clock() if now is None else now
         cut = self.settings.cutoffs(now)
-        counts = self.repo.retention_counts(cut["requests"], cut["workflows"], cut["audit"])
-        through, _, files = self.repo.audit_archive()
+        counts = self.repo.retention.retention_counts(cut["requests"], cut["workflows"], cut["audit"])
+        through, _, files = self.repo.audit.audit_archive()
         observations = 0
         if self.observations is not None:
             for path in (self.observations.with_name(self.observations.name + ".1"), self.observations):

@@ -164,7 +164,7 @@ class SchedulingLoop:
         deps = tuple(InputDep(devices_of[d.device_id][0] if d.device_id in devices_of else d.device_id,
                               d.end_s + epoch, d.bytes) for d in q.input_deps)
         n_devices = sum(len(ds) for ds in devices_of.values())
-        slots = self.gate.repo.find_candidate_slots(replace(q, now_s=q.now_s + epoch, input_deps=deps,
+        slots = self.gate.repo.slots.find_candidate_slots(replace(q, now_s=q.now_s + epoch, input_deps=deps,
                                                        k=max(q.k, n_devices)))
         best: dict[str, Slot] = {}
         for slot in slots:  # best first

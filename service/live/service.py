@@ -198,7 +198,7 @@ class LiveService:
         repo = await asyncio.to_thread(self.gate.open)
         await asyncio.to_thread(repo.apply_schema)
         if self.settings.leader_election:
-            self.leadership = Leadership(repo, ttl_s=self.settings.leader_ttl_s)
+            self.leadership = Leadership(repo.live, ttl_s=self.settings.leader_ttl_s)
             self._campaign = asyncio.create_task(self._run_for_leadership(), name="leader-election")
             self._campaign.add_done_callback(self._campaign_ended)
             return
@@ -260,11 +260,11 @@ class LiveService:
         if self.repo is None:
             raise InvariantError("taking traffic before Neo4j is open")
         await self._recover()
-        self.pools.recover(await asyncio.to_thread(self.repo.live_executor_pools))
+        self.pools.recover(await asyncio.to_thread(self.repo.live.live_executor_pools))
         self.writer = GmgWriter(self.repo, on_lag=self.metrics.write_lag.observe,
                                 max_pending=self.settings.max_pending_writes)
         await asyncio.to_thread(self.writer.warm_up)
-        self.audit.repo = self.repo
+        self.audit.repo = self.repo.audit
         sup = self.supervisor
         if self.audit.enabled:
             await asyncio.to_thread(self.audit.recover)
@@ -292,7 +292,7 @@ class LiveService:
             sup.spawn("predictor-refit", self.predictors.refit_tick, interval_s=refit_s,
                       stuck_after_s=max(3 * refit_s, 600.0))
         # workflows last: a resumed model call asks for its request again (recovered above)
-        await self.workflows.restore(await asyncio.to_thread(self.repo.live_workflows, time.time() - RECOVER_FINISHED_S))
+        await self.workflows.restore(await asyncio.to_thread(self.repo.workflows.live_workflows, time.time() - RECOVER_FINISHED_S))
         self.taking_traffic = True
 
     def _retrainer(self) -> CostModelRetrainer:
@@ -301,7 +301,7 @@ class LiveService:
 
         def read(since_wall: float) -> list[dict[str, Any]]:
             assert self.repo is not None  # the current one (a Neo4j restart replaces it)
-            return self.repo.slice_observations(since_wall)
+            return self.repo.live.slice_observations(since_wall)
 
         def swap(loaded: LoadedCostModel, record: Swap) -> None:
             before = self.cost_model_sha256
@@ -469,20 +469,20 @@ class LiveService:
         again with the leases it was granted counted as attempts."""
         repo = self.repo
         assert repo is not None
-        closed = await asyncio.to_thread(repo.close_open_slices, time.time())
+        closed = await asyncio.to_thread(repo.live.close_open_slices, time.time())
         if closed:
             log.info("closed %d slices left open by a previous process", closed)
-        for t in await asyncio.to_thread(repo.live_tenants):
+        for t in await asyncio.to_thread(repo.live.live_tenants):
             self.state.add_tenant(t["tenant_id"], t["sla_class"] or "standard", float(t["weight"] or 1.0),
                                   int(t["priority"] or 0), t["key_hash"])
             self.access.tenant_quota[t["tenant_id"]] = quota_of_row(t)
-        for p in await asyncio.to_thread(repo.live_projects):
+        for p in await asyncio.to_thread(repo.governance.live_projects):
             self.access.add_project(LiveProject(p["tenant_id"], p["project_id"], quota_of_row(p),
                                                 p["description"] or "", float(p["created_at"] or 0.0)))
-        for k in await asyncio.to_thread(repo.live_api_keys):
+        for k in await asyncio.to_thread(repo.governance.live_api_keys):
             self.access.add_key(ApiKeyRecord.from_row(k))
-        self.access_requests.recover(await asyncio.to_thread(repo.access_requests))
-        for m in await asyncio.to_thread(repo.live_models):
+        self.access_requests.recover(await asyncio.to_thread(repo.governance.access_requests))
+        for m in await asyncio.to_thread(repo.live.live_models):
             replicas = int(m["replicas"] or 1)
             if m.get("path"):  # a model directory: its config and tokenizer are read again
                 try:
@@ -494,7 +494,7 @@ class LiveService:
                 model = LiveModel(m["tenant_id"], m["model_id"], m["family"], int(m["seed"]), replicas)
             model.created_at = float(m["created_at"] or model.created_at)
             self.state.add_model(model)
-        rows = await asyncio.to_thread(repo.live_requests, time.time() - RECOVER_FINISHED_S)
+        rows = await asyncio.to_thread(repo.live.live_requests, time.time() - RECOVER_FINISHED_S)
         requeued = 0
         for row in rows:
             req = LiveRequest(row["uid"], row["tenant_id"], row["model_id"], list(row["prompt"]),
@@ -566,7 +566,7 @@ class LiveService:
                          "tokens_used": u.tokens_admitted - u.tokens_refunded, "requests_refused": u.refused,
                          "device_s_last_hour": u.device_s.used(now), "device_s_total": u.device_s.total, "at": now})
         try:
-            await self.db(self.repo.record_usage, rows)
+            await self.db(self.repo.governance.record_usage, rows)
         except BaseException:
             self.quotas.dirty |= dirty  # written with the next tick
             raise
@@ -635,7 +635,7 @@ class LiveService:
         workflows, audit entries and observations past theirs are archived and deleted, a
         bounded batch per call (:mod:`service.live.retention`)."""
         assert self.repo is not None and self.retention is not None
-        deleted = await self.db(self.repo.delete_old_live_slices, time.time() - self.settings.slice_retention_s)
+        deleted = await self.db(self.repo.live.delete_old_live_slices, time.time() - self.settings.slice_retention_s)
         if deleted:
             log.info("retention: deleted %d live slices", deleted)
         await self.retention.tick(lambda fn, now: self.db(fn, now, bound_s=300.0))

@@ -239,7 +239,7 @@ class WorkflowBook:
 
         svc.gate.check()
         self._submitting.add(key)
-        task = svc.in_thread(svc.repo.create_workflows, [run.create_row()])
+        task = svc.in_thread(svc.repo.workflows.create_workflows, [run.create_row()])
         task.add_done_callback(settle)
         try:
             await svc.gate.bounded(task, svc.settings.call_timeout_s)
@@ -292,7 +292,7 @@ class WorkflowBook:
         row = run.snapshot(status)
         while True:
             try:
-                await self.svc.db(self.svc.repo.update_workflows, [row])
+                await self.svc.db(self.svc.repo.workflows.update_workflows, [row])
                 return
             except DatabaseUnavailableError:
                 await asyncio.sleep(RETRY_S)
@@ -320,7 +320,7 @@ class WorkflowBook:
         if run.status != "running":
             raise ConflictError(f"workflow {run.workflow_id} is already {run.status}")
         for _ in range(3):  # a newer batched snapshot may land first and void this one: write a newer one
-            if run.uid in await self.svc.db(self.svc.repo.update_workflows, [run.snapshot("cancelled")]):
+            if run.uid in await self.svc.db(self.svc.repo.workflows.update_workflows, [run.snapshot("cancelled")]):
                 break
             if run.status != "running":
                 raise ConflictError(f"workflow {run.workflow_id} is already {run.status}")
@@ -335,7 +335,7 @@ class WorkflowBook:
         await self._stop_steps(run, "cancelled")
         run.finished_at = run.finished_at or self.svc.state.wall()
         try:
-            await self.svc.db(self.svc.repo.update_workflows, [run.snapshot()])
+            await self.svc.db(self.svc.repo.workflows.update_workflows, [run.snapshot()])
         except DatabaseUnavailableError:  # the cancel itself is written; the steps' state follows
             self._soft(run)
 

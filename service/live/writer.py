@@ -148,23 +148,23 @@ class GmgWriter:
                 extends: list[dict[str, object]] | None = None,
                 observations: list[dict[str, object]] | None = None) -> None:
         if requests:
-            self.repo.update_requests(requests)
+            self.repo.live.update_requests(requests)
         if new:
-            self.repo.create_slices(new)
+            self.repo.live.create_slices(new)
         if extends:
-            self.repo.extend_slices(extends)
+            self.repo.live.extend_slices(extends)
         if ends:
-            self.repo.end_slices(ends)
+            self.repo.live.end_slices(ends)
         if workflows:
-            self.repo.update_workflows(workflows)
+            self.repo.workflows.update_workflows(workflows)
         if observations:  # after the Slices they land on (a lease's own is created or ended above)
-            self.repo.record_slice_observations(observations)
+            self.repo.live.record_slice_observations(observations)
 
     def warm_up(self) -> None:
         """Plan the writer's queries once (empty batches), so the first real batch is not slow."""
-        self.repo.update_requests([])
-        self.repo.create_slices([])
-        self.repo.end_slices([])
-        self.repo.extend_slices([])
-        self.repo.update_workflows([])
-        self.repo.record_slice_observations([])
+        self.repo.live.update_requests([])
+        self.repo.live.create_slices([])
+        self.repo.live.end_slices([])
+        self.repo.live.extend_slices([])
+        self.repo.workflows.update_workflows([])
+        self.repo.live.record_slice_observations([])

@@ -34,8 +34,8 @@ def auth(key: str) -> dict[str, str]:
 def reset_live_state(repo: Any) -> None:
     """A GMG without live tenants, executor pools, keys, projects, access requests, requests or leases
     (one service's world)."""
-    for row in repo.live_tenants():
-        repo.delete_tenant(row["tenant_id"])
+    for row in repo.live.live_tenants():
+        repo.models.delete_tenant(row["tenant_id"])
     with repo.driver.session() as s:
         s.run("MATCH (n) WHERE n:Request OR (n:Slice AND n.live) OR n:ExecutorPool OR n:ApiKey OR n:Project "
               "OR n:AccessRequest DETACH DELETE n").consume()

@@ -204,8 +204,8 @@ def test_retention_deletes_old_live_slices_and_keeps_requests(client: TestClient
     while client.get("/v1/stats", headers=auth(ADMIN)).json()["gmg_write_lag_s"]["pending"]:
         assert time.monotonic() < deadline + 20, "the GMG writer never caught up"
         time.sleep(0.2)
-    assert repo.delete_old_live_slices(time.time() - 3600) == 0  # type: ignore[attr-defined]
-    assert repo.delete_old_live_slices(time.time() + 1) >= 1  # type: ignore[attr-defined]
+    assert repo.live.delete_old_live_slices(time.time() - 3600) == 0  # type: ignore[attr-defined]
+    assert repo.live.delete_old_live_slices(time.time() + 1) >= 1  # type: ignore[attr-defined]
     assert client.post("/v1/inspect", json={"query": query, "params": {"uid": lease["lease_id"]}},
                        headers=auth(ADMIN)).json()["rows"] == []
     assert client.get(f"/v1/requests/{rid}", headers=auth(key)).json()["status"] == "done"

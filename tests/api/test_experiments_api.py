@@ -13,7 +13,7 @@ from tests.api.conftest import ADMIN, auth, new_tenant
 
 def _record(client: TestClient, tenant: str | None, project: str, tps: float) -> str:
     uid = f"e{uuid.uuid4().hex[:10]}"
-    client.app.state.service.repo.create_experiment(Experiment(  # type: ignore[attr-defined]
+    client.app.state.service.repo.experiments.create_experiment(Experiment(  # type: ignore[attr-defined]
         uid=uid, kind="replay", config={"cluster": "a100", "duration_s": tps}, code=CodeVersion("abc", False, "0.1"),
         results=[{"policy": "fifo/container", "load_scale": 1.0, "token_throughput_tps": tps,
                   "sla_violation_rate": 0.1}],

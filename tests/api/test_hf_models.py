@@ -51,13 +51,13 @@ def test_a_model_directory_is_registered_leased_decoded_and_restored(make_client
         r = body if not isinstance(body, dict) else client.post("/v1/catalog/models", json=body, headers=h)
         assert r.status_code == status and text in r.json()["error"]["message"], (what, r.text)
     assert client.get("/v1/catalog/models/m", params={"tenant_id": tenant}, headers=h).status_code == 404
-    assert repo.model_summary(tenant, "m", "decode")["operators"] == 0  # nothing written
+    assert repo.models.model_summary(tenant, "m", "decode")["operators"] == 0  # nothing written
 
     r = client.post("/v1/catalog/models", json={"model_id": "m", "path": path, "tenant_id": tenant}, headers=h)
     assert r.status_code == 201, r.text
     model = r.json()
     assert (model["path"], model["family"], model["max_context"], model["vocab_size"]) == (path, f"hf:{path}", 128, 64)
-    assert repo.model_summary(tenant, "m", "decode")["operators"] > 0  # traced into the GMG
+    assert repo.models.model_summary(tenant, "m", "decode")["operators"] > 0  # traced into the GMG
     register(client, f"hf{uid}e")
     rid = client.post("/v1/requests", json={"model_id": "m", "prompt": PROMPT, "max_tokens": 4},
                       headers=auth(key)).json()["request_id"]

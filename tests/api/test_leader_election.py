@@ -84,7 +84,7 @@ def test_the_standby_takes_over_when_the_leader_stops_renewing(make_client: Call
     # ... and a write it makes past its deadline (a process that wakes up late) is rolled back.
     svc_a.leadership._deadline = math.inf
     with pytest.raises(NotLeaderError):
-        svc_a.repo.upsert_tenant(f"late{uid}", sla_class="standard")
+        svc_a.repo.models.upsert_tenant(f"late{uid}", sla_class="standard")
     assert b.get(f"/v1/tenants/late{uid}", headers=auth(ADMIN)).status_code == 404
     assert b.post("/v1/tenants", json={"tenant_id": f"new{uid}", "sla_class": "standard"},
                   headers=auth(ADMIN)).status_code == 201

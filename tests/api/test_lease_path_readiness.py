@@ -25,13 +25,13 @@ def test_readyz_is_503_while_submissions_fail_and_200_after_one_lands(make_clien
     assert client.get("/readyz").json()["lease_path"]["failing"] is False
     # the submissions' write hangs (as behind a starved thread pool or a locked graph), Neo4j answers pings
     release = threading.Event()
-    create = svc.repo.create_requests
+    create = svc.repo.live.create_requests
 
     def stuck(rows: list[dict[str, Any]]) -> Any:
         release.wait(60)
         return create(rows)
 
-    monkeypatch.setattr(svc.repo, "create_requests", stuck)
+    monkeypatch.setattr(svc.repo.live, "create_requests", stuck)
     try:
         for _ in range(3):
             r = client.post("/v1/requests", json=body, headers=auth(key))
@@ -44,7 +44,7 @@ def test_readyz_is_503_while_submissions_fail_and_200_after_one_lands(make_clien
         assert client.get("/healthz").json()["status"] == "degraded"
     finally:
         release.set()
-    monkeypatch.setattr(svc.repo, "create_requests", create)
+    monkeypatch.setattr(svc.repo.live, "create_requests", create)
     assert client.post("/v1/requests", json=body, headers=auth(key)).status_code == 202
     r = client.get("/readyz")
     assert r.status_code == 200 and r.json()["lease_path"]["failing"] is False

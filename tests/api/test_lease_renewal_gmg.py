@@ -49,5 +49,5 @@ def test_a_renewal_past_the_expected_end_keeps_the_device_busy(make_client: Call
                     headers=auth(EXECUTOR))
     assert r.json()["accepted"] == [lease["lease_id"]]
     assert busy_windows(repo, device) == []
-    [[state, e]] = repo.run_read("MATCH (s:Slice {uid: $u}) RETURN s.state, s.end_s", {"u": lease["lease_id"]}).rows
+    [[state, e]] = repo.inspection.run_read("MATCH (s:Slice {uid: $u}) RETURN s.state, s.end_s", {"u": lease["lease_id"]}).rows
     assert state == "done" and e < end2  # its real end replaces the renewed estimate

@@ -18,14 +18,14 @@ from tests.api.test_api import completion, poll, register, setup_tenant_model
 
 
 def busy_windows(repo: Any, device: str) -> list[tuple[float, float]]:
-    rows = repo.run_read("MATCH (d:Device {device_id: $d}) RETURN d.busy_start_s, d.busy_end_s", {"d": device}).rows
+    rows = repo.inspection.run_read("MATCH (d:Device {device_id: $d}) RETURN d.busy_start_s, d.busy_end_s", {"d": device}).rows
     return list(zip(*(r or [] for r in rows[0]), strict=True)) if rows else []
 
 
 def offered_at(repo: Any, tenant: str, device: str, now_s: float) -> float | None:
     """When the slot search offers ``device`` for a 50 ms slice not before ``now_s`` (epoch s)."""
     q = SlotQuery(LIVE_CLUSTER, tenant, f"{tenant}/m", now_s, {"cpu": 0.05}, slice_bytes=0, k=64)
-    return {s.device_id: s.start_s for s in repo.find_candidate_slots(q)}.get(device)
+    return {s.device_id: s.start_s for s in repo.slots.find_candidate_slots(q)}.get(device)
 
 
 def test_a_live_lease_makes_its_device_busy_until_it_completes(make_client: Callable[..., TestClient], repo: Any,
@@ -64,7 +64,7 @@ def test_a_live_lease_makes_its_device_busy_until_it_completes(make_client: Call
     finished = time.time()
     assert busy_windows(repo, device) == []  # written with the completion, before the answer
     assert offered_at(repo, tenant, device, start) == start
-    [[state, s, e, start_wall, end_wall]] = repo.run_read(
+    [[state, s, e, start_wall, end_wall]] = repo.inspection.run_read(
         "MATCH (s:Slice {uid: $u}) RETURN s.state, s.start_s, s.end_s, s.start_wall, s.end_wall",
         {"u": lease["lease_id"]}).rows
     assert state == "done" and (s, e) == (start_wall, end_wall) == (start, e) and granted <= e <= finished

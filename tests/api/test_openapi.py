@@ -148,7 +148,7 @@ def test_real_answers_validate_against_their_declared_model(make_client: Callabl
     from service.domain.experiment import CodeVersion, Experiment
 
     for e in (f"x{uid}", f"y{uid}"):
-        client.app.state.service.repo.create_experiment(Experiment(  # type: ignore[attr-defined]
+        client.app.state.service.repo.experiments.create_experiment(Experiment(  # type: ignore[attr-defined]
             uid=e, kind="replay", config={"seed": e}, code=CodeVersion(None, None, "test"),
             results=[{"policy": "fifo/container", "load_scale": 1.0, "token_throughput_tps": 1.0}],
             created_at="2026-01-01T00:00:00+00:00", tenant_id=tenant))

@@ -86,7 +86,7 @@ def test_completion_is_durable_before_it_is_acknowledged(client: TestClient, uid
     register(client, f"e{uid}")
     rid = submit(client, key).json()["request_id"]
     [lease] = [x for x in poll(client, f"e{uid}") if x["request_id"] == rid]
-    real = svc.repo.complete_leases
+    real = svc.repo.live.complete_leases
     calls: list[int] = []
 
     def down_once(rows: list[dict[str, Any]]) -> set[str]:
@@ -95,7 +95,7 @@ def test_completion_is_durable_before_it_is_acknowledged(client: TestClient, uid
             raise ServiceUnavailable("injected: Neo4j went away")
         return set(real(rows))
 
-    monkeypatch.setattr(svc.repo, "complete_leases", down_once)
+    monkeypatch.setattr(svc.repo.live, "complete_leases", down_once)
     body = {"executor_id": f"e{uid}", "results": [completion(lease, [4, 5])]}
     r = client.post("/v1/leases/complete", json=body, headers=auth(EXECUTOR))
     assert r.status_code == 503 and r.headers["retry-after"] == "2"
@@ -121,14 +121,14 @@ def test_a_completion_outliving_its_bound_is_applied_once_when_it_lands(make_cli
     register(client, f"e{uid}")
     rid = submit(client, key).json()["request_id"]
     [lease] = [x for x in poll(client, f"e{uid}") if x["request_id"] == rid]
-    real = svc.repo.complete_leases
+    real = svc.repo.live.complete_leases
     release = threading.Event()
 
     def slow(rows: list[dict[str, Any]]) -> set[str]:
         release.wait(20)
         return set(real(rows))
 
-    monkeypatch.setattr(svc.repo, "complete_leases", slow)
+    monkeypatch.setattr(svc.repo.live, "complete_leases", slow)
     body = {"executor_id": f"e{uid}", "results": [completion(lease, [4, 5])]}
     t0 = time.monotonic()
     r = client.post("/v1/leases/complete", json=body, headers=auth(EXECUTOR))
@@ -146,11 +146,11 @@ def test_cancel_is_durable_before_it_is_answered(client: TestClient, uid: str, r
     svc = client.app.state.service  # type: ignore[attr-defined]
     key = setup_tenant_model(client, f"c{uid}")
     rid = submit(client, key).json()["request_id"]
-    real = svc.repo.finish_requests
-    monkeypatch.setattr(svc.repo, "finish_requests", lambda rows: (_ for _ in ()).throw(ServiceUnavailable("x")))
+    real = svc.repo.live.finish_requests
+    monkeypatch.setattr(svc.repo.live, "finish_requests", lambda rows: (_ for _ in ()).throw(ServiceUnavailable("x")))
     assert client.post(f"/v1/requests/{rid}/cancel", headers=auth(key)).status_code == 503
     assert client.get(f"/v1/requests/{rid}", headers=auth(key)).json()["status"] == "queued"
-    monkeypatch.setattr(svc.repo, "finish_requests", real)
+    monkeypatch.setattr(svc.repo.live, "finish_requests", real)
     wait_for(lambda: client.get("/readyz").status_code == 200)
     r = client.post(f"/v1/requests/{rid}/cancel", headers=auth(key))
     assert r.status_code == 200 and r.json()["status"] == "cancelled"
@@ -240,14 +240,14 @@ def test_soft_writes_wait_out_an_outage_and_are_flushed(make_client: Callable[..
     key = setup_tenant_model(client, f"w{uid}")
     register(client, f"e{uid}")
     rid = submit(client, key).json()["request_id"]
-    real = svc.repo.create_slices
-    monkeypatch.setattr(svc.repo, "create_slices", lambda rows: (_ for _ in ()).throw(ServiceUnavailable("x")))
+    real = svc.repo.live.create_slices
+    monkeypatch.setattr(svc.repo.live, "create_slices", lambda rows: (_ for _ in ()).throw(ServiceUnavailable("x")))
     [lease] = [x for x in poll(client, f"e{uid}") if x["request_id"] == rid]
     wait_for(lambda: svc.supervisor.loops["gmg-writer"].failures >= 1)
     assert svc.writer.pending >= 1
     metrics = client.get("/metrics", headers=auth(ADMIN)).text
     assert "slicesched:gmg_writer_queue_depth" in metrics and 'slicesched:loop_failures_total{loop="gmg-writer"}' in metrics
-    monkeypatch.setattr(svc.repo, "create_slices", real)
+    monkeypatch.setattr(svc.repo.live, "create_slices", real)
     wait_for(lambda: svc.writer.pending == 0, timeout_s=15)
     with repo.driver.session() as s:
         row = s.run("MATCH (s:Slice {uid: $uid})-[:SERVES]->(r:Request) RETURN s.state AS state, r.uid AS r",
@@ -264,16 +264,16 @@ def test_a_completion_whose_answer_was_lost_is_taken_from_neo4j(client: TestClie
     register(client, f"e{uid}")
     rid = submit(client, key).json()["request_id"]
     [lease] = [x for x in poll(client, f"e{uid}") if x["request_id"] == rid]
-    real = svc.repo.complete_leases
+    real = svc.repo.live.complete_leases
 
     def committed_but_lost(rows: list[dict[str, Any]]) -> set[str]:
         real(rows)  # the transaction commits ...
         raise ServiceUnavailable("injected: the connection dropped before the answer")  # ... its answer is lost
 
-    monkeypatch.setattr(svc.repo, "complete_leases", committed_but_lost)
+    monkeypatch.setattr(svc.repo.live, "complete_leases", committed_but_lost)
     body = {"executor_id": f"e{uid}", "results": [completion(lease, [4, 5])]}
     assert client.post("/v1/leases/complete", json=body, headers=auth(EXECUTOR)).status_code == 503
-    monkeypatch.setattr(svc.repo, "complete_leases", real)
+    monkeypatch.setattr(svc.repo.live, "complete_leases", real)
     wait_for(lambda: client.get(f"/v1/requests/{rid}", headers=auth(key)).json()["status"] == "done")
     got = client.get(f"/v1/requests/{rid}", headers=auth(key)).json()
     assert got["output_tokens"] == [4, 5] and done_slices(repo, rid) == 1

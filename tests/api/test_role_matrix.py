@@ -64,7 +64,7 @@ class World:
         assert r.status_code == 202, r.text
         self.workflow = "wf"
         self.experiment = f"x{t}"
-        client.app.state.service.repo.create_experiment(Experiment(  # type: ignore[attr-defined]
+        client.app.state.service.repo.experiments.create_experiment(Experiment(  # type: ignore[attr-defined]
             uid=self.experiment, kind="replay", config={}, code=CodeVersion(None, None, "test"), results=[],
             created_at="2026-01-01T00:00:00+00:00", project="p1", tenant_id=t))
 

@@ -36,7 +36,7 @@ def audit_repo(repo: GraphRepository) -> Iterator[GraphRepository]:
 
 def write(repo: GraphRepository, n: int, *, first: int = 0) -> AuditLog:
     """A fresh writer (a process start: the head read back from Neo4j) that appends ``n`` entries."""
-    log = AuditLog(repo)
+    log = AuditLog(repo.audit)
 
     async def run() -> None:
         await asyncio.to_thread(log.recover)
@@ -70,11 +70,11 @@ def test_the_chain_goes_on_across_restarts_and_a_second_writer(audit_repo: Graph
     assert first.head[0] == 3 and first.entries_written == 3
     second = write(audit_repo, 2, first=3)  # a restart: the chain goes on from the stored head
     assert second.head[0] == 5
-    result = audit_repo.verify_audit(page=2)
+    result = audit_repo.audit.verify_audit(page=2)
     assert result.ok and result.entries == 5 and result.last_hash == second.head[1]
-    assert [e["target_id"] for e in audit_repo.audit_log(limit=10)] == [f"p{i}" for i in range(5)]
+    assert [e["target_id"] for e in audit_repo.audit.audit_log(limit=10)] == [f"p{i}" for i in range(5)]
 
-    a, b = AuditLog(audit_repo), AuditLog(audit_repo)  # two writers on one graph: no fork, no gap
+    a, b = AuditLog(audit_repo.audit), AuditLog(audit_repo.audit)  # two writers on one graph: no fork, no gap
 
     async def interleave() -> None:
         for log in (a, b):
@@ -87,14 +87,14 @@ def test_the_chain_goes_on_across_restarts_and_a_second_writer(audit_repo: Graph
 
     asyncio.run(interleave())
     assert (a.head[0], b.head[0]) == (8, 11)
-    result = audit_repo.verify_audit()
+    result = audit_repo.audit.verify_audit()
     assert result.ok and result.entries == 11
 
 
 def test_a_batch_whose_commit_answer_was_lost_is_written_once(audit_repo: GraphRepository,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    log = AuditLog(audit_repo)
-    real = audit_repo.append_audit_entries
+    log = AuditLog(audit_repo.audit)
+    real = audit_repo.audit.append_audit_entries
     calls: list[int] = []
 
     def commit_then_fail(rows: list[dict[str, Any]], head: tuple[int, str]) -> int:
@@ -106,7 +106,7 @@ def test_a_batch_whose_commit_answer_was_lost_is_written_once(audit_repo: GraphR
 
     async def run() -> None:
         await asyncio.to_thread(log.recover)
-        monkeypatch.setattr(audit_repo, "append_audit_entries", commit_then_fail)
+        monkeypatch.setattr(audit_repo.audit, "append_audit_entries", commit_then_fail)
         done = log.record(SCHEDULER, "placement.decision", "placement", "x", wait=True)
         with pytest.raises(ServiceUnavailable):
             await log.flush()
@@ -117,19 +117,19 @@ def test_a_batch_whose_commit_answer_was_lost_is_written_once(audit_repo: GraphR
 
     asyncio.run(run())
     assert calls == [1, 1]  # "x" was found written; only "y" went again
-    assert [e["target_id"] for e in audit_repo.audit_log(limit=10)] == ["x", "y"]
-    assert audit_repo.verify_audit().ok
+    assert [e["target_id"] for e in audit_repo.audit.audit_log(limit=10)] == ["x", "y"]
+    assert audit_repo.audit.verify_audit().ok
 
 
 @pytest.fixture
 def chain8(audit_repo: GraphRepository) -> GraphRepository:
     write(audit_repo, 8)
-    assert audit_repo.verify_audit().ok
+    assert audit_repo.audit.verify_audit().ok
     return audit_repo
 
 
 def first_bad(repo: GraphRepository) -> tuple[int | None, str]:
-    result = repo.verify_audit(page=3)
+    result = repo.audit.verify_audit(page=3)
     assert not result.ok
     return result.first_bad_seq, result.reason or ""
 

@@ -83,19 +83,19 @@ class Scenario:
 
     def write(self, repo: GraphRepository) -> None:
         spec = self.spec()
-        repo.apply_cluster(spec)
-        repo.replace_host_links(self.cluster, [Link(a, b, "network", g, lat)
+        repo.cluster.apply_cluster(spec)
+        repo.slots.replace_host_links(self.cluster, [Link(a, b, "network", g, lat)
                                                for (a, b), (g, lat) in self.host_links.items()])
-        repo.upsert_tenant(self.tenant)
+        repo.models.upsert_tenant(self.tenant)
         for model_id, (gi, device) in self.models.items():
-            repo.import_model(self.tenant, model_id, tiny_graphs()[gi], device_id=device, create_tenant=False)
-        repo.refresh_device_state(self.cluster)
+            repo.models.import_model(self.tenant, model_id, tiny_graphs()[gi], device_id=device, create_tenant=False)
+        repo.cluster.refresh_device_state(self.cluster)
         placed = [PlacedSlice(f"{self.tenant}/s{i}", self.tenant, f"{self.tenant}/m0", d, s, e, b)
                   for i, (d, s, e, b, _) in enumerate(self.slices)]
-        repo.place_slices(placed)
+        repo.slots.place_slices(placed)
         done = {p.uid: None for p, (*_, is_done) in zip(placed, self.slices, strict=True) if is_done}
         if done:
-            assert repo.mark_slices_done(done) == len(done)
+            assert repo.slots.mark_slices_done(done) == len(done)
 
     def state(self) -> ClusterState:
         spec = self.spec()
@@ -178,13 +178,13 @@ def test_cypher_answers_like_the_in_memory_search(repo: GraphRepository, case: t
         state = sc.state()
         for q in queries:
             want = find_slots_in_memory(state, q)
-            assert_same(repo.find_candidate_slots(q), want)
+            assert_same(repo.slots.find_candidate_slots(q), want)
             # the query sweeps devices in tiers (scan_first, then 3x more, then the rest); small
             # tiers make every tier and its exactness test run on these few devices
             for scan_first in (1, 2):
-                assert_same(repo.find_candidate_slots(q, scan_first=scan_first), want)
+                assert_same(repo.slots.find_candidate_slots(q, scan_first=scan_first), want)
     finally:
-        repo.delete_tenant(sc.tenant)
+        repo.models.delete_tenant(sc.tenant)
 
 
 # ---- targeted cases -----------------------------------------------------------------------------
@@ -207,7 +207,7 @@ def query(sc: Scenario, **kw: Any) -> SlotQuery:
 
 
 def answer(repo: GraphRepository, sc: Scenario, q: SlotQuery) -> list[tuple[str, float]]:
-    cypher = repo.find_candidate_slots(q)
+    cypher = repo.slots.find_candidate_slots(q)
     assert_same(cypher, find_slots_in_memory(sc.state(), q))
     return [(s.device_id.rsplit("-", 1)[1], s.start_s) for s in cypher]
 
@@ -227,7 +227,7 @@ def test_a_remote_producer_adds_its_transfer_time(repo: GraphRepository, cluster
         late = query(sc, now_s=5.0, input_deps=[InputDep(f"{cluster_name}-a", 1.0, 10**9)])
         assert [t for _, t in answer(repo, sc, late)] == [5.0, 5.0, 5.0]
     finally:
-        repo.delete_tenant(sc.tenant)
+        repo.models.delete_tenant(sc.tenant)
 
 
 def test_a_window_overlapping_a_placement_is_skipped(repo: GraphRepository, cluster_name: str) -> None:
@@ -245,15 +245,15 @@ def test_a_window_overlapping_a_placement_is_skipped(repo: GraphRepository, clus
         assert answer(repo, sc, query(sc, now_s=0.5, duration_s_by_kind=only_a)) == [("a", 0.5), ("b", 0.5)]
         assert answer(repo, sc, query(sc, now_s=1.5, duration_s_by_kind=only_a)) == [("b", 1.5), ("a", 2.0)]
         # A done slice no longer blocks, and the retention cleanup removes it.
-        assert repo.delete_done_slices(before_s=20.0, chunk=1) >= 1
-        assert repo.run_read("MATCH (s:Slice {tenant_id: $t}) RETURN count(s)", {"t": sc.tenant}).rows[0][0] == 2
+        assert repo.slots.delete_done_slices(before_s=20.0, chunk=1) >= 1
+        assert repo.inspection.run_read("MATCH (s:Slice {tenant_id: $t}) RETURN count(s)", {"t": sc.tenant}).rows[0][0] == 2
         # Deleting the tenant bypasses the slice writes: refreshing the devices frees the windows.
-        repo.delete_tenant(sc.tenant)
-        repo.refresh_device_state(sc.cluster)
+        repo.models.delete_tenant(sc.tenant)
+        repo.cluster.refresh_device_state(sc.cluster)
         sc.slices = []
         assert answer(repo, sc, q) == [("a", 0.5), ("b", 0.5)]
     finally:
-        repo.delete_tenant(sc.tenant)
+        repo.models.delete_tenant(sc.tenant)
 
 
 def test_memory_overflow_excludes_a_device(repo: GraphRepository, cluster_name: str) -> None:
@@ -273,10 +273,10 @@ def test_memory_overflow_excludes_a_device(repo: GraphRepository, cluster_name: 
         # Needing m0's weights: a holds them; b would have to load them beside its own.
         needs = query(sc, slice_bytes=fits_beside_big, margin=0.1, needs_weights=True, weight_bytes=big)
         assert [d for d, _ in answer(repo, sc, needs)] == ["a"]
-        assert repo.find_candidate_slots(needs)[0].headroom_bytes == limit - (big + fits_beside_big)
+        assert repo.slots.find_candidate_slots(needs)[0].headroom_bytes == limit - (big + fits_beside_big)
         assert small < big
     finally:
-        repo.delete_tenant(sc.tenant)
+        repo.models.delete_tenant(sc.tenant)
 
 
 def test_a_missing_link_excludes_a_device(repo: GraphRepository, cluster_name: str) -> None:
@@ -287,15 +287,15 @@ def test_a_missing_link_excludes_a_device(repo: GraphRepository, cluster_name: s
         assert answer(repo, sc, q) == [("a", 1.0)]
         # A network link from h0 reaches c, not b (same host, no device link); h1 -> h0 is not it.
         sc.host_links[(f"{cluster_name}-h1", f"{cluster_name}-h0")] = (100.0, 5.0)
-        repo.replace_host_links(cluster_name, [Link(f"{cluster_name}-h1", f"{cluster_name}-h0", "network", 100, 5)])
+        repo.slots.replace_host_links(cluster_name, [Link(f"{cluster_name}-h1", f"{cluster_name}-h0", "network", 100, 5)])
         assert answer(repo, sc, q) == [("a", 1.0)]
         sc.host_links[(f"{cluster_name}-h0", f"{cluster_name}-h1")] = (100.0, 5.0)
-        repo.replace_host_links(cluster_name, [Link(a, b, "network", g, lat) for (a, b), (g, lat) in sc.host_links.items()])
+        repo.slots.replace_host_links(cluster_name, [Link(a, b, "network", g, lat) for (a, b), (g, lat) in sc.host_links.items()])
         assert [d for d, _ in answer(repo, sc, q)] == ["a", "c"]
         # An unknown producer device reaches nothing.
         assert answer(repo, sc, query(sc, input_deps=[InputDep(f"{cluster_name}-zz", 0.0, 1)])) == []
     finally:
-        repo.delete_tenant(sc.tenant)
+        repo.models.delete_tenant(sc.tenant)
 
 
 def test_slice_writes_are_batched_checked_and_dependencies_kept(repo: GraphRepository, cluster_name: str,
@@ -307,17 +307,17 @@ def test_slice_writes_are_batched_checked_and_dependencies_kept(repo: GraphRepos
         a, c = f"{cluster_name}-a", f"{cluster_name}-c"
         slices = [PlacedSlice(f"{tenant}/p", tenant, f"{tenant}/m0", a, 0.0, 1.0, 5),
                   PlacedSlice(f"{tenant}/q", tenant, f"{tenant}/m0", c, 1.5, 2.0, 5, (f"{tenant}/p",))]
-        assert repo.place_slices(slices, batch=1) == 2
-        rows = repo.run_read("MATCH (s:Slice {tenant_id: $t})-[:DEPENDS_ON]->(p:Slice)-[:ON]->(d:Device) "
+        assert repo.slots.place_slices(slices, batch=1) == 2
+        rows = repo.inspection.run_read("MATCH (s:Slice {tenant_id: $t})-[:DEPENDS_ON]->(p:Slice)-[:ON]->(d:Device) "
                              "RETURN s.uid, p.uid, d.device_id, s.state", {"t": tenant}).rows
         assert rows == [[f"{tenant}/q", f"{tenant}/p", a, "planned"]]
         with pytest.raises(InvalidInputError, match="unknown devices"):
-            repo.place_slices([PlacedSlice(f"{tenant}/x", tenant, f"{tenant}/m0", "no-such-gpu", 0.0, 1.0, 1)])
+            repo.slots.place_slices([PlacedSlice(f"{tenant}/x", tenant, f"{tenant}/m0", "no-such-gpu", 0.0, 1.0, 1)])
         with pytest.raises(InvalidInputError, match="end_s"):
-            repo.place_slices([PlacedSlice(f"{tenant}/y", tenant, f"{tenant}/m0", a, 1.0, 1.0, 1)])
-        assert repo.run_read("MATCH (s:Slice {tenant_id: $t}) RETURN count(s)", {"t": tenant}).rows[0][0] == 2
-        assert repo.mark_slices_done({f"{tenant}/p": 0.8}) == 1
-        assert repo.delete_done_slices(before_s=0.5) == 0  # ended at 0.8: inside the horizon
-        assert repo.delete_done_slices(before_s=0.9) == 1
+            repo.slots.place_slices([PlacedSlice(f"{tenant}/y", tenant, f"{tenant}/m0", a, 1.0, 1.0, 1)])
+        assert repo.inspection.run_read("MATCH (s:Slice {tenant_id: $t}) RETURN count(s)", {"t": tenant}).rows[0][0] == 2
+        assert repo.slots.mark_slices_done({f"{tenant}/p": 0.8}) == 1
+        assert repo.slots.delete_done_slices(before_s=0.5) == 0  # ended at 0.8: inside the horizon
+        assert repo.slots.delete_done_slices(before_s=0.9) == 1
     finally:
-        repo.delete_tenant(tenant)
+        repo.models.delete_tenant(tenant)

@@ -50,19 +50,19 @@ def test_cypher_cuts_like_the_in_memory_cut(repo: GraphRepository, config: Model
     graphs = [trace_phase(config, phase, batch=batch, tokens=tokens, context=context) for phase in ("prefill", "decode")]
     try:
         for g in graphs:
-            repo.import_model(tenant, "m", g)
+            repo.models.import_model(tenant, "m", g)
         for g in graphs:
             for granularity in granularities(config.n_layers):
-                got, want = repo.cut_slices(tenant, "m", g.phase, granularity), cut_graph(g, granularity)
+                got, want = repo.cuts.cut_slices(tenant, "m", g.phase, granularity), cut_graph(g, granularity)
                 assert got == want, (g.phase, granularity, first_difference(got, want))
     finally:
-        repo.delete_tenant(tenant)
+        repo.models.delete_tenant(tenant)
 
 
 def test_a_bad_cut_request_is_refused_before_the_cut_runs(repo: GraphRepository, tenant: str,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     config = model_config("tiny", n_layers=4)
-    repo.import_model(tenant, "m", trace_phase(config, "decode", batch=1, context=8))
+    repo.models.import_model(tenant, "m", trace_phase(config, "decode", batch=1, context=8))
     ran: list[str] = []
     read = repo._read
 
@@ -73,32 +73,32 @@ def test_a_bad_cut_request_is_refused_before_the_cut_runs(repo: GraphRepository,
     monkeypatch.setattr(repo, "_read", spy)
     try:
         with pytest.raises(InvalidInputError, match="granularity of 3 layers does not divide tiny's 4 layers"):
-            repo.cut_slices(tenant, "m", "decode", Granularity(3))
+            repo.cuts.cut_slices(tenant, "m", "decode", Granularity(3))
         with pytest.raises(InvalidInputError, match="unknown phase 'train'"):
-            repo.cut_slices(tenant, "m", "train", Granularity(2))
+            repo.cuts.cut_slices(tenant, "m", "train", Granularity(2))
         with pytest.raises(NotFoundError, match="no prefill graph"):
-            repo.cut_slices(tenant, "m", "prefill", Granularity(2))
+            repo.cuts.cut_slices(tenant, "m", "prefill", Granularity(2))
         with pytest.raises(NotFoundError, match="no decode graph"):
-            repo.cut_slices(tenant, "nobody", "decode", Granularity(2))
+            repo.cuts.cut_slices(tenant, "nobody", "decode", Granularity(2))
         assert "cut_slices" not in ran
-        cut = repo.cut_slices(tenant, "m", "decode", Granularity(2))
+        cut = repo.cuts.cut_slices(tenant, "m", "decode", Granularity(2))
         assert ran[-2:] == ["model_layers", "cut_slices"]
         assert [(s.first_layer, s.last_layer, s.predecessors) for s in cut] == [(0, 1, ()), (2, 3, (0,))]
     finally:
-        repo.delete_tenant(tenant)
+        repo.models.delete_tenant(tenant)
 
 
 def test_a_larger_model_cuts_the_same_in_cypher(repo: GraphRepository, tenant: str) -> None:
     """gpt2-small's 12 layers at batch 4 x 64 tokens: every divisor and the attention/MLP cut."""
     g = trace_phase(model_config("gpt2-small"), "prefill", batch=4, tokens=64)
-    repo.import_model(tenant, "gpt2", g)
+    repo.models.import_model(tenant, "gpt2", g)
     try:
         for granularity in granularities(12):
-            got = repo.cut_slices(tenant, "gpt2", "prefill", granularity)
+            got = repo.cuts.cut_slices(tenant, "gpt2", "prefill", granularity)
             want = cut_graph(g, granularity)
             assert got == want, first_difference(got, want)
     finally:
-        repo.delete_tenant(tenant)
+        repo.models.delete_tenant(tenant)
 
 
 def first_difference(got: list[Any], want: list[Any]) -> Mapping[str, Any]:

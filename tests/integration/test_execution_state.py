@@ -32,21 +32,21 @@ def chain(n: int) -> OperatorGraph:
 def free_start(repo: GraphRepository, cluster: str, tenant: str, device: str, now_s: float) -> float:
     """When the slot search offers ``device`` for a 0.5 s slice not before ``now_s``."""
     q = SlotQuery(cluster, tenant, f"{tenant}/m", now_s, {"A100-80GB": 0.5}, slice_bytes=1, k=8)
-    return {s.device_id: s.start_s for s in repo.find_candidate_slots(q)}[device]
+    return {s.device_id: s.start_s for s in repo.slots.find_candidate_slots(q)}[device]
 
 
 def timeline(repo: GraphRepository, device: str, viewer: str | None, since_s: float = 0.0) -> list[list[object]]:
-    return repo.run_named("device_timeline", {"device_id": device, "tenant_id": viewer, "since_s": since_s}).rows
+    return repo.inspection.run_named("device_timeline", {"device_id": device, "tenant_id": viewer, "since_s": since_s}).rows
 
 
 def test_planned_slices_cover_follow_and_show_on_the_device_timeline(repo: GraphRepository, cluster_name: str,
                                                                      tenant: str) -> None:
     other, stranger = f"{tenant}-b", f"{tenant}-c"
     d0, d1 = f"{cluster_name}-d0", f"{cluster_name}-d1"
-    repo.apply_cluster(ClusterSpec.from_dict({"name": cluster_name, "hosts": [{"host_id": f"{cluster_name}-h", "devices": [
+    repo.cluster.apply_cluster(ClusterSpec.from_dict({"name": cluster_name, "hosts": [{"host_id": f"{cluster_name}-h", "devices": [
         {"device_id": d, "kind": "A100-80GB", "mem_bytes": 80 * GIB} for d in (d0, d1)]}]}))
     graph = chain(12)
-    repo.import_model(tenant, "m", graph)
+    repo.models.import_model(tenant, "m", graph)
     ops = [o.op_id for o in graph.operators]
     m = f"{tenant}/m"
     try:
@@ -54,24 +54,24 @@ def test_planned_slices_cover_follow_and_show_on_the_device_timeline(repo: Graph
         second = PlacedSlice(f"{tenant}/s1", tenant, m, d0, 2.0, 3.0, 10, phase="decode", op_ids=tuple(ops[8:]),
                              after=first.uid)
         guest = PlacedSlice(f"{other}/x", other, f"{other}/m", d0, 1.0, 2.0, 10)
-        assert repo.place_slices([first, second, guest], batch=2) == 3
+        assert repo.slots.place_slices([first, second, guest], batch=2) == 3
 
-        covered = repo.run_read("MATCH (s:Slice {tenant_id: $t})-[:COVERS]->(o:Operator) "
+        covered = repo.inspection.run_read("MATCH (s:Slice {tenant_id: $t})-[:COVERS]->(o:Operator) "
                                 "RETURN s.uid, collect(o.op_id)", {"t": tenant}).rows
         assert {uid: sorted(o) for uid, o in covered} == {first.uid: sorted(ops[:8]), second.uid: sorted(ops[8:])}
-        assert repo.run_read("MATCH (s:Slice)-[:AFTER]->(p:Slice)-[:ON]->(d:Device) WHERE s.tenant_id = $t "
+        assert repo.inspection.run_read("MATCH (s:Slice)-[:AFTER]->(p:Slice)-[:ON]->(d:Device) WHERE s.tenant_id = $t "
                              "RETURN s.uid, p.uid, d.device_id", {"t": tenant}).rows == [[second.uid, first.uid, d0]]
 
         # planned windows [0, 1), [1, 2), [2, 3) on d0: busy until 3; d1 is free now
         assert free_start(repo, cluster_name, tenant, d0, 0.0) == 3.0
         assert free_start(repo, cluster_name, tenant, d1, 0.0) == 0.0
-        assert repo.mark_slices_done({second.uid: 2.5}) == 1  # done slices no longer block
+        assert repo.slots.mark_slices_done({second.uid: 2.5}) == 1  # done slices no longer block
         assert free_start(repo, cluster_name, tenant, d0, 0.0) == 2.0
 
         # a re-placement replaces its COVERS edges and keeps its predecessor
-        assert repo.place_slices([PlacedSlice(second.uid, tenant, m, d0, 2.0, 3.0, 10, phase="decode",
+        assert repo.slots.place_slices([PlacedSlice(second.uid, tenant, m, d0, 2.0, 3.0, 10, phase="decode",
                                               op_ids=(ops[8], ops[9]))]) == 1
-        assert repo.run_read("MATCH (s:Slice {uid: $u}) RETURN COUNT { (s)-[:COVERS]->() }, "
+        assert repo.inspection.run_read("MATCH (s:Slice {uid: $u}) RETURN COUNT { (s)-[:COVERS]->() }, "
                              "COUNT { (s)-[:AFTER]->() }", {"u": second.uid}).rows == [[2, 1]]
         assert free_start(repo, cluster_name, tenant, d0, 0.0) == 3.0  # planned again
 
@@ -82,8 +82,8 @@ def test_planned_slices_cover_follow_and_show_on_the_device_timeline(repo: Graph
                               "predecessors"),
                              (PlacedSlice(f"{tenant}/y", tenant, m, d1, 0.0, 1.0, 1, op_ids=(ops[0],)), "phase")):
             with pytest.raises(InvalidInputError, match=message):
-                repo.place_slices([bad])
-        assert repo.run_read("MATCH (s:Slice {uid: $u}) RETURN s", {"u": f"{tenant}/y"}).rows == []
+                repo.slots.place_slices([bad])
+        assert repo.inspection.run_read("MATCH (s:Slice {uid: $u}) RETURN s", {"u": f"{tenant}/y"}).rows == []
         assert free_start(repo, cluster_name, tenant, d1, 0.0) == 0.0
 
         # the timeline by start: all named for the admin; a tenant sees others as anonymous windows
@@ -97,8 +97,8 @@ def test_planned_slices_cover_follow_and_show_on_the_device_timeline(repo: Graph
         assert timeline(repo, d0, None, since_s=1.5) == named[1:]
         assert timeline(repo, d1, None) == []
     finally:
-        repo.delete_tenant(tenant)
-        repo.delete_tenant(other)
+        repo.models.delete_tenant(tenant)
+        repo.models.delete_tenant(other)
 
 
 def test_the_busy_window_cache_follows_any_sequence_of_slice_writes(repo: GraphRepository, cluster_name: str,
@@ -107,7 +107,7 @@ def test_the_busy_window_cache_follows_any_sequence_of_slice_writes(repo: GraphR
     placements, moves and ends it equals the windows of the busy slices each device holds."""
     rng = random.Random(7)
     devices = [f"{cluster_name}-d{i}" for i in range(3)]
-    repo.apply_cluster(ClusterSpec.from_dict({"name": cluster_name, "hosts": [{"host_id": f"{cluster_name}-h", "devices": [
+    repo.cluster.apply_cluster(ClusterSpec.from_dict({"name": cluster_name, "hosts": [{"host_id": f"{cluster_name}-h", "devices": [
         {"device_id": d, "kind": "A100-80GB", "mem_bytes": 80 * GIB} for d in devices]}]}))
     truth = ("MATCH (d:Device {cluster: $c}) OPTIONAL MATCH (s:Slice)-[:ON]->(d) WHERE s.state IN ['planned', 'running'] "
              "WITH d, s ORDER BY s.start_s, s.uid "
@@ -121,10 +121,10 @@ def test_the_busy_window_cache_follows_any_sequence_of_slice_writes(repo: GraphR
                 for uid in dict.fromkeys(uids):
                     start = float(rng.randrange(20))
                     slices.append(PlacedSlice(uid, tenant, f"{tenant}/m", rng.choice(devices), start, start + 1.5, 1))
-                repo.place_slices(slices)
+                repo.slots.place_slices(slices)
             else:  # end some (unknown ones are skipped)
-                repo.mark_slices_done(dict.fromkeys(uids, None))
-            for device, want, cached in repo.run_read(truth, {"c": cluster_name}).rows:
+                repo.slots.mark_slices_done(dict.fromkeys(uids, None))
+            for device, want, cached in repo.inspection.run_read(truth, {"c": cluster_name}).rows:
                 assert cached == want, device
     finally:
-        repo.delete_tenant(tenant)
+        repo.models.delete_tenant(tenant)

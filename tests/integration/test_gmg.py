@@ -23,11 +23,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def scalar(repo: GraphRepository, text: str, **params: Any) -> Any:
-    return repo.run_read(text, params).rows[0][0]
+    return repo.inspection.run_read(text, params).rows[0][0]
 
 
 def tenant_counts(repo: GraphRepository, tenant: str) -> dict[str, int]:
-    rows = repo.run_read("MATCH (n {tenant_id: $t}) RETURN labels(n)[0] AS label, count(*) AS n", {"t": tenant}).rows
+    rows = repo.inspection.run_read("MATCH (n {tenant_id: $t}) RETURN labels(n)[0] AS label, count(*) AS n", {"t": tenant}).rows
     return {label: n for label, n in rows}
 
 
@@ -38,17 +38,17 @@ def spec_doc(name: str, prefix: str) -> dict[str, Any]:
 
 
 def test_schema_is_idempotent(repo: GraphRepository) -> None:
-    before = repo.run_read("SHOW CONSTRAINTS YIELD name RETURN count(*)").rows[0][0]
+    before = repo.inspection.run_read("SHOW CONSTRAINTS YIELD name RETURN count(*)").rows[0][0]
     repo.apply_schema()
     repo.apply_schema()
-    assert repo.run_read("SHOW CONSTRAINTS YIELD name RETURN count(*)").rows[0][0] == before >= 8
-    names = {r[0] for r in repo.run_read("SHOW INDEXES YIELD name RETURN name").rows}
+    assert repo.inspection.run_read("SHOW CONSTRAINTS YIELD name RETURN count(*)").rows[0][0] == before >= 8
+    names = {r[0] for r in repo.inspection.run_read("SHOW INDEXES YIELD name RETURN name").rows}
     assert {"operator_uid", "operator_model_phase", "tensor_model_kind"} <= names
 
 
 def test_import_writes_the_whole_graph_and_reimport_replaces_it(repo: GraphRepository, tenant: str) -> None:
     graph = trace_phase(model_config("tiny-llama"), "prefill", batch=2, tokens=32)
-    stats = repo.import_model(tenant, "m", graph)
+    stats = repo.models.import_model(tenant, "m", graph)
     assert stats.operators == len(graph.operators)
     uid = f"{tenant}/m"
     assert scalar(repo, "MATCH (o:Operator {model_uid: $u}) RETURN count(o)", u=uid) == len(graph.operators)
@@ -58,20 +58,20 @@ def test_import_writes_the_whole_graph_and_reimport_replaces_it(repo: GraphRepos
     assert scalar(repo, "MATCH (o:Operator {model_uid: $u}) RETURN sum(o.flops)", u=uid) == graph.total_flops
     # The decode phase shares the weights; a re-import of a phase replaces it.
     decode = trace_phase(model_config("tiny-llama"), "decode", batch=2, context=32)
-    repo.import_model(tenant, "m", decode)
-    repo.import_model(tenant, "m", graph)
+    repo.models.import_model(tenant, "m", decode)
+    repo.models.import_model(tenant, "m", graph)
     weights = sum(1 for t in graph.tensors.values() if t.kind == "weight")
     assert scalar(repo, "MATCH (t:Tensor {model_uid: $u, kind: 'weight'}) RETURN count(t)", u=uid) == weights
     assert scalar(repo, "MATCH (o:Operator {model_uid: $u}) RETURN count(o)", u=uid) == \
         len(graph.operators) + len(decode.operators)
-    summary = repo.model_summary(tenant, "m", "prefill")
+    summary = repo.models.model_summary(tenant, "m", "prefill")
     assert summary["operators"] == len(graph.operators) and summary["flops"] == graph.total_flops
 
 
 def test_a_failure_inside_the_import_writes_nothing(repo: GraphRepository, tenant: str) -> None:
     graph = trace_phase(model_config("tiny"), "prefill", batch=1, tokens=8)
     with pytest.raises(InvalidInputError, match="unknown device 'no-such-gpu'"):
-        repo.import_model(tenant, "m", graph, device_id="no-such-gpu")
+        repo.models.import_model(tenant, "m", graph, device_id="no-such-gpu")
     assert tenant_counts(repo, tenant) == {}
 
 
@@ -79,49 +79,49 @@ def test_a_bad_graph_is_refused_before_writing(repo: GraphRepository, tenant: st
     doc = trace_phase(model_config("tiny"), "prefill", batch=1, tokens=8).to_dict()
     doc["operators"][3]["inputs"].append("a:missing")
     with pytest.raises(InvalidGraphError, match="a:missing"):
-        repo.import_model(tenant, "m", OperatorGraph.from_dict(doc))
+        repo.models.import_model(tenant, "m", OperatorGraph.from_dict(doc))
     assert tenant_counts(repo, tenant) == {}
 
 
 def test_cluster_apply_is_declarative_and_bad_specs_write_nothing(repo: GraphRepository, cluster_name: str) -> None:
     prefix = cluster_name
-    repo.apply_cluster(ClusterSpec.from_dict(spec_doc(cluster_name, prefix)))
-    ids = lambda: sorted(r[0] for r in repo.run_read(  # noqa: E731
+    repo.cluster.apply_cluster(ClusterSpec.from_dict(spec_doc(cluster_name, prefix)))
+    ids = lambda: sorted(r[0] for r in repo.inspection.run_read(  # noqa: E731
         "MATCH (d:Device {cluster: $c}) RETURN d.device_id", {"c": cluster_name}).rows)
     assert ids() == [f"{prefix}-d0", f"{prefix}-d1"]
     assert scalar(repo, "MATCH (:Device {cluster: $c})-[l:LINK]->() RETURN count(l)", c=cluster_name) == 2
     smaller = spec_doc(cluster_name, prefix)
     smaller["hosts"][0]["devices"].pop()
-    repo.apply_cluster(ClusterSpec.from_dict(smaller))
+    repo.cluster.apply_cluster(ClusterSpec.from_dict(smaller))
     assert ids() == [f"{prefix}-d0"]
     broken = spec_doc(cluster_name, prefix)
     broken["hosts"][0]["devices"][1]["kind"] = "TPUv9"
     with pytest.raises(InvalidClusterError):
-        repo.apply_cluster(ClusterSpec.from_dict(broken))
+        repo.cluster.apply_cluster(ClusterSpec.from_dict(broken))
     assert ids() == [f"{prefix}-d0"]
 
 
 def test_weights_placement_and_named_inspection(repo: GraphRepository, tenant: str, cluster_name: str) -> None:
-    repo.apply_cluster(ClusterSpec.from_dict(spec_doc(cluster_name, cluster_name)))
+    repo.cluster.apply_cluster(ClusterSpec.from_dict(spec_doc(cluster_name, cluster_name)))
     other = tenant + "-b"
     g = trace_phase(model_config("tiny"), "prefill", batch=1, tokens=16)
-    repo.import_model(tenant, "chat", g, device_id=f"{cluster_name}-d0")
-    repo.import_model(other, "bot", trace_phase(model_config("tiny-llama"), "prefill", batch=1, tokens=16),
+    repo.models.import_model(tenant, "chat", g, device_id=f"{cluster_name}-d0")
+    repo.models.import_model(other, "bot", trace_phase(model_config("tiny-llama"), "prefill", batch=1, tokens=16),
                       device_id=f"{cluster_name}-d0")
-    headroom = {r[0]: r for r in repo.run_named("devices_headroom").rows}
+    headroom = {r[0]: r for r in repo.inspection.run_named("devices_headroom").rows}
     d0 = headroom[f"{cluster_name}-d0"]
     assert d0[3] > g.bytes_of("weight") and d0[4] == d0[2] - d0[3] and d0[6] == 2
-    shared = {r[0]: sorted(r[1]) for r in repo.run_named("shared_devices").rows}
+    shared = {r[0]: sorted(r[1]) for r in repo.inspection.run_named("shared_devices").rows}
     assert shared[f"{cluster_name}-d0"] == sorted([tenant, other])
-    heavy = repo.run_named("heaviest_operators", {"tenant_id": tenant, "model_id": "chat", "limit": 3})
+    heavy = repo.inspection.run_named("heaviest_operators", {"tenant_id": tenant, "model_id": "chat", "limit": 3})
     flops = [r[4] for r in heavy.rows]
     assert len(flops) == 3 and flops == sorted(flops, reverse=True)
     assert flops[0] == max(op.flops for op in g.operators)
-    chain = repo.run_named("dependency_chain", {"tenant_id": tenant, "model_id": "chat", "phase": "prefill",
+    chain = repo.inspection.run_named("dependency_chain", {"tenant_id": tenant, "model_id": "chat", "phase": "prefill",
                                                 "op_id": g.operators[8].op_id})
     ancestors = {op for op, _ in _ancestors(g, g.operators[8].op_id)}
     assert {r[1] for r in chain.rows} == ancestors
-    repo.delete_tenant(other)
+    repo.models.delete_tenant(other)
     assert tenant_counts(repo, other) == {}
 
 
@@ -147,15 +147,15 @@ def _ancestors(g: OperatorGraph, op_id: str) -> set[tuple[str, int]]:
 ])
 def test_inspection_is_read_only(repo: GraphRepository, query: str) -> None:
     with pytest.raises(ReadOnlyViolationError, match="read-only"):
-        repo.run_read(query)
+        repo.inspection.run_read(query)
     assert scalar(repo, "MATCH (n:Intruder) RETURN count(n)") == 0
 
 
 def test_inspection_errors_are_clear(repo: GraphRepository) -> None:
     with pytest.raises(InvalidInputError, match="syntax"):
-        repo.run_read("MATCH (n RETURN n")
+        repo.inspection.run_read("MATCH (n RETURN n")
     with pytest.raises(InvalidInputError, match="not an inspection query"):
-        repo.run_named("upsert_hosts", {"cluster": "x", "rows": []})
+        repo.inspection.run_named("upsert_hosts", {"cluster": "x", "rows": []})
 
 
 def run_cli(neo4j: Neo4jSettings, *args: str) -> subprocess.CompletedProcess[str]:
@@ -195,7 +195,7 @@ def test_the_compile_backend_leaves_the_graph_in_the_gmg(repo: GraphRepository, 
     model = build_model(config, seed=1)
     inputs = example_inputs(config, "prefill", batch=1, tokens=8)
     recorder = GraphRecorder(model_name="tiny", phase="prefill", shape={"batch": 1, "tokens": 8},
-                             on_graph=lambda g: repo.import_model(tenant, "compiled", g))
+                             on_graph=lambda g: repo.models.import_model(tenant, "compiled", g))
     with torch.inference_mode():
         got, _ = torch.compile(model, backend=recorder, dynamic=False)(**inputs)
         want, _ = model(**inputs)

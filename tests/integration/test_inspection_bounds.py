@@ -13,13 +13,13 @@ SLOW = "UNWIND range(1, 2000000000) AS x WITH x WHERE x = -1 RETURN count(x) AS 
 
 def test_a_query_past_its_timeout_is_stopped_in_the_server(repo: GraphRepository) -> None:
     with pytest.raises(InvalidInputError, match=r"ran past the inspection bound \(0.5 s\) and was stopped in Neo4j"):
-        repo.run_read(SLOW, timeout_s=0.5)  # the server's own TransactionTimedOut: it stopped the query
+        repo.inspection.run_read(SLOW, timeout_s=0.5)  # the server's own TransactionTimedOut: it stopped the query
 
 
 def test_rows_past_the_cap_are_dropped_and_flagged(repo: GraphRepository) -> None:
-    table = repo.run_read("UNWIND range(1, 50) AS x RETURN x", max_rows=10)
+    table = repo.inspection.run_read("UNWIND range(1, 50) AS x RETURN x", max_rows=10)
     assert table.rows == [[x] for x in range(1, 11)] and table.truncated
-    table = repo.run_read("UNWIND range(1, 50) AS x RETURN x", max_rows=50)
+    table = repo.inspection.run_read("UNWIND range(1, 50) AS x RETURN x", max_rows=50)
     assert len(table.rows) == 50 and not table.truncated
-    table = repo.run_named("my_requests", {"tenant_id": "nobody"}, max_rows=0)
+    table = repo.inspection.run_named("my_requests", {"tenant_id": "nobody"}, max_rows=0)
     assert table.columns and table.rows == [] and not table.truncated  # no row was dropped

@@ -62,7 +62,7 @@ def test_refused_by_text_and_by_plan(repo: GraphRepository, driver: Any, web: tu
     url, hits = web
     for query, what in refused_queries(url).items():
         with pytest.raises(ReadOnlyViolationError, match="inspection refused"):
-            repo.run_read(query)
+            repo.inspection.run_read(query)
         # The plan check alone (the text check bypassed): the server's EXPLAIN of the same query.
         with driver.session(default_access_mode=neo4j.READ_ACCESS) as s:
             plan = s.execute_read(lambda tx, q=query: tx.run("EXPLAIN " + q).consume().plan)
@@ -72,24 +72,24 @@ def test_refused_by_text_and_by_plan(repo: GraphRepository, driver: Any, web: tu
 
 
 def test_allowed_reads_still_work(repo: GraphRepository, tenant: str) -> None:
-    repo.upsert_tenant(tenant, note="LOAD CSV FROM 'http://x' // CALL dbms.listConfig()")
-    table = repo.run_read("MATCH (t:Tenant {tenant_id: $t}) WHERE t.note CONTAINS 'LOAD CSV' /* SHOW TRANSACTIONS */ "
+    repo.models.upsert_tenant(tenant, note="LOAD CSV FROM 'http://x' // CALL dbms.listConfig()")
+    table = repo.inspection.run_read("MATCH (t:Tenant {tenant_id: $t}) WHERE t.note CONTAINS 'LOAD CSV' /* SHOW TRANSACTIONS */ "
                           "RETURN t.note AS note", {"t": tenant})
     assert table.rows == [["LOAD CSV FROM 'http://x' // CALL dbms.listConfig()"]]
-    assert "Tenant" in {r[0] for r in repo.run_read("CALL db.labels() YIELD label RETURN label").rows}
-    assert "tenant_id" in {r[0] for r in repo.run_read("SHOW CONSTRAINTS YIELD name RETURN name").rows}
-    assert repo.run_read("SHOW INDEXES").rows
-    assert repo.run_read("MATCH (t:Tenant {tenant_id: $t}) CALL { WITH t RETURN t.tenant_id AS id } RETURN id",
+    assert "Tenant" in {r[0] for r in repo.inspection.run_read("CALL db.labels() YIELD label RETURN label").rows}
+    assert "tenant_id" in {r[0] for r in repo.inspection.run_read("SHOW CONSTRAINTS YIELD name RETURN name").rows}
+    assert repo.inspection.run_read("SHOW INDEXES").rows
+    assert repo.inspection.run_read("MATCH (t:Tenant {tenant_id: $t}) CALL { WITH t RETURN t.tenant_id AS id } RETURN id",
                          {"t": tenant}).rows == [[tenant]]
-    assert repo.run_read("EXPLAIN MATCH (n) RETURN n").rows == []
+    assert repo.inspection.run_read("EXPLAIN MATCH (n) RETURN n").rows == []
 
 
 def test_every_named_inspection_query_passes_the_guard(repo: GraphRepository) -> None:
     samples = {"tenant_id": "nobody", "model_id": "m", "phase": "prefill", "op_id": "x", "limit": 1,
                "since": 0.0, "stale_before": 0.0, "device_id": "nowhere", "since_s": 0.0,
                "filters": {"action": "tenant"}, "projects": ["default"]}
-    for q in repo.inspection_queries():
-        table = repo.run_named(q.name, {p: samples[p] for p in q.params})
+    for q in repo.inspection.inspection_queries():
+        table = repo.inspection.run_named(q.name, {p: samples[p] for p in q.params})
         assert table.columns, q.name
 
 

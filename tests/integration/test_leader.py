@@ -29,7 +29,7 @@ def _repo(driver: Any) -> GraphRepository:
 
 
 def _tenant_key(repo: GraphRepository, tenant: str) -> str | None:
-    rows = [r for r in repo.live_tenants() if r["tenant_id"] == tenant]
+    rows = [r for r in repo.live.live_tenants() if r["tenant_id"] == tenant]
     return rows[0].get("key_hash") if rows else None
 
 
@@ -37,9 +37,9 @@ def test_one_leads_the_other_takes_over_when_the_term_ends_and_the_deposed_write
         repo: GraphRepository, driver: Any) -> None:
     name = f"test-{secrets.token_hex(4)}"  # a leadership of this test's own
     a_repo, b_repo = _repo(driver), _repo(driver)
-    Leadership(a_repo, ttl_s=1.0, name=f"warm-{name}").contend()  # the queries planned, off the clock below
-    a = Leadership(a_repo, ttl_s=2.0, holder="a", name=name)
-    b = Leadership(b_repo, ttl_s=2.0, holder="b", name=name)
+    Leadership(a_repo.live, ttl_s=1.0, name=f"warm-{name}").contend()  # the queries planned, off the clock below
+    a = Leadership(a_repo.live, ttl_s=2.0, holder="a", name=name)
+    b = Leadership(b_repo.live, ttl_s=2.0, holder="b", name=name)
     assert a.contend() and a.leads and a.epoch is not None
     first = a.epoch
     assert not b.contend() and not b.leads and b.describe()["role"] == "standby"
@@ -50,8 +50,8 @@ def test_one_leads_the_other_takes_over_when_the_term_ends_and_the_deposed_write
 
     a_repo.fence = a
     tenant = f"fence{secrets.token_hex(3)}"
-    repo.upsert_tenant(tenant, name=tenant)
-    a_repo.set_tenant_key(tenant, "h-by-a")  # the leader writes
+    repo.models.upsert_tenant(tenant, name=tenant)
+    a_repo.live.set_tenant_key(tenant, "h-by-a")  # the leader writes
     assert _tenant_key(repo, tenant) == "h-by-a"
 
     time.sleep(2.2)  # the term ends on the server's clock, unrenewed
@@ -60,15 +60,15 @@ def test_one_leads_the_other_takes_over_when_the_term_ends_and_the_deposed_write
     # a's own deadline has passed as well: refused before the database is asked
     assert not a.leads
     with pytest.raises(NotLeaderError):
-        a_repo.set_tenant_key(tenant, "h-by-a-late")
+        a_repo.live.set_tenant_key(tenant, "h-by-a-late")
     # Even with its local deadline forced open (a paused process that wakes up), the fence's
     # read inside the transaction refuses it and rolls the write back.
     a._deadline = float("inf")
     with pytest.raises(NotLeaderError, match="no longer leads"):
-        a_repo.set_tenant_key(tenant, "h-by-a-late")
+        a_repo.live.set_tenant_key(tenant, "h-by-a-late")
     assert a.deposed and a.describe()["role"] == "deposed"
     assert _tenant_key(repo, tenant) == "h-by-a"
-    b_repo.set_tenant_key(tenant, "h-by-b")  # the new leader writes
+    b_repo.live.set_tenant_key(tenant, "h-by-b")  # the new leader writes
     assert _tenant_key(repo, tenant) == "h-by-b"
     # The deposed one cannot renew its way back while b's term runs.
     assert not a.contend() and a.deposed
@@ -77,7 +77,7 @@ def test_one_leads_the_other_takes_over_when_the_term_ends_and_the_deposed_write
 def test_a_leader_that_missed_its_renewals_keeps_its_epoch_if_nobody_took_over(driver: Any) -> None:
     name = f"test-{secrets.token_hex(4)}"
     clock = Clock()
-    a = Leadership(_repo(driver), ttl_s=1.0, holder="a", name=name, clock=clock)
+    a = Leadership(_repo(driver).live, ttl_s=1.0, holder="a", name=name, clock=clock)
     assert a.contend()
     epoch = a.epoch
     clock.t += 5.0  # its own deadline passes: it stops writing
@@ -88,8 +88,8 @@ def test_a_leader_that_missed_its_renewals_keeps_its_epoch_if_nobody_took_over(d
 
 def test_a_released_term_is_taken_at_once(driver: Any) -> None:
     name = f"test-{secrets.token_hex(4)}"
-    a = Leadership(_repo(driver), ttl_s=60.0, holder="a", name=name)
-    b = Leadership(_repo(driver), ttl_s=60.0, holder="b", name=name)
+    a = Leadership(_repo(driver).live, ttl_s=60.0, holder="a", name=name)
+    b = Leadership(_repo(driver).live, ttl_s=60.0, holder="b", name=name)
     assert a.contend() and not b.contend()
     a.release()
     assert not a.leads
@@ -98,4 +98,4 @@ def test_a_released_term_is_taken_at_once(driver: Any) -> None:
 
 def test_bad_terms_are_refused(driver: Any) -> None:
     with pytest.raises(ValueError, match="ttl_s"):
-        Leadership(_repo(driver), ttl_s=0.0)
+        Leadership(_repo(driver).live, ttl_s=0.0)

@@ -32,7 +32,7 @@ def _write(repo: GraphRepository, tenant: str, now: float) -> None:
 def test_each_violation_is_found_and_agreement_is_not(repo: GraphRepository, tenant: str) -> None:
     now = time.time()
     _write(repo, tenant, now)
-    table = repo.run_named("reconciliation_violations", {"since": now - 1, "stale_before": now - 50})
+    table = repo.inspection.run_named("reconciliation_violations", {"since": now - 1, "stale_before": now - 50})
     found = {(row[0], row[1].removeprefix(f"{tenant}-")) for row in table.rows if row[2] == tenant}
     assert found == {
         ("done_without_one_done_slice", "no-slice"),
@@ -43,7 +43,7 @@ def test_each_violation_is_found_and_agreement_is_not(repo: GraphRepository, ten
         ("stale_open_slice", "stale-open"),
     }
     # An open lease younger than stale_before is a lease in progress, not a violation.
-    table = repo.run_named("reconciliation_violations", {"since": now - 1, "stale_before": now - 500})
+    table = repo.inspection.run_named("reconciliation_violations", {"since": now - 1, "stale_before": now - 500})
     assert ("stale_open_slice", f"{tenant}-stale-open") not in {(r[0], r[1]) for r in table.rows}
     with repo.driver.session() as s:
         s.run("MATCH (n) WHERE (n:Request OR n:Slice) AND n.uid STARTS WITH $t DETACH DELETE n", t=tenant).consume()

@@ -92,7 +92,7 @@ def test_requests_and_workflows_past_retention_are_archived_then_deleted_and_not
 def write_audit(repo: GraphRepository, ats: list[float]) -> AuditLog:
     """A fresh writer (a process start: the head read back) appending one entry at each time in ``ats``."""
     clock = iter(ats)
-    log = AuditLog(repo, clock=lambda: next(clock))
+    log = AuditLog(repo.audit, clock=lambda: next(clock))
 
     async def go() -> None:
         await asyncio.to_thread(log.recover)
@@ -116,19 +116,19 @@ def test_the_audit_chain_verifies_across_an_archived_prefix(audit_repo: GraphRep
     assert report["audit"]["deleted"] == report["audit"]["archived"] == 5 and len(report["audit"]["files"]) == 3
     seqs = [r["seq"] for r in run(repo, "MATCH (e:AuditEntry) RETURN e.seq AS seq ORDER BY seq")]
     assert seqs == [6, 7, 8, 9]  # entries inside the retention all kept
-    result = repo.verify_audit()
+    result = repo.audit.verify_audit()
     assert result.ok and result.start_seq == 5 and result.last_seq == 9 and result.entries == 4, result
-    through_seq, through_hash, files = repo.audit_archive()
+    through_seq, through_hash, files = repo.audit.audit_archive()
     assert through_seq == 5 and files == report["audit"]["files"]
     archived = verify_audit_archive(files)
     assert archived.ok and (archived.last_seq, archived.last_hash) == (5, through_hash)
 
     write_audit(repo, [NOW + 1.0, NOW + 2.0])  # the writer goes on after the kept head: the chain still holds
-    assert repo.verify_audit().ok and repo.verify_audit().last_seq == 11
+    assert repo.audit.verify_audit().ok and repo.audit.verify_audit().last_seq == 11
 
     # the archive marker is what lets verification start mid-chain: without it, the prefix shows as removed
     run(repo, "MATCH (a:AuditArchive) SET a.through_hash = $h", h="f" * 64)
-    broken = repo.verify_audit()
+    broken = repo.audit.verify_audit()
     assert not broken.ok and broken.first_bad_seq == 6 and "archived prefix" in str(broken.reason)
 
 
@@ -137,7 +137,7 @@ def test_the_audit_head_entry_is_never_archived(audit_repo: GraphRepository, tmp
     report = Retention(audit_repo, settings(tmp_path, batch=100)).run(NOW)
     assert report["audit"]["deleted"] == 2
     assert [r["seq"] for r in run(audit_repo, "MATCH (e:AuditEntry) RETURN e.seq AS seq")] == [3]
-    assert audit_repo.verify_audit().ok
+    assert audit_repo.audit.verify_audit().ok
 
 
 def test_a_broken_chain_is_left_in_place(audit_repo: GraphRepository, tmp_path: Path) -> None:

@@ -31,21 +31,21 @@ def test_observations_are_written_on_slices_and_read_back_as_training_rows(
         repo: GraphRepository, cluster_name: str, tenant: str, neo4j: Neo4jSettings, driver: Any,
         monkeypatch: pytest.MonkeyPatch) -> None:
     d0, d1 = f"{cluster_name}-d0", f"{cluster_name}-d1"
-    repo.apply_cluster(ClusterSpec.from_dict({"name": cluster_name, "hosts": [{"host_id": f"{cluster_name}-h", "devices": [
+    repo.cluster.apply_cluster(ClusterSpec.from_dict({"name": cluster_name, "hosts": [{"host_id": f"{cluster_name}-h", "devices": [
         {"device_id": d0, "kind": "A100-80GB", "mem_bytes": 80 * GIB},
         {"device_id": d1, "kind": "H100-80GB", "mem_bytes": 80 * GIB}]}]}))
     placed = PlacedSlice(f"{tenant}/p0", tenant, f"{tenant}/m", d0, 0.0, 1.0, 10)
-    assert repo.place_slices([placed]) == 1
+    assert repo.slots.place_slices([placed]) == 1
     base = 4.0e9  # epoch seconds far ahead: only this test's rows are at or after it
     rows = [row(placed.uid, d0, 0, 1, 0.002, base + 1, tenant), row(f"{tenant}/n1", d1, 1, 2, 0.003, base + 2, tenant),
             row(f"{tenant}/lost", f"{cluster_name}-nowhere", 0, 1, 0.001, base + 3, tenant)]
     try:
-        assert repo.record_slice_observations(rows) == 2  # an unknown device records nothing
-        got = [ObservedSlice.from_row(r) for r in repo.slice_observations(base)]
+        assert repo.live.record_slice_observations(rows) == 2  # an unknown device records nothing
+        got = [ObservedSlice.from_row(r) for r in repo.live.slice_observations(base)]
         assert [(o.uid, o.device_kind, o.layer_start, o.layer_end, o.latency_s) for o in got] == [
             (placed.uid, "A100-80GB", 0, 1, 0.002), (f"{tenant}/n1", "H100-80GB", 1, 2, 0.003)]
-        assert [r["uid"] for r in repo.slice_observations(base + 1.5)] == [f"{tenant}/n1"]  # --since
-        on = repo.run_read("MATCH (s:Slice {uid: $u})-[:ON]->(d:Device) RETURN d.device_id, s.state",
+        assert [r["uid"] for r in repo.live.slice_observations(base + 1.5)] == [f"{tenant}/n1"]  # --since
+        on = repo.inspection.run_read("MATCH (s:Slice {uid: $u})-[:ON]->(d:Device) RETURN d.device_id, s.state",
                            {"u": f"{tenant}/n1"}).rows
         assert on == [[d1, "done"]]  # created ON its device, never busy
         samples = observation_samples(got, trace_observed)

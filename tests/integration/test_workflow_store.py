@@ -31,31 +31,31 @@ def _create(tenant: str) -> dict[str, Any]:
 
 
 def _stored(repo: GraphRepository, tenant: str) -> dict[str, Any]:
-    (wf,) = [w for w in repo.live_workflows(0.0) if w["tenant_id"] == tenant]
+    (wf,) = [w for w in repo.workflows.live_workflows(0.0) if w["tenant_id"] == tenant]
     return wf
 
 
 def test_snapshots_apply_in_version_order_and_an_end_is_final(repo: GraphRepository, tenant: str) -> None:
     uid = f"{tenant}/w"
     try:
-        assert repo.create_workflows([_create(tenant)]) == {uid}
-        assert repo.create_workflows([_create(tenant)]) == set()  # the uid is taken
-        assert repo.update_workflows([_rows(tenant, 3, step="done")]) == {uid}
-        assert repo.update_workflows([_rows(tenant, 2, step="running")]) == set()  # late batch: no undo
+        assert repo.workflows.create_workflows([_create(tenant)]) == {uid}
+        assert repo.workflows.create_workflows([_create(tenant)]) == set()  # the uid is taken
+        assert repo.workflows.update_workflows([_rows(tenant, 3, step="done")]) == {uid}
+        assert repo.workflows.update_workflows([_rows(tenant, 2, step="running")]) == set()  # late batch: no undo
         assert _stored(repo, tenant)["steps"][0]["status"] == "done"
-        assert repo.update_workflows([_rows(tenant, 4, status="cancelled", step="cancelled")]) == {uid}
-        assert repo.update_workflows([_rows(tenant, 5, status="done", step="done")]) == set()  # ended: final
-        assert repo.update_workflows([_rows(tenant, 6, status="cancelled", step="cancelled")]) == {uid}
+        assert repo.workflows.update_workflows([_rows(tenant, 4, status="cancelled", step="cancelled")]) == {uid}
+        assert repo.workflows.update_workflows([_rows(tenant, 5, status="done", step="done")]) == set()  # ended: final
+        assert repo.workflows.update_workflows([_rows(tenant, 6, status="cancelled", step="cancelled")]) == {uid}
         wf = _stored(repo, tenant)
         assert (wf["status"], wf["version"], wf["steps"][0]["status"], wf["created_at"]) == ("cancelled", 6,
                                                                                              "cancelled", 100.0)
         with repo.driver.session() as s:
             s.run("CREATE (:Request {uid: $uid, tenant_id: $tenant})", uid=f"{tenant}-r", tenant=tenant).consume()
-        repo.update_workflows([_rows(tenant, 7, status="cancelled", step="cancelled", request_id=f"{tenant}-r")])
+        repo.workflows.update_workflows([_rows(tenant, 7, status="cancelled", step="cancelled", request_id=f"{tenant}-r")])
         with repo.driver.session() as s:
             linked = s.run("MATCH (:Workflow {uid: $uid})-[:HAS_STEP]->(:WorkflowStep)-[:CALLS]->(r:Request) "
                            "RETURN collect(r.uid) AS r", uid=uid).single()
         assert linked is not None and linked["r"] == [f"{tenant}-r"]
     finally:
-        repo.delete_tenant(tenant)
-    assert [w for w in repo.live_workflows(0.0) if w["tenant_id"] == tenant] == []  # they go with their tenant
+        repo.models.delete_tenant(tenant)
+    assert [w for w in repo.workflows.live_workflows(0.0) if w["tenant_id"] == tenant] == []  # they go with their tenant
