@@ -12,7 +12,7 @@ from fastapi import Depends, Header
 from service.api.schemas import ID, RequestIn
 from service.domain.error import InvalidInputError
 from service.domain.tokenizer import BYTES
-from service.live.intake import PRIORITY_RANGE, RequestHints, build_request, sampling_of
+from service.live.intake import PRIORITY_RANGE, RequestHints, sampling_of
 from service.live.records import LiveRequest
 
 if TYPE_CHECKING:
@@ -70,9 +70,9 @@ def new_request(svc: LiveService, tenant_id: str, body: RequestIn, idempotency_k
     model = svc.reads.model_by_uid(f"{tenant_id}/{body.model_id}")  # an unknown model is refused just below
     tok = model.tokenizer if model is not None else BYTES
     prompt = tok.encode(body.prompt) if body.prompt is not None else list(body.prompt_tokens or [])
-    req = build_request(svc, tenant_id, body.model_id, prompt, body.max_tokens, sla_class=body.sla_class,
-                        sampling=sampling_of(body.temperature, body.top_p, body.seed), hints=hints,
-                        project_id=project_id)
+    req = svc.intake.build_request(tenant_id, body.model_id, prompt, body.max_tokens, sla_class=body.sla_class,
+                                   sampling=sampling_of(body.temperature, body.top_p, body.seed), hints=hints,
+                                   project_id=project_id)
     if idempotency_key is not None:
         req.idempotency_key = idempotency_key
         req.body_sha = hashlib.sha256(body.model_dump_json().encode()).hexdigest()

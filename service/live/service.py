@@ -55,10 +55,13 @@ from service.live.audit import AuditLog
 from service.live.call_health import CallHealth
 from service.live.credential import hash_key
 from service.live.durable import DurableWrites
+from service.live.governance import Governance
 from service.live.homes import HomePlanner
+from service.live.intake import Intake
 from service.live.key_admin import KeyAdmin
 from service.live.keys import ExecutorPools
 from service.live.leader import Leadership
+from service.live.leasing import Leasing
 from service.live.metrics import PREFIX, LiveMetrics
 from service.live.neo4j_gate import Neo4jGate, retrieve
 from service.live.notify import Signal
@@ -67,7 +70,7 @@ from service.live.predictors import LivePredictors, PredictorSettings
 from service.live.quota import QuotaBook
 from service.live.reads import LiveReads
 from service.live.records import TERMINAL, LiveModel, LiveRequest, Write
-from service.live.registration import model_from_dir
+from service.live.registration import Registration, model_from_dir
 from service.live.retention import Retention
 from service.live.retraining import CostModelRetrainer, Swap, trace_observed
 from service.live.scheduling import SchedulingLoop
@@ -109,7 +112,6 @@ class LiveService:
         self.access = AccessBook()  # people's and services' keys, projects, tenant quotas
         self.quotas = QuotaBook()  # usage against them
         self.access_requests = AccessRequests()  # onboarding and later changes, awaiting approval
-        self.workflows = WorkflowBook(self, tool_slots=os.cpu_count() or 1)  # DAGs of model and tool calls
         self.state.book.on_end = self._request_ended
         self.state.book.on_lease_end = self._lease_ended
         self.state.book.on_extend = self.persist  # renewals past a lease's expected end: its busy window
@@ -131,6 +133,17 @@ class LiveService:
                                    self.work, self.changed, lambda: self.cost_model,
                                    headroom_utilisation=settings.headroom_utilisation,
                                    confirm_drains=settings.confirm_drains)  # placement steps, what-ifs
+        self.registration = Registration(self.gate, self.state, self.pools, self.access, self.audit, self.metrics,
+                                         self.persist, self.replan, self.check_devices,
+                                         settings.max_batch)  # tenants, models, executors, pinned replicas
+        self.governance = Governance(self.gate, self.state, self.access, self.access_requests, self.audit,
+                                     self.registration, settings.max_pending_access_requests)  # keys, projects, quotas
+        self.intake = Intake(self.state, self.access, self.finish, settings.max_queued)  # requests built, cancelled
+        self.workflows = WorkflowBook(self.gate, self.state, self.audit, self.predictors, self.intake,
+                                      self.accept_requests, self.persist,
+                                      tool_slots=os.cpu_count() or 1)  # DAGs of model and tool calls
+        self.leasing = Leasing(self.state, self.streams, self.work, self.persist, self.finish,
+                               settings.lease_ttl_s)  # the executors' long poll, progress, failures
         self.leadership: Leadership | None = None  # leader election on: this process's run (at start)
         self._campaign: asyncio.Task[None] | None = None
         self._stepped_down = False  # on_fatal called for a deposed leader

@@ -46,20 +46,21 @@ import hashlib
 import json
 import logging
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from service.core.slack import step_costs_p99, workflow_latest_start
 from service.core.tail import CallFeatures, TailPredictor, ToolFeatures
 from service.domain.audit import SYSTEM, Actor
 from service.domain.error import ConflictError, DatabaseUnavailableError, InvalidInputError, NotFoundError
 from service.domain.workflow import ModelCall, ToolCall, Workflow
-from service.live.predictors import IDLE, runtime_state
+from service.live.audit import AuditLog
+from service.live.intake import Intake
+from service.live.neo4j_gate import Neo4jGate
+from service.live.predictors import IDLE, LivePredictors, runtime_state
 from service.live.records import TERMINAL, LiveRequest, Write
-
-if TYPE_CHECKING:
-    from service.live.service import LiveService
+from service.live.state import LiveState
 
 log = logging.getLogger("slicesched.workflows")
 
@@ -184,8 +185,12 @@ class WorkflowRun:
 class WorkflowBook:
     """The service's live workflows, keyed ``(tenant, workflow id)``."""
 
-    def __init__(self, svc: LiveService, *, tool_slots: int = 2, poll_s: float = 1.0) -> None:
-        self.svc = svc
+    def __init__(self, gate: Neo4jGate, state: LiveState, audit: AuditLog, predictors: LivePredictors, intake: Intake,
+                 accept: Callable[[list[LiveRequest]], Awaitable[list[LiveRequest]]],
+                 persist: Callable[[Iterable[Write]], None], *, tool_slots: int = 2, poll_s: float = 1.0) -> None:
+        self.gate, self.state, self.audit, self.predictors, self.intake = gate, state, audit, predictors, intake
+        self.accept = accept  # requests written, then queued (DurableWrites.accept_requests)
+        self.persist = persist  # soft writes for the GMG mirror
         self.runs: dict[tuple[str, str], WorkflowRun] = {}
         self._ends: dict[str, asyncio.Future[None]] = {}  # request id -> woken when it ends
         self._step_of: dict[str, tuple[WorkflowRun, ModelCall]] = {}  # a step's request id -> its step
@@ -207,7 +212,7 @@ class WorkflowBook:
         for s in workflow.steps:
             where = f"workflow {wid}: step {s.step_id}"
             if isinstance(s, ModelCall):
-                if f"{workflow.tenant_id}/{s.model}" not in self.svc.state.models:
+                if f"{workflow.tenant_id}/{s.model}" not in self.state.models:
                     raise InvalidInputError(f"{where}: tenant {workflow.tenant_id} has no model {s.model!r}")
             elif s.duration_s is None or not 0.0 <= s.duration_s <= MAX_TOOL_S:
                 raise InvalidInputError(f"{where}: a live tool call declares its duration_s, in [0, {MAX_TOOL_S:g}]")
@@ -217,11 +222,10 @@ class WorkflowBook:
         """Check it, write it to Neo4j, then run it: an answered workflow is never lost. A write
         that outlives its bound (503 to the client) still starts the workflow when it commits;
         an id Neo4j holds already (a workflow not loaded at start) is a 409."""
-        svc = self.svc
-        assert svc.repo is not None
+        assert self.gate.repo is not None
         self.check(workflow, input_text)
         self._forget_finished()
-        run = WorkflowRun(workflow, project_id, dict(input_text), svc.state.wall(),
+        run = WorkflowRun(workflow, project_id, dict(input_text), self.state.wall(),
                           {s.step_id: StepRun(s.step_id, s.kind, s.role) for s in workflow.steps})
         key = (workflow.tenant_id, workflow.workflow_id)
         created: list[bool] = []
@@ -233,16 +237,16 @@ class WorkflowBook:
             self._submitting.discard(key)
             if created[0]:
                 self._start(run)
-                svc.audit.record(actor, "workflow.submit", "workflow", workflow.workflow_id,
+                self.audit.record(actor, "workflow.submit", "workflow", workflow.workflow_id,
                                  tenant_id=workflow.tenant_id,
                                  after={"steps": len(workflow.steps), "slo_s": workflow.slo_s, "project": project_id})
 
-        svc.gate.check()
+        self.gate.check()
         self._submitting.add(key)
-        task = svc.in_thread(svc.repo.workflows.create_workflows, [run.create_row()])
+        task = self.gate.in_thread(self.gate.repo.workflows.create_workflows, [run.create_row()])
         task.add_done_callback(settle)
         try:
-            await svc.gate.bounded(task, svc.settings.call_timeout_s)
+            await self.gate.bounded(task, self.gate.settings.call_timeout_s)
         finally:
             if task.done():
                 settle(task)
@@ -269,7 +273,7 @@ class WorkflowBook:
                 self.runs[(run.tenant_id, run.workflow_id)] = run
                 if run.finished_at is None or any(st.status in ("pending", "running") for st in run.steps.values()):
                     await self._stop_steps(run, "cancelled")
-                    run.finished_at = run.finished_at or self.svc.state.wall()
+                    run.finished_at = run.finished_at or self.state.wall()
                     await self._commit(run)
                 continue
             for st in run.steps.values():
@@ -279,7 +283,7 @@ class WorkflowBook:
                         st.started_at, st.detail = None, {"reruns": int(st.detail.get("reruns", 0)) + 1}
             self._start(run)
             resumed += 1
-            self.svc.audit.record(SYSTEM, "workflow.resume", "workflow", run.workflow_id, tenant_id=run.tenant_id,
+            self.audit.record(SYSTEM, "workflow.resume", "workflow", run.workflow_id, tenant_id=run.tenant_id,
                                   details={"steps_done": sum(st.status == "done" for st in run.steps.values())})
         if resumed:
             log.info("resumed %d workflows from Neo4j", resumed)
@@ -288,18 +292,18 @@ class WorkflowBook:
         """Write its snapshot now (``status`` in place of its own), trying again every
         ``RETRY_S`` while Neo4j is down (what follows waits: successors start only after their
         inputs' ends are written)."""
-        assert self.svc.repo is not None
+        assert self.gate.repo is not None
         row = run.snapshot(status)
         while True:
             try:
-                await self.svc.db(self.svc.repo.workflows.update_workflows, [row])
+                await self.gate.db(self.gate.repo.workflows.update_workflows, [row])
                 return
             except DatabaseUnavailableError:
                 await asyncio.sleep(RETRY_S)
 
     def _soft(self, run: WorkflowRun) -> None:
         """Its snapshot for the batched GMG writer (progress a restart may lose)."""
-        self.svc.persist([Write("workflow", {"uid": run.uid, "snapshot": run.snapshot()})])
+        self.persist([Write("workflow", {"uid": run.uid, "snapshot": run.snapshot()})])
 
     def get(self, tenant_id: str | None, workflow_id: str) -> WorkflowRun:
         """The workflow (``tenant_id`` None: any tenant's); another tenant's is a 404."""
@@ -316,26 +320,26 @@ class WorkflowBook:
     async def cancel(self, actor: Actor, run: WorkflowRun) -> None:
         """Durable before it is answered: the cancel is written first (a 503 changes nothing),
         then the steps are stopped and their final state written."""
-        assert self.svc.repo is not None
+        assert self.gate.repo is not None
         if run.status != "running":
             raise ConflictError(f"workflow {run.workflow_id} is already {run.status}")
         for _ in range(3):  # a newer batched snapshot may land first and void this one: write a newer one
-            if run.uid in await self.svc.db(self.svc.repo.workflows.update_workflows, [run.snapshot("cancelled")]):
+            if run.uid in await self.gate.db(self.gate.repo.workflows.update_workflows, [run.snapshot("cancelled")]):
                 break
             if run.status != "running":
                 raise ConflictError(f"workflow {run.workflow_id} is already {run.status}")
         else:
             raise ConflictError(f"workflow {run.workflow_id} has ended in Neo4j")
         run.status = "cancelled"
-        self.svc.audit.record(actor, "workflow.cancel", "workflow", run.workflow_id, tenant_id=run.tenant_id)
+        self.audit.record(actor, "workflow.cancel", "workflow", run.workflow_id, tenant_id=run.tenant_id)
         if run.task is not None:
             run.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await run.task
         await self._stop_steps(run, "cancelled")
-        run.finished_at = run.finished_at or self.svc.state.wall()
+        run.finished_at = run.finished_at or self.state.wall()
         try:
-            await self.svc.db(self.svc.repo.workflows.update_workflows, [run.snapshot()])
+            await self.gate.db(self.gate.repo.workflows.update_workflows, [run.snapshot()])
         except DatabaseUnavailableError:  # the cancel itself is written; the steps' state follows
             self._soft(run)
 
@@ -372,7 +376,7 @@ class WorkflowBook:
                 for s in wf.order():
                     st = run.steps[s.step_id]
                     if st.status == "pending" and all(run.steps[u].status == "done" for u in s.uses):
-                        st.status, st.started_at = "running", st.started_at or self.svc.state.wall()
+                        st.status, st.started_at = "running", st.started_at or self.state.wall()
                         running[s.step_id] = asyncio.create_task(self._run_step(run, s))
                         started = True
                 if started:
@@ -386,7 +390,7 @@ class WorkflowBook:
                     exc = task.exception()
                     if exc is not None:
                         st = run.steps[step_id]
-                        st.status, st.error, st.finished_at = "failed", _describe(exc), self.svc.state.wall()
+                        st.status, st.error, st.finished_at = "failed", _describe(exc), self.state.wall()
                 for step_id in ended:
                     if run.steps[step_id].status == "failed":
                         raise StepFailed(step_id, run.steps[step_id].error or "failed")
@@ -403,12 +407,12 @@ class WorkflowBook:
             log.exception("workflow %s of %s failed", run.workflow_id, run.tenant_id)
             outcome, run.error = "failed", _describe(exc)
             await self._stop_steps(run, "cancelled")
-        run.finished_at = self.svc.state.wall()
+        run.finished_at = self.state.wall()
         await self._commit(run, outcome)  # memory says it ended only once Neo4j does
         if run.status != "running":  # a cancel won the race (it is written; this end was not)
             return
         run.status = outcome
-        self.svc.audit.record(SYSTEM, f"workflow.{run.status}", "workflow", run.workflow_id,
+        self.audit.record(SYSTEM, f"workflow.{run.status}", "workflow", run.workflow_id,
                               tenant_id=run.tenant_id,
                               after={"e2e_s": run.finished_at - run.created_at, "error": run.error})
 
@@ -431,39 +435,36 @@ class WorkflowBook:
         return own + "\n".join(p for p in parts if p) if parts else own.strip()
 
     async def _model_call(self, run: WorkflowRun, s: ModelCall) -> None:
-        from service.live import intake
-
-        svc = self.svc
         st = run.steps[s.step_id]
-        model = svc.state.models.get(f"{run.tenant_id}/{s.model}")
+        model = self.state.models.get(f"{run.tenant_id}/{s.model}")
         if model is None:
             raise InvalidInputError(f"model {s.model!r} is gone")
         prompt = model.tokenizer.encode(self.prompt_of(run, s)) or [32]
         max_tokens = s.max_output_tokens or DEFAULT_MAX_OUTPUT
-        req = intake.build_request(svc, run.tenant_id, s.model, prompt, max_tokens, project_id=run.project_id)
+        req = self.intake.build_request(run.tenant_id, s.model, prompt, max_tokens, project_id=run.project_id)
         # once per step, whatever a restart forgot: a second ask gets the request that exists
         req.idempotency_key = f"workflow:{run.workflow_id}:{s.step_id}"
         req.body_sha = hashlib.sha256(json.dumps([s.model, prompt, max_tokens]).encode()).hexdigest()
         wf = run.workflow
-        features = svc.predictors.call_features(model, s.role, len(prompt), wf.depth()[s.step_id], len(s.uses),
-                                                len(wf.steps), runtime_state(svc.state, model))
+        features = self.predictors.call_features(model, s.role, len(prompt), wf.depth()[s.step_id], len(s.uses),
+                                                len(wf.steps), runtime_state(self.state, model))
         self._step_of[req.request_id] = (run, s)  # before it is queued: the slack key asks for it
         try:
-            (req,) = await svc.accept_requests([req])
+            (req,) = await self.accept([req])
             if st.request_id != req.request_id:
                 st.request_id = req.request_id
                 self._soft(run)
             await self._until_ended(req)  # a cancelled workflow cancels the request (_stop_steps)
         finally:
             self._step_of.pop(req.request_id, None)
-        st.finished_at = req.finished_at or svc.state.wall()
+        st.finished_at = req.finished_at or self.state.wall()
         st.output_tokens = len(req.output_tokens)
         st.text = model.tokenizer.decode(req.output_tokens)
         st.detail = {"prompt_tokens": len(prompt), "ttft_s": req.ttft_s, "queued_s": req.queued_s}
         if req.status == "done":
             st.status = "done"
             latency = req.e2e_s if req.e2e_s is not None else st.finished_at - req.arrival
-            svc.predictors.observe_call(features, st.output_tokens, latency, tenant_id=run.tenant_id,
+            self.predictors.observe_call(features, st.output_tokens, latency, tenant_id=run.tenant_id,
                                         workflow_id=run.workflow_id, step_id=s.step_id, at=st.finished_at)
         else:
             st.status, st.error = "failed", f"request {req.request_id} {req.status}: {req.error or ''}".strip()
@@ -477,10 +478,10 @@ class WorkflowBook:
             return None
         run, step = ctx
         done = frozenset(sid for sid, st in run.steps.items() if st.status == "done")
-        version = self.svc.predictors.version
+        version = self.predictors.version
         if run.p99_cost is None or run.p99_cost[0] != (done, version):
-            models = self.svc.state.models
-            predictors = self.svc.predictors
+            models = self.state.models
+            predictors = self.predictors
 
             def features(s: ModelCall, prompt: int) -> CallFeatures:
                 model = models[f"{run.tenant_id}/{s.model}"]
@@ -511,8 +512,8 @@ class WorkflowBook:
     async def _tool_call(self, run: WorkflowRun, s: ToolCall) -> None:
         st = run.steps[s.step_id]
         async with self.tool_slots:
-            st.detail["waited_s"] = round(self.svc.state.wall() - (st.started_at or 0.0), 4)
-            began = self.svc.state.wall()
+            st.detail["waited_s"] = round(self.state.wall() - (st.started_at or 0.0), 4)
+            began = self.state.wall()
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "executor.tool", "--tool", s.tool, "--seconds", str(s.duration_s or 0.0),
                 "--output-tokens", str(s.output_tokens), stdout=asyncio.subprocess.PIPE,
@@ -527,7 +528,7 @@ class WorkflowBook:
                 raise
             finally:
                 run.tools.pop(s.step_id, None)
-        st.finished_at = self.svc.state.wall()
+        st.finished_at = self.state.wall()
         if proc.returncode != 0:
             st.status, st.error = "failed", f"tool {s.tool} exited {proc.returncode}: {err.decode()[-300:]}"
             return
@@ -536,30 +537,29 @@ class WorkflowBook:
         st.detail |= {"tool": s.tool, "cpu_s": answer["cpu_s"], "wall_s": answer["wall_s"], "digest": answer["digest"]}
         st.status = "done"
         inputs = run.workflow.prompt_tokens(s.step_id, {u: run.steps[u].output_tokens for u in s.uses})
-        self.svc.predictors.observe_tool(ToolFeatures(s.tool, inputs), st.finished_at - began, tenant_id=run.tenant_id,
+        self.predictors.observe_tool(ToolFeatures(s.tool, inputs), st.finished_at - began, tenant_id=run.tenant_id,
                                          workflow_id=run.workflow_id, step_id=s.step_id, at=st.finished_at)
 
     async def _cancel_request(self, req: LiveRequest) -> None:
-        from service.live import intake
 
         if req.status in TERMINAL:
             return
         try:
-            await intake.cancel_request(self.svc, req)
+            await self.intake.cancel_request(req)
         except ConflictError:
             pass  # it finished meanwhile
         except Exception:
             log.exception("could not cancel request %s of a cancelled workflow", req.request_id)
 
     async def _stop_steps(self, run: WorkflowRun, status: str) -> None:
-        now = self.svc.state.wall()
+        now = self.state.wall()
         for st in run.steps.values():
             if st.status in ("pending", "running"):
                 # by its key too: a request whose id a restart forgot (a lost batched write)
-                rid = st.request_id or self.svc.state.by_idempotency.get(
+                rid = st.request_id or self.state.by_idempotency.get(
                     (run.tenant_id, f"workflow:{run.workflow_id}:{st.step_id}"))
                 if rid is not None:
-                    req = self.svc.state.requests.get(rid)
+                    req = self.state.requests.get(rid)
                     if req is not None:
                         await self._cancel_request(req)
                 proc = run.tools.get(st.step_id)

@@ -14,7 +14,6 @@ from service.domain.error import NotFoundError
 from service.domain.principal import own_tenant
 from service.domain.quota import Quota
 from service.domain.role import AUDITOR
-from service.live import governance
 from service.live.audit import actor_of
 
 if TYPE_CHECKING:
@@ -39,8 +38,8 @@ async def create_api_key(tenant_id: str, body: ApiKeyIn, svc: Svc, p: ManagePrin
     """Admin or the tenant's admin: a key for a person or service, with a role (tenant_admin,
     member, viewer), optionally limited to projects and with an expiry; shown once."""
     own_tenant(p, tenant_id)
-    record, key = await governance.create_key(svc, p, tenant_id, body.key_id, body.name, body.role,
-                                              tuple(dict.fromkeys(body.projects)), body.expires_in_s)
+    record, key = await svc.governance.create_key(p, tenant_id, body.key_id, body.name, body.role,
+                                                  tuple(dict.fromkeys(body.projects)), body.expires_in_s)
     return {**record.public(svc.reads.wall()), "api_key": key}
 
 
@@ -56,7 +55,7 @@ async def list_api_keys(tenant_id: str, svc: Svc, p: ManagePrincipal) -> list[di
 async def rotate_api_key(tenant_id: str, key_id: str, svc: Svc, p: ManagePrincipal) -> dict[str, Any]:
     """A new secret for the key (shown once); the old one is refused from now on."""
     own_tenant(p, tenant_id)
-    record, key = await governance.rotate_key(svc, p, tenant_id, key_id)
+    record, key = await svc.governance.rotate_key(p, tenant_id, key_id)
     return {**record.public(svc.reads.wall()), "api_key": key}
 
 
@@ -64,7 +63,7 @@ async def rotate_api_key(tenant_id: str, key_id: str, svc: Svc, p: ManagePrincip
 async def revoke_api_key(tenant_id: str, key_id: str, svc: Svc, p: ManagePrincipal) -> dict[str, Any]:
     """The key is refused from now on (and after a restart)."""
     own_tenant(p, tenant_id)
-    record = await governance.revoke_key(svc, p, tenant_id, key_id)
+    record = await svc.governance.revoke_key(p, tenant_id, key_id)
     return record.public(svc.reads.wall())
 
 
@@ -72,7 +71,7 @@ async def revoke_api_key(tenant_id: str, key_id: str, svc: Svc, p: ManagePrincip
 @router.post("/v1/auditor-keys", status_code=201, response_model=ApiKeyCreatedOut)
 async def create_auditor_key(body: AuditorKeyIn, svc: Svc, p: AdminPrincipal) -> dict[str, Any]:
     """Admin: a platform key that reads (and verifies) the whole audit log and nothing else."""
-    record, key = await governance.create_key(svc, p, None, body.key_id, body.name, AUDITOR, (), body.expires_in_s)
+    record, key = await svc.governance.create_key(p, None, body.key_id, body.name, AUDITOR, (), body.expires_in_s)
     return {**record.public(svc.reads.wall()), "api_key": key}
 
 
@@ -84,7 +83,7 @@ async def list_auditor_keys(svc: Svc, _: AdminPrincipal) -> list[dict[str, Any]]
 
 @router.post("/v1/auditor-keys/{key_id}/revoke", response_model=ApiKeyOut)
 async def revoke_auditor_key(key_id: str, svc: Svc, p: AdminPrincipal) -> dict[str, Any]:
-    record = await governance.revoke_key(svc, p, None, key_id)
+    record = await svc.governance.revoke_key(p, None, key_id)
     return record.public(svc.reads.wall())
 
 
@@ -99,7 +98,7 @@ def _project_public(svc: LiveService, tenant_id: str, project_id: str) -> dict[s
 async def create_project(tenant_id: str, body: ProjectIn, svc: Svc, p: ManagePrincipal) -> dict[str, Any]:
     """Admin or the tenant's admin: a project, with its own quota (within the tenant's)."""
     own_tenant(p, tenant_id)
-    await governance.create_project(svc, p, tenant_id, body.project_id, body.description, _quota(body.quota))
+    await svc.governance.create_project(p, tenant_id, body.project_id, body.description, _quota(body.quota))
     return _project_public(svc, tenant_id, body.project_id)
 
 
@@ -117,14 +116,14 @@ async def set_project_quota(tenant_id: str, project_id: str, body: QuotaIn, svc:
                             p: ManagePrincipal) -> dict[str, Any]:
     """Admin or the tenant's admin: a project's quota (the tenant's still binds)."""
     own_tenant(p, tenant_id)
-    await governance.set_project_quota(svc, actor_of(p), tenant_id, project_id, _quota(body))
+    await svc.governance.set_project_quota(actor_of(p), tenant_id, project_id, _quota(body))
     return _project_public(svc, tenant_id, project_id)
 
 
 @router.put("/v1/tenants/{tenant_id}/quota", response_model=TenantUsageOut)
 async def set_tenant_quota(tenant_id: str, body: QuotaIn, svc: Svc, p: AdminPrincipal) -> dict[str, Any]:
     """Admin: the tenant's quota (a tenant asks for more through an access request)."""
-    await governance.set_tenant_quota(svc, actor_of(p), tenant_id, _quota(body))
+    await svc.governance.set_tenant_quota(actor_of(p), tenant_id, _quota(body))
     return _usage(svc, tenant_id, p.projects)
 
 

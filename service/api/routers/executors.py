@@ -16,7 +16,6 @@ from service.api.responses import (
     PinnedReplicaOut,
 )
 from service.api.schemas import ExecutorIn, HeartbeatIn, ReplicaIn
-from service.live import registration
 from service.live.audit import actor_of
 
 router = APIRouter(tags=["executors"])
@@ -29,8 +28,8 @@ async def list_devices(svc: Svc, _: AdminPrincipal) -> list[dict[str, Any]]:
 
 @router.post("/v1/executors", response_model=ExecutorRegisteredOut)
 async def register_executor(body: ExecutorIn, svc: Svc, p: ExecutorPrincipal) -> dict[str, Any]:
-    await registration.register_executor(svc, p, body.executor_id, body.host_id,
-                                         [(d.device_id, d.kind, d.mem_bytes) for d in body.devices], body.stage_url)
+    await svc.registration.register_executor(p, body.executor_id, body.host_id,
+                                             [(d.device_id, d.kind, d.mem_bytes) for d in body.devices], body.stage_url)
     return {"executor_id": body.executor_id, "lease_ttl_s": svc.settings.lease_ttl_s,
             "heartbeat_s": svc.settings.heartbeat_s,
             "devices": {d.device_id: f"{body.executor_id}/{d.device_id}" for d in body.devices}}
@@ -45,7 +44,7 @@ async def heartbeat(executor_id: str, body: HeartbeatIn, svc: Svc, p: ExecutorPr
 
 @router.delete("/v1/executors/{executor_id}", response_model=ExecutorRemovedOut)
 async def deregister_executor(executor_id: str, svc: Svc, p: ExecutorPrincipal) -> dict[str, Any]:
-    await registration.deregister_executor(svc, p, executor_id)
+    await svc.registration.deregister_executor(p, executor_id)
     return {"executor_id": executor_id, "removed": True}
 
 
@@ -55,4 +54,4 @@ async def pin_replica(body: ReplicaIn, svc: Svc, p: AdminPrincipal) -> dict[str,
     """Admin: place a replica of a model on these devices, layers split over them in order (they
     may belong to different executors: the leading executor runs the others' layers over HTTP).
     The home planner leaves it alone; it goes when one of its devices does."""
-    return await registration.pin_replica(svc, actor_of(p), body.tenant_id, body.model_id, body.device_ids)
+    return await svc.registration.pin_replica(actor_of(p), body.tenant_id, body.model_id, body.device_ids)

@@ -12,7 +12,6 @@ from service.api.deps import ExecutorPrincipal, Svc
 from service.api.responses import CompleteOut, LeaseFailedOut, LeaseRenewedOut, PollOut, ProgressOut
 from service.api.schemas import CompleteIn, FailIn, PollIn, ProgressIn
 from service.domain.wire import Completion, ProgressUpdate
-from service.live import leasing
 
 router = APIRouter(tags=["leases"])
 
@@ -22,7 +21,7 @@ async def poll(body: PollIn, svc: Svc, p: ExecutorPrincipal) -> JSONResponse:
     """Long poll: the next leases for the executor's devices, waiting up to ``wait_s`` for work."""
     svc.pools.check_owner(p, body.executor_id)
     ready = None if body.ready is None else frozenset(body.ready)
-    leases = await leasing.poll_leases(svc, body.executor_id, body.max_leases, body.wait_s, ready)
+    leases = await svc.leasing.poll_leases(body.executor_id, body.max_leases, body.wait_s, ready)
     return JSONResponse({"leases": leases})  # plain JSON: the hot path skips response encoding
 
 
@@ -36,8 +35,8 @@ async def progress(body: ProgressIn, svc: Svc, p: ExecutorPrincipal) -> JSONResp
     """New tokens of streaming leases (``offset``: the position of the first); the answer lists
     the executor's leases to stop (their requests ended, e.g. a client went away)."""
     svc.pools.check_owner(p, body.executor_id)
-    cancel = leasing.progress(svc, body.executor_id,
-                              [ProgressUpdate(u.lease_id, u.offset, tuple(u.tokens)) for u in body.updates])
+    cancel = svc.leasing.progress(body.executor_id,
+                                  [ProgressUpdate(u.lease_id, u.offset, tuple(u.tokens)) for u in body.updates])
     return JSONResponse({"cancel": cancel})
 
 
@@ -56,5 +55,5 @@ async def complete(body: CompleteIn, svc: Svc, p: ExecutorPrincipal) -> JSONResp
 async def fail(lease_id: str, body: FailIn, svc: Svc, p: ExecutorPrincipal) -> dict[str, Any]:
     svc.pools.check_owner(p, body.executor_id)
     svc.check_lease(p, lease_id)
-    await leasing.fail_lease(svc, lease_id, body.executor_id, body.reason)
+    await svc.leasing.fail_lease(lease_id, body.executor_id, body.reason)
     return {"lease_id": lease_id, "failed": True}

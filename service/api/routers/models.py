@@ -15,7 +15,6 @@ from service.api.responses import ModelOut
 from service.api.schemas import ModelIn
 from service.domain.error import ForbiddenError
 from service.domain.principal import require, scoped_tenant
-from service.live import registration
 from service.live.audit import actor_of
 
 router = APIRouter(tags=["models"])
@@ -37,8 +36,8 @@ async def create_model(body: ModelIn, svc: Svc, p: ManagePrincipal) -> dict[str,
     if body.path is not None and not p.is_admin:
         raise ForbiddenError("registering a model by path takes an admin key (it names files on the service's "
                              "and executors' hosts)")
-    model = await registration.create_model(svc, actor_of(p), tenant_id, body.model_id, body.family, body.seed,
-                                            body.replicas, body.path)
+    model = await svc.registration.create_model(actor_of(p), tenant_id, body.model_id, body.family, body.seed,
+                                                body.replicas, body.path)
     return reports.model_public(model)
 
 

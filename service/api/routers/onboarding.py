@@ -12,7 +12,6 @@ from service.api.responses import AccessRequestOut, ClaimOut, OnboardingSubmitte
 from service.api.schemas import AccessChangeIn, ClaimIn, DecisionIn, OnboardingIn
 from service.domain.error import InvalidInputError
 from service.domain.principal import scoped_tenant
-from service.live import governance
 
 router = APIRouter(tags=["onboarding"])
 
@@ -23,7 +22,7 @@ async def submit_onboarding(body: OnboardingIn, svc: Svc) -> dict[str, Any]:
     after a platform admin approves, the token claims the tenant's first key."""
     payload = body.model_dump(exclude={"tenant_id"})
     payload["quota"] = body.quota.model_dump()
-    req, token = await governance.submit_onboarding(svc, body.tenant_id, payload)
+    req, token = await svc.governance.submit_onboarding(body.tenant_id, payload)
     return {**req.public(), "claim_token": token}
 
 
@@ -31,7 +30,7 @@ async def submit_onboarding(body: OnboardingIn, svc: Svc) -> dict[str, Any]:
 async def claim(request_id: str, body: ClaimIn, svc: Svc) -> dict[str, Any]:
     """The request's status and history for its claim token; once approved, the tenant's first
     key (tenant_admin), the first time only."""
-    return await governance.claim(svc, request_id, body.claim_token)
+    return await svc.governance.claim(request_id, body.claim_token)
 
 
 @router.post("/v1/access-requests", status_code=201, response_model=AccessRequestOut)
@@ -54,7 +53,7 @@ async def submit_change(body: AccessChangeIn, svc: Svc, p: ManagePrincipal) -> d
         payload["note"] = body.note
     if body.project_id is not None and body.kind != "quota":
         raise InvalidInputError("project_id applies to quota requests", culprit="project_id")
-    req = await governance.submit_change(svc, p, tenant_id, body.kind, payload, body.project_id)
+    req = await svc.governance.submit_change(p, tenant_id, body.kind, payload, body.project_id)
     return req.public()
 
 
@@ -74,10 +73,10 @@ async def get_access_request(request_id: str, svc: Svc, p: ManagePrincipal) -> d
 @router.post("/v1/access-requests/{request_id}/approve", response_model=AccessRequestOut)
 async def approve(request_id: str, body: DecisionIn, svc: Svc, p: AdminPrincipal) -> dict[str, Any]:
     """Admin: approve and apply (onboarding creates the tenant, its quota and models)."""
-    return (await governance.decide(svc, p, request_id, True, body.reason)).public()
+    return (await svc.governance.decide(p, request_id, True, body.reason)).public()
 
 
 @router.post("/v1/access-requests/{request_id}/reject", response_model=AccessRequestOut)
 async def reject(request_id: str, body: DecisionIn, svc: Svc, p: AdminPrincipal) -> dict[str, Any]:
     """Admin: reject, with the reason the requester will read."""
-    return (await governance.decide(svc, p, request_id, False, body.reason)).public()
+    return (await svc.governance.decide(p, request_id, False, body.reason)).public()

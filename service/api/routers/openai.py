@@ -121,9 +121,9 @@ async def _run(svc: LiveService, request: Request, p: Principal, model: LiveMode
     """Submit the request and answer it whole, or as a stream."""
     if not svc.reads.serving(model.uid):
         raise NotServedError(f"no executor serves model {body.model!r} now; retry later")
-    req = intake.build_request(svc, model.tenant_id, model.model_id, prompt, max_tokens, hints=hints,
-                               sampling=intake.sampling_of(body.temperature, body.top_p, body.seed),
-                               project_id=intake.project_of(svc, p, model.tenant_id, hints.project_id))
+    req = svc.intake.build_request(model.tenant_id, model.model_id, prompt, max_tokens, hints=hints,
+                                   sampling=intake.sampling_of(body.temperature, body.top_p, body.seed),
+                                   project_id=svc.intake.project_of(p, model.tenant_id, hints.project_id))
     stream = svc.streams.open(req.request_id, progress=bool(body.stream))
     try:
         await svc.accept_requests([req])
@@ -226,7 +226,7 @@ async def _cancel_abandoned(svc: LiveService, req: LiveRequest) -> None:
     """The client left: cancel its request (its executor stops it at its next report or heartbeat)."""
     with contextlib.suppress(ConflictError):  # it ended meanwhile
         try:
-            await intake.cancel_request(svc, req)
+            await svc.intake.cancel_request(req)
         except DatabaseUnavailableError as exc:
             log.warning("request %s: its client left, but the cancel could not be written: %s", req.request_id, exc)
             return

@@ -14,7 +14,6 @@ from service.api.responses import AcceptedBatchOut, AcceptedOut, RequestOut
 from service.api.schemas import RequestBatchIn, RequestIn
 from service.domain.error import InvalidInputError, NotFoundError
 from service.domain.principal import Principal, scoped_tenant
-from service.live import intake
 from service.live.records import STATUSES, LiveRequest
 
 router = APIRouter(tags=["requests"])
@@ -31,7 +30,7 @@ async def submit(body: RequestIn, svc: Svc, p: SubmitPrincipal, hints: Hints,
     returns the first request (409 if the body differs) and never creates a second. The
     ``x-slo-*`` and ``x-priority`` headers give it targets and a priority of its own."""
     tenant_id = scoped_tenant(p, body.tenant_id)
-    project_id = intake.project_of(svc, p, tenant_id, body.project_id or hints.project_id)
+    project_id = svc.intake.project_of(p, tenant_id, body.project_id or hints.project_id)
     req = http_intake.new_request(svc, tenant_id, body, idempotency_key, hints, project_id)
     (answer,) = await svc.accept_requests([req])
     return reports.accepted_public(answer)
@@ -47,7 +46,7 @@ async def submit_batch(body: RequestBatchIn, svc: Svc, p: SubmitPrincipal, hints
     for i, item in enumerate(body.requests):
         try:
             tenant_id = scoped_tenant(p, item.tenant_id)
-            project_id = intake.project_of(svc, p, tenant_id, item.project_id or hints.project_id)
+            project_id = svc.intake.project_of(p, tenant_id, item.project_id or hints.project_id)
             reqs.append(http_intake.new_request(svc, tenant_id, item,
                                            None if idempotency_key is None else f"{idempotency_key}#{i}", hints,
                                            project_id))
@@ -87,5 +86,5 @@ async def list_requests(svc: Svc, p: ReadPrincipal,
 async def cancel(request_id: str, svc: Svc, p: SubmitPrincipal) -> dict[str, Any]:
     """Cancel a request; the cancel is in Neo4j when this answers (409 if it already finished)."""
     req = _visible(svc, p, request_id)
-    await intake.cancel_request(svc, req)
+    await svc.intake.cancel_request(req)
     return reports.request_public(svc, req)

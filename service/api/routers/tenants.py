@@ -11,7 +11,6 @@ from service.api.deps import AdminPrincipal, ReadPrincipal, Svc
 from service.api.responses import TenantCreatedOut, TenantOut
 from service.api.schemas import TenantIn
 from service.domain.principal import scoped_tenant
-from service.live import registration
 from service.live.audit import actor_of
 
 router = APIRouter(tags=["tenants"])
@@ -19,8 +18,8 @@ router = APIRouter(tags=["tenants"])
 
 @router.post("/v1/tenants", status_code=201, response_model=TenantCreatedOut)
 async def create_tenant(body: TenantIn, svc: Svc, p: AdminPrincipal) -> dict[str, Any]:
-    key = await registration.create_tenant(svc, actor_of(p), body.tenant_id, body.sla_class, body.weight,
-                                           body.priority)
+    key = await svc.registration.create_tenant(actor_of(p), body.tenant_id, body.sla_class, body.weight,
+                                               body.priority)
     return {**reports.tenant_public(svc, body.tenant_id), "api_key": key}
 
 

@@ -12,7 +12,6 @@ from service.api.responses import WorkflowOut
 from service.domain.error import InvalidInputError, NotFoundError
 from service.domain.principal import Principal, scoped_tenant
 from service.domain.workflow import Workflow
-from service.live import intake
 from service.live.audit import actor_of
 from service.live.service import LiveService
 from service.live.workflows import WorkflowRun
@@ -45,7 +44,7 @@ async def submit_workflow(body: WorkflowDoc, svc: Svc, p: SubmitPrincipal) -> di
         for name, text in input_text.items():
             doc["inputs"].setdefault(name, len(text.encode()))
     workflow = Workflow.from_dict(doc)
-    project_id = intake.project_of(svc, p, tenant_id, asked_project)
+    project_id = svc.intake.project_of(p, tenant_id, asked_project)
     run = await svc.workflows.submit(actor_of(p), workflow, project_id, input_text)
     return run.public()
 
