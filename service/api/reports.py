@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from service.domain.error import ForbiddenError, InvalidInputError, NotFoundError
 from service.domain.principal import Principal, require, scoped_projects, scoped_tenant
 from service.domain.role import AUDIT_READ
+from service.domain.table import Table
 from service.domain.tokenizer import BYTES, Tokenizer
-from service.graph.inspection import Table
 from service.live.records import LiveModel, LiveRequest
 
 if TYPE_CHECKING:

@@ -11,10 +11,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from service.core.queue import QUEUE_POLICIES
 from service.domain.sampling import MAX_SEED, MAX_TEMPERATURE
+from service.live.names import QUEUE_POLICY_NAMES, SLA_CLASS_NAMES
 from service.live.records import LIVE_FAMILIES
-from service.sim.sla import SLA_CLASSES
 
 ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
 DEVICE = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,31}$"
@@ -42,7 +41,7 @@ class Body(BaseModel):
 
 class TenantIn(Body):
     tenant_id: str = Field(pattern=ID)
-    sla_class: str = Field("standard", json_schema_extra={"enum": list(SLA_CLASSES)})
+    sla_class: str = Field("standard", json_schema_extra={"enum": list(SLA_CLASS_NAMES)})
     weight: float = Field(1.0, gt=0, le=1000)
     priority: Int = Field(0, ge=-100, le=100)
 
@@ -68,7 +67,7 @@ class RequestIn(Body):
     prompt: str | None = Field(None, min_length=1, max_length=100_000, description="text (byte-level tokens)")
     prompt_tokens: IntList | None = Field(None, min_length=1, max_length=100_000)
     max_tokens: Int = Field(ge=1, le=1_000_000)
-    sla_class: str | None = Field(None, max_length=32, json_schema_extra={"enum": [*SLA_CLASSES, None]},
+    sla_class: str | None = Field(None, max_length=32, json_schema_extra={"enum": [*SLA_CLASS_NAMES, None]},
                                   description="default: the tenant's")
     tenant_id: str | None = Field(None, pattern=ID, description="admin keys only")
     temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE, description="0 (default): greedy")
@@ -168,7 +167,7 @@ class WhatIfIn(Body):
 
 
 class QueuePolicyIn(Body):
-    queue: str = Field(max_length=64, json_schema_extra={"enum": list(QUEUE_POLICIES)})
+    queue: str = Field(max_length=64, json_schema_extra={"enum": list(QUEUE_POLICY_NAMES)})
     params: dict[str, float] = Field(default_factory=dict, max_length=8,
                                      description="the policy's parameters (e.g. slack's token_s, sjf's "
                                                  "aging_tokens_per_s); none: its defaults")
@@ -236,7 +235,7 @@ class OnboardingIn(Body):
     tenant_id: str = Field(pattern=ID, description="the tenant id it asks for")
     organisation: str = Field(min_length=1, max_length=200)
     contact: str = Field(min_length=3, max_length=200, description="who to answer (an e-mail address, say)")
-    sla_class: str = Field("standard", json_schema_extra={"enum": list(SLA_CLASSES)})
+    sla_class: str = Field("standard", json_schema_extra={"enum": list(SLA_CLASS_NAMES)})
     models: list[OnboardingModelIn] = Field(default_factory=list, max_length=16)
     quota: QuotaIn = Field(default_factory=lambda: QuotaIn(tokens_per_s=None, device_s_per_hour=None, mem_bytes=None))
     note: str = Field("", max_length=2000)
@@ -256,7 +255,7 @@ class AccessChangeIn(Body):
     quota: QuotaIn | None = None
     model_id: str | None = Field(None, pattern=ID)
     family: str | None = Field(None, max_length=64, json_schema_extra={"enum": [*LIVE_FAMILIES, None]})
-    sla_class: str | None = Field(None, json_schema_extra={"enum": [*SLA_CLASSES, None]})
+    sla_class: str | None = Field(None, json_schema_extra={"enum": [*SLA_CLASS_NAMES, None]})
     note: str = Field("", max_length=2000)
 
 

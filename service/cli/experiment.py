@@ -18,9 +18,8 @@ if TYPE_CHECKING:
 
 import argparse
 import json
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from service.domain.error import InvalidInputError
 from service.domain.experiment import (
@@ -29,9 +28,11 @@ from service.domain.experiment import (
     Experiment,
     comparison,
     headline_rows,
+    record_doc,
     reproduction,
 )
 from service.harness.console import print_table
+from service.live.plots import plot_headline
 
 EXIT_DIFFERS = 1
 
@@ -69,15 +70,6 @@ def _repository() -> GraphRepository:
     repo = GraphRepository(open_driver(settings), database=settings.database)
     repo.apply_schema()
     return repo
-
-
-def record_doc(e: Experiment) -> dict[str, Any]:
-    """The whole record as one JSON-ready mapping."""
-    return {"uid": e.uid, "kind": e.kind, "project": e.project, "tenant_id": e.tenant_id,
-            "created_at": e.created_at, "seed": e.seed, "code": e.code.to_doc(), "cost_model": e.cost_model,
-            "data_digests": e.data_digests, "config": e.config, "results": e.results,
-            "plots": [{"name": p.name, "path": p.path, "sha256": p.sha256, "size_bytes": p.size_bytes}
-                      for p in e.plots], "out_dir": e.out_dir}
 
 
 # ---- list and show ------------------------------------------------------------------------------
@@ -173,35 +165,6 @@ def plot_comparison(path: Path, a: Experiment, b: Experiment) -> None:
     plot_headline(path, headline_rows(a.results, b.results), a.uid, b.uid)
 
 
-def plot_headline(target: Path | BinaryIO, rows: Sequence[Sequence[Any]], a_name: str, b_name: str) -> None:
-    """The comparison plot of :func:`~service.domain.experiment.headline_rows` ``rows`` (key,
-    figure, A, B), written to a path or a binary file as PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    keys = sorted({key for key, *_ in rows})
-    figures = {("tokens/s", key): (va, vb) for key, label, va, vb in rows if label == "tokens/s"}
-    figures |= {("SLA viol.", key): (va, vb) for key, label, va, vb in rows if label == "SLA viol."}
-    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 1.6 * len(keys) + 4), 4.5))
-    x = np.arange(len(keys))
-    width = 0.38
-    for ax, (label, ylabel) in zip(axes, (("tokens/s", "output tokens/s"), ("SLA viol.", "SLA violation rate")),
-                                   strict=True):
-        for offset, name, side in ((-width / 2, a_name, 0), (width / 2, b_name, 1)):
-            values = [figures[(label, k)][side] for k in keys]
-            ax.bar(x + offset, [np.nan if v is None else v for v in values], width, label=name)
-        ax.set_xticks(x, keys, rotation=20, ha="right")
-        ax.set_ylim(bottom=0)
-        ax.set_ylabel(ylabel)
-        ax.set_title(label)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{a_name} vs {b_name}")
-    fig.tight_layout()
-    fig.savefig(target, dpi=110, format="png")
-    plt.close(fig)
 
 
 # ---- rerun --------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Slices cut from a model phase's operator graph: one contract, computed in memory here and in
 Cypher by the GMG (cypher/read/cut_slices.cypher, :meth:`~service.graph.cut_store.CutStore.cut_slices`).
 
-Pure (no I/O; :func:`cut_model` traces on the ``meta`` device). A *slice* is a contiguous run of
+Pure (no I/O); :func:`service.models.cut.cut_model` traces a model and cuts it here. A *slice* is a contiguous run of
 one phase's operators, in their topological index order, executed for one iteration's batch.
 The :class:`Granularity` (the quantum, chosen by the policy) groups the transformer layers:
 
@@ -41,18 +41,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import TYPE_CHECKING
 
 from service.domain.error import InvalidGraphError, InvalidInputError
-from service.domain.opgraph import PHASES, OperatorGraph, OperatorSpec
-
-if TYPE_CHECKING:
-    from service.domain.model_config import ModelConfig
-
-#: The traced shape of :func:`cut_model` (clipped to the model's context length).
-TRACE_TOKENS = 128
-TRACE_CONTEXT = 512
+from service.domain.opgraph import OperatorGraph, OperatorSpec
 
 
 @dataclass(frozen=True)
@@ -215,24 +206,3 @@ def cut_graph(graph: OperatorGraph, granularity: Granularity) -> list[SliceCut]:
             tokens=tokens,
         ))
     return out
-
-
-@lru_cache(maxsize=256)
-def cut_model(config: ModelConfig, phase: str, granularity: Granularity) -> tuple[SliceCut, ...]:
-    """The cut of a built-in model's phase, traced on the ``meta`` device at one sequence of
-    :data:`TRACE_TOKENS` tokens (prefill) or one token over :data:`TRACE_CONTEXT` cached ones
-    (decode), both clipped to the model's context; cached per ``(config, phase, granularity)``.
-    Shape-only configs (Llama-2 70B) trace in a few seconds, once."""
-    if phase not in PHASES:
-        raise InvalidInputError(f"unknown phase {phase!r} (expected one of {PHASES})")
-    granularity.check(config.n_layers, config.name)
-    return tuple(cut_graph(traced_graph(config, phase), granularity))
-
-
-@lru_cache(maxsize=16)
-def traced_graph(config: ModelConfig, phase: str) -> OperatorGraph:
-    """The phase's operator graph that :func:`cut_model` cuts, traced once per process."""
-    from service.models.trace import trace_phase  # torch: imported on first use only
-
-    return trace_phase(config, phase, batch=1, tokens=min(TRACE_TOKENS, config.max_seq_len),
-                       context=min(TRACE_CONTEXT, config.max_seq_len - 1))

@@ -260,3 +260,12 @@ def comparison(a: Experiment, b: Experiment) -> dict[str, Any]:
     return {"a": a.uid, "b": b.uid, "top": top, "config_differences": config, "data_differences": data,
             "rows": [list(r) for r in headline_rows(a.results, b.results)],
             "result_differences": len(result_differences(a.results, b.results))}
+
+
+def record_doc(e: Experiment) -> dict[str, Any]:
+    """The whole record as one JSON-ready mapping."""
+    return {"uid": e.uid, "kind": e.kind, "project": e.project, "tenant_id": e.tenant_id,
+            "created_at": e.created_at, "seed": e.seed, "code": e.code.to_doc(), "cost_model": e.cost_model,
+            "data_digests": e.data_digests, "config": e.config, "results": e.results,
+            "plots": [{"name": p.name, "path": p.path, "sha256": p.sha256, "size_bytes": p.size_bytes}
+                      for p in e.plots], "out_dir": e.out_dir}

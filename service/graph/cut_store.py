@@ -1,5 +1,5 @@
 """Slices cut from the GMG (the contract of :mod:`service.core.cut`), answered by Cypher for the
-live service; replay computes the same cut in memory (:func:`service.core.cut.cut_model`)."""
+live service; replay computes the same cut in memory (:func:`service.models.cut.cut_model`)."""
 
 from __future__ import annotations
 

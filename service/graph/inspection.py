@@ -6,7 +6,6 @@ or administration commands)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import neo4j
@@ -14,16 +13,10 @@ from neo4j import ManagedTransaction
 from neo4j.exceptions import ClientError, CypherSyntaxError, DatabaseError, TransientError
 
 from service.domain.error import InvalidInputError, ReadOnlyViolationError
+from service.domain.table import Table
 from service.graph import guard
 from service.graph.catalog import Query
 from service.graph.store import StorePart
-
-
-@dataclass(frozen=True)
-class Table:
-    columns: list[str]
-    rows: list[list[Any]]
-    truncated: bool = False  # the query had more rows than the cap; ``rows`` holds the first ones
 
 
 def _plain(value: Any) -> Any:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from service.domain.error import DatabaseUnavailableError, InspectionBusyError
-from service.graph.inspection import Table
+from service.domain.table import Table
 
 if TYPE_CHECKING:
     from service.graph.catalog import Query

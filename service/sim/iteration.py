@@ -29,11 +29,12 @@ from service.core.cost import (
     OpFeatures,
     floored,
 )
-from service.core.cut import Granularity, cut_model
+from service.core.cut import Granularity
 from service.core.scheduler import SliceSize
 from service.domain.cluster import Device, Link
 from service.domain.model_config import ModelConfig
 from service.domain.opgraph import DTYPE_BYTES
+from service.models.cut import cut_model
 
 
 def dtype_bytes(config: ModelConfig) -> int:
@@ -65,7 +66,7 @@ def layers_weight_bytes(config: ModelConfig, first_layer: int, last_layer: int) 
 
 def slice_sizes(config: ModelConfig, layers_per_slice: int) -> list[SliceSize]:
     """The model's decode graph cut into slices of ``layers_per_slice`` consecutive layers
-    (:func:`service.core.cut.cut_model`, the in-memory twin of the GMG's Cypher cut): the weight
+    (:func:`service.models.cut.cut_model`, the in-memory twin of the GMG's Cypher cut): the weight
     bytes each slice reads, and its layers' KV per cached token (``InvalidInputError`` when the
     quantum does not divide the layers)."""
     kv = kv_bytes_per_token(config) // config.n_layers * layers_per_slice

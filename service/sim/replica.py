@@ -34,13 +34,14 @@ import numpy as np
 
 from service.core.batching import SIM_BATCHING
 from service.core.cost import CostModel, IterationOverhead, predict_slice, slice_of
-from service.core.cut import Granularity, cut_model, traced_graph
+from service.core.cut import Granularity
 from service.core.memory import Allocation, MemoryLedger
 from service.core.queue import FifoQueue, WaitingQueue
 from service.domain.cluster import ClusterSpec, Device
 from service.domain.error import InvalidInputError
 from service.domain.model_config import ModelConfig
 from service.domain.request import RequestSpec
+from service.models.cut import cut_model, traced_graph
 from service.sim.iteration import (
     CostTables,
     IterationCostTable,

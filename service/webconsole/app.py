@@ -401,7 +401,7 @@ def create_console(api_url: str, *, secure_cookies: bool = False, session_idle_s
     async def compare_png(request: Request, a: str, b: str) -> Response:
         s = need(request, *READERS)
         doc = await client.get(f"/v1/experiments/{_seg(a)}/compare", s.key, other=b)
-        from service.cli.experiment import plot_headline
+        from service.live.plots import plot_headline
 
         buf = io.BytesIO()
         plot_headline(buf, doc["rows"], doc["a"], doc["b"])

@@ -8,10 +8,11 @@ from functools import cache
 
 import pytest
 
-from service.core.cut import Granularity, SliceCut, cut_graph, cut_model
+from service.core.cut import Granularity, SliceCut, cut_graph
 from service.domain.error import InvalidGraphError, InvalidInputError
 from service.domain.model_config import model_config
 from service.domain.opgraph import OperatorGraph
+from service.models.cut import cut_model
 from service.models.trace import trace_phase
 
 MODELS = ("tiny", "tiny-llama")

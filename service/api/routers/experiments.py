@@ -12,9 +12,8 @@ from fastapi import APIRouter, Query
 
 from service.api.deps import ReadPrincipal, Svc
 from service.api.responses import ExperimentComparisonOut, ExperimentOut, ExperimentSummaryOut
-from service.cli.experiment import record_doc
 from service.domain.error import InvalidInputError, NotFoundError
-from service.domain.experiment import KINDS, Experiment, comparison
+from service.domain.experiment import KINDS, Experiment, comparison, record_doc
 from service.domain.principal import Principal
 
 router = APIRouter(tags=["experiments"])
