@@ -333,7 +333,7 @@ PASSTHROUGH: list[tuple[tuple[str, ...], str, str]] = [
      "train the default cost-model artifact (table, GNN, host overheads) into the cache"),
     (("cost-model", "evaluate"), "learned.evaluate:evaluate_main", "held-out accuracy of every cost model"),
     (("profile",), "executor.profiler:profile_main", "time the project's operators on this CPU"),
-    (("predictors",), "learned.distributional:predictors_main",
+    (("predictors",), "service.cli.predictors:predictors_main",
      "distributional predictors of workflow calls: record|train|calibration"),
     (("serve",), "service.cli.serve:serve_main", "run the HTTP scheduling API (docs/API.md)"),
     (("executor",), "executor.command:main", "run an executor daemon for this node's devices"),

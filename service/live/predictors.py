@@ -205,7 +205,7 @@ class LivePredictors:
         await threads.run(self._restore)
 
     def _restore(self) -> None:
-        from service.replay.agentic import read_records
+        from learned.records import read_records
 
         if not self.path.is_file():
             return

@@ -19,11 +19,9 @@ Records of every finished call and tool (features at release, truth) are what
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -51,12 +49,10 @@ __all__ = [
     "AgenticConfig",
     "AgenticResult",
     "default_shapes",
-    "read_records",
     "record_runs",
     "run_agentic",
     "shape_workflows",
     "warmup_s",
-    "write_records",
 ]
 
 #: Workflows per second of each shape at load 1.0 on 8xA100-nvlink (about what its eight
@@ -355,42 +351,6 @@ def record_runs(config: AgenticConfig, lengths: TraceLengths, *, duration_s: flo
             r = run_agentic(config, wfs, router=router, horizon_s=duration_s, record=True)
             calls += r.calls
             tools += r.tools
-    return calls, tools
-
-
-def write_records(path: Path, calls: Iterable[CallRecord], tools: Iterable[ToolRecord]) -> int:
-    """One JSON object per line: ``{"kind": "call", "features": {...}, "output_tokens", "latency_s"}``
-    or ``{"kind": "tool", "features": {...}, "duration_s"}``; returns the lines written."""
-    n = 0
-    with path.open("w") as f:
-        for c in calls:
-            f.write(json.dumps({"kind": "call", "features": asdict(c.features), "output_tokens": c.output_tokens,
-                                "latency_s": c.latency_s}) + "\n")
-            n += 1
-        for t in tools:
-            f.write(json.dumps({"kind": "tool", "features": asdict(t.features), "duration_s": t.duration_s}) + "\n")
-            n += 1
-    return n
-
-
-def read_records(path: Path) -> tuple[list[CallRecord], list[ToolRecord]]:
-    """The records :func:`write_records` wrote; ``InvalidInputError`` naming the line otherwise."""
-    calls: list[CallRecord] = []
-    tools: list[ToolRecord] = []
-    for i, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            doc = json.loads(line)
-            if doc["kind"] == "call":
-                calls.append(CallRecord(CallFeatures(**doc["features"]), int(doc["output_tokens"]),
-                                        float(doc["latency_s"])))
-            elif doc["kind"] == "tool":
-                tools.append(ToolRecord(ToolFeatures(**doc["features"]), float(doc["duration_s"])))
-            else:
-                raise ValueError(f"unknown kind {doc['kind']!r}")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InvalidInputError(f"{path}:{i}: not a predictor record: {exc}", culprit=f"{path}:{i}") from None
     return calls, tools
 
 

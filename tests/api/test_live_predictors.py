@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from learned.records import read_records
 from service.api.responses import PredictorOut
 from service.core.tail import P99, QUANTILES, CallFeatures, NaivePredictor
 from service.domain.error import InvalidInputError
 from service.graph.connection import Neo4jSettings
 from service.harness.stack import LiveStack
 from service.live.settings import ServiceSettings
-from service.replay.agentic import read_records
 from tests.api.conftest import ADMIN, auth, new_tenant, settings
 from tests.api.test_workflows import _model, _tool, _wait
 
@@ -53,7 +53,8 @@ def _until(fn: Callable[[], Any], timeout_s: float = 60.0) -> Any:
 
 
 def test_steps_are_recorded_exported_and_a_scheduled_refit_swaps_in(stack: LiveStack, tmp_path: Path) -> None:
-    from learned.distributional import DistributionalPredictor, predictors_main
+    from learned.distributional import DistributionalPredictor
+    from service.cli.predictors import predictors_main
     from service.live.predictors import retrain
 
     t = f"lp{uuid.uuid4().hex[:6]}"

@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from learned.records import read_records, write_records
 from service.core.queue import QueuedRequest, SlackPolicy
 from service.core.tail import QUANTILES, CallFeatures, NaivePredictor, ToolFeatures, mean_of
 from service.domain.cluster import ClusterSpec
 from service.domain.workflow import Workflow
-from service.replay.agentic import AgenticConfig, read_records, run_agentic, write_records
+from service.replay.agentic import AgenticConfig, run_agentic
 from service.sim.analytic import RooflineLike
 from service.sim.tail_routing import ScaleAction, TailScaler
 from service.sim.workflow import CallRecord, ToolRecord

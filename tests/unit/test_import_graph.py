@@ -39,11 +39,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "cli": {"domain", "core", "support", "sim", "graph", "live", "api", "replay", "executor", "harness"},
 }
 
-#: (importer, imported) module edges that break the table, with why they are still there.
-EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("learned.distributional", "service.replay.agentic"): "its training set is recorded by agentic replays",
-    ("service.live.predictors", "service.replay.agentic"): "the live predictor trains on agentic replays",
-}
+#: (importer, imported) module edges that break the table, with why they are still there. None are
+#: left; a new one needs its reason here (and fails the test once it is no longer used).
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 #: Annotation-only edges left out of the circle check, with why. None are left: the live service's
