@@ -342,12 +342,13 @@ def _plot(out: Path, table: dict[str, Any], regimes: list[str]) -> str:
                 ax.set_ylabel(f"{label} change (%)")
             if col == len(regimes) - 1:
                 ax.legend(fontsize=7)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "queue_policies.png"
+    folder = out / "queue_policies"  # plots beside the records live in a folder of their own
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "queue_policies.png"
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return path.name
+    return path.relative_to(out).as_posix()
 
 
 if __name__ == "__main__":
