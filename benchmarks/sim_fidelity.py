@@ -4,12 +4,18 @@ For each model (``tiny``, ``gpt2-small``) on this CPU:
 
 1. profile the model's operators with the executor's profiler (the CPU profile the simulator's
    cost model is built from: ``ProfileTableCostModel``);
-2. run a *calibration* workload for real (``executor.batcher.ContinuousBatcher``, wall-clock
+2. measure the batcher's capacity on this machine now: the calibration requests all at once,
+   requests finished per wall second (``capacity_rps``); the workloads below arrive at
+   ``UTILISATION`` of it, so the case measures the same regime (requests that queue a little, a
+   batch that fills) on a quiet machine and a busy one: a fixed rate meant a queue that grew on a
+   busy machine and a batch of one or two on a quiet one;
+3. run a *calibration* workload for real (``executor.batcher.ContinuousBatcher``, wall-clock
    arrivals) and fit the host-side iteration overhead (fixed + per prefilled sequence + per
-   decode) on what the operator profile does not explain;
-3. run a different *evaluation* workload (another seed) for real, and simulate the same
+   decode, each >= 0: a non-negative least-squares fit) on what the operator profile does not
+   explain;
+4. run a different *evaluation* workload (another seed) for real, and simulate the same
    workload with ``SimulatedCluster`` on the ``local-cpu-2`` device with the same batching limits;
-4. compare measured and predicted iteration latencies (each measured batch priced by the cost
+5. compare measured and predicted iteration latencies (each measured batch priced by the cost
    model) and end-to-end request latencies (simulated run against real run).
 
 Target (Vidur reports < 9% on GPUs): median absolute error of end-to-end latency <= 10%.
@@ -31,10 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import _record
 
 MODELS = {
-    # name: (requests quick, requests full, arrival rate per s, max batch)
-    "tiny": (60, 200, 400.0, 8),
-    "gpt2-small": (12, 32, 2.5, 8),
+    # name: (requests quick, requests full, max batch)
+    "tiny": (60, 200, 8),
+    "gpt2-small": (12, 32, 8),
 }
+UTILISATION = 0.7  # arrivals at this share of the measured capacity
+SHAPE_RATE = 1.0  # the synthetic workload's rate before it is rescaled to UTILISATION x capacity
 
 
 @dataclass
@@ -100,17 +108,49 @@ def batch_of(it: Any) -> Any:
     return BatchFeatures.of([(n, 0) for n in it.prefill_tokens], list(it.decode_contexts))
 
 
+def nonnegative_lstsq(x: Any, y: Any) -> Any:
+    """argmin ||x c - y|| over c >= 0, exactly, for a few columns: the best unconstrained fit on
+    every subset of columns whose coefficients all come out >= 0 (clipping an unconstrained fit
+    instead leaves the other coefficients fitted to a term that was dropped)."""
+    import itertools
+
+    import numpy as np
+
+    best, best_err = np.zeros(x.shape[1]), float(np.sum(y ** 2))
+    for k in range(1, x.shape[1] + 1):
+        for cols in itertools.combinations(range(x.shape[1]), k):
+            sub, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+            if np.any(sub < 0):
+                continue
+            coef = np.zeros(x.shape[1])
+            coef[list(cols)] = sub
+            err = float(np.sum((x @ coef - y) ** 2))
+            if err < best_err:
+                best, best_err = coef, err
+    return best
+
+
 def fit_overhead(iterations: list[Any], table: Any) -> Any:
-    """Least squares of (measured - operator prediction) on [1, prefill seqs, decodes], >= 0."""
+    """Non-negative least squares of (measured - operator prediction) on [1, prefill seqs, decodes]."""
     import numpy as np
 
     from service.core.cost import IterationOverhead
 
     x = np.array([[1.0, len(it.prefill_tokens), len(it.decode_contexts)] for it in iterations])
     y = np.array([it.duration_s - table.exact_s(batch_of(it)) for it in iterations])
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    coef = np.clip(coef, 0.0, None)
+    coef = nonnegative_lstsq(x, y)
     return IterationOverhead(float(coef[0]), float(coef[1]), float(coef[2]), separate_prefill_passes=True)
+
+
+def capacity_rps(model_name: str, wl: Any, max_batch: int, seed: int) -> float:
+    """Requests per wall second when every request of ``wl`` arrives at once (the batch kept full)."""
+    from dataclasses import replace
+
+    from service.domain.request import Workload
+
+    burst = Workload(f"{wl.name}-burst", [replace(r, arrival_s=0.0) for r in wl.requests])
+    run = run_real(model_name, burst, max_batch, seed)
+    return len(run.e2e_s) / run.wall_s
 
 
 def ape(pred: float, real: float) -> float:
@@ -129,7 +169,7 @@ def evaluate_model(name: str, args: Any) -> dict[str, Any]:
     from service.sim.cluster import ReplicaSpec, SimulatedCluster
     from service.sim.iteration import IterationCostTable
 
-    n_quick, n_full, rate, max_batch = MODELS[name]
+    n_quick, n_full, max_batch = MODELS[name]
     n = n_quick if args.quick else n_full
     torch.set_num_threads(args.threads)
     config = model_config(name)
@@ -145,13 +185,17 @@ def evaluate_model(name: str, args: Any) -> dict[str, Any]:
     ops_only = IterationCostTable(config, ops_model, device,
                                   overhead=IterationOverhead(separate_prefill_passes=True))
 
-    calib = run_real(name, workload(name, n, rate, args.seed + 100), max_batch, args.seed)
+    shape = workload(name, n, SHAPE_RATE, args.seed + 100)
+    capacity = capacity_rps(name, shape, max_batch, args.seed)
+    rate = UTILISATION * capacity
+    print(f"[{name}] capacity {capacity:.1f} requests/s (all at once); arrivals at {rate:.1f}/s", flush=True)
+    calib = run_real(name, shape.scaled(rate / SHAPE_RATE), max_batch, args.seed)
     overhead = fit_overhead(calib.iterations, ops_only)
     print(f"[{name}] calibration run: {len(calib.iterations)} iterations in {calib.wall_s:.1f}s; overhead "
           f"{overhead.per_iteration_s * 1e3:.2f} ms/iter + {overhead.per_prefill_seq_s * 1e3:.2f} ms/prefill + "
           f"{overhead.per_decode_s * 1e3:.3f} ms/decode", flush=True)
 
-    wl = workload(name, n, rate, args.seed)
+    wl = workload(name, n, SHAPE_RATE, args.seed).scaled(rate / SHAPE_RATE)
     real = run_real(name, wl, max_batch, args.seed)
     print(f"[{name}] evaluation run: {len(real.e2e_s)} requests, {len(real.iterations)} iterations in "
           f"{real.wall_s:.1f}s", flush=True)
@@ -178,7 +222,8 @@ def evaluate_model(name: str, args: Any) -> dict[str, Any]:
     ttft_ape = [ape(sim[i].ttft_s, real.ttft_s[i]) for i in ids]
     real_iter_med = statistics.median(it.duration_s for it in real.iterations)
     return {
-        "requests": len(ids), "iterations": len(real.iterations), "max_batch": max_batch, "rate_rps": rate,
+        "requests": len(ids), "iterations": len(real.iterations), "max_batch": max_batch,
+        "capacity_rps": round(capacity, 2), "utilisation": UTILISATION, "rate_rps": round(rate, 2),
         "mean_decode_batch": statistics.fmean(len(it.decode_contexts) for it in real.iterations),
         "real_iteration_ms_median": round(real_iter_med * 1e3, 3),
         "overhead_ms": {"per_iteration": overhead.per_iteration_s * 1e3,
@@ -209,7 +254,7 @@ def main() -> int:
               f"{r['e2e_ape_median_ops_only']:.1%}); iteration median error {r['iteration_ape_median']:.1%}",
               flush=True)
     worst = max(r["e2e_ape_median"] for r in results.values())
-    _record.write("sim_fidelity", args, {"models": args.models, "threads": args.threads,
+    _record.write("sim_fidelity", args, {"models": args.models, "threads": args.threads, "utilisation": UTILISATION,
                                          "cluster": "local-cpu-2 (cpu:0)"},
                   {"per_model": results, "worst_e2e_ape_median": worst, "target_e2e_ape_median": 0.10,
                    "meets_target": worst <= 0.10 and not math.isnan(worst)})
