@@ -62,6 +62,6 @@ def serve_main(argv: list[str]) -> int:
           f"admin key: $SLICESCHED_ADMIN_KEY or {state_dir() / 'admin.key'}; executor keys: "
           + ("$SLICESCHED_EXECUTOR_KEY and executor pools" if settings.executor_key
              else "executor pools only ('slicesched keys create-pool POOL')"), file=sys.stderr, flush=True)
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,
+    uvicorn.run(create_app(settings, freeze_gc=True), host=args.host, port=args.port, log_level=args.log_level,
                 access_log=args.log_level == "debug", timeout_graceful_shutdown=5)
     return 0
