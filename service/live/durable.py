@@ -104,8 +104,8 @@ class DurableWrites:
         for req in taken:
             self.state.accept(req)
             self.metrics.arrived(req)
-        if taken:
-            self.work.notify()
+        if taken:  # the executors that can lease them, no more of them than requests
+            self.work.notify(self.state.takers(r.model_uid for r in taken), len(taken))
             self.changed.set()
 
     def admit(self, reqs: list[LiveRequest]) -> None:
@@ -189,8 +189,11 @@ class DurableWrites:
                         rejected.append({"lease_id": lease_id, "reason": f"request {req.request_id} is already finished"})
             if observed:
                 self.persist(observed)  # what the executor measured: soft state, batched
-            if accepted:
-                self.work.notify()
+            if accepted:  # a batch slot free on each: the executors that can fill them from a queue
+                models = {state.requests[rows[lease_id]["request"]["uid"]].model_uid for lease_id in accepted}
+                waiting = [m for m in models if state.queues.get(m)]
+                if waiting:
+                    self.work.notify(state.takers(waiting), len(accepted))
                 self.changed.set()
 
         await self._group_commit(list(rows.values()), settle)

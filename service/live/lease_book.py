@@ -243,10 +243,8 @@ class LeaseBook:
         e = self.registry.executor(executor_id)
         now = self.clock()
         e.last_seen = now
-        mine = set(e.device_ids)
-        replicas = sorted((r for r in self.registry.replicas.values()
-                           if not r.draining and r.device_ids[0] in mine and self.registry.reachable(r, executor_id)),
-                          key=lambda r: (r.guest, r.replica_id))
+        replicas = [r for r in self.registry.replicas_led_on(e.device_ids)
+                    if not r.draining and self.registry.reachable(r, executor_id)]
         out: list[tuple[Lease, LiveReplica, LiveRequest]] = []
         progress = True
         while len(out) < max_leases and progress:
@@ -272,13 +270,25 @@ class LeaseBook:
                 progress = True
         return out
 
+    def takers(self, model_uids: Iterable[str]) -> set[str]:
+        """The executors that could lease a queued request of these models now: each leads a
+        replica of one of them that is not draining and has a free batch slot (a grant's
+        wake-up goes to these, not to every waiting executor)."""
+        out: set[str] = set()
+        for uid in set(model_uids):
+            for r in self.registry.replicas_of_model(uid):
+                owner = self.registry.devices.get(r.device_ids[0])
+                if owner is not None and not r.draining and len(r.leases) < r.max_batch:
+                    out.add(owner.executor_id)
+        return out
+
     def _peers_have_room(self, r: LiveReplica) -> bool:
         """Whether another replica of the sliced guest ``r``'s model that does not yield has a
         free batch slot: a sliced guest takes only its tenant's overflow (what no such replica
         can start now), as the simulator's sliced guest admits only what its peers left waiting,
         so a request runs in the owners' gaps only when it would otherwise wait."""
         return any(not o.draining and not o.yields and len(o.leases) < o.max_batch
-                   for o in self.registry.replicas.values() if o.model_uid == r.model_uid and o is not r)
+                   for o in self.registry.replicas_of_model(r.model_uid) if o is not r)
 
     def _admit_one(self, r: LiveReplica, room: Callable[[], bool]) -> LiveRequest | None:
         """The queue policy's next queued request of the replica's model, if the replica has a

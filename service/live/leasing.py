@@ -37,9 +37,14 @@ class Leasing:
         deadline = loop.time() + wait_s
         state = self.state
         while True:
-            woken = self.work.event()
-            grants = state.grant(executor_id, max_leases, ready)
+            woken = self.work.waiter(executor_id)
+            try:
+                grants = state.grant(executor_id, max_leases, ready)
+            except BaseException:
+                self.work.forget(woken)
+                raise
             if grants or max_leases == 0:
+                self.work.forget(woken)
                 self.persist(state.slice_row(lease, SliceState.RUNNING) for lease, _, _ in grants)
                 leases = []
                 for lease, replica, req in grants:
@@ -56,9 +61,13 @@ class Leasing:
                 return leases
             remaining = deadline - loop.time()
             if remaining <= 0:
+                self.work.forget(woken)
                 return []
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), remaining)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(woken), remaining)
+            finally:
+                self.work.forget(woken)
 
     def progress(self, executor_id: str, updates: list[ProgressUpdate]) -> list[str]:
         """New tokens of the executor's streaming leases, to their streams; returns those of the

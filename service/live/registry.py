@@ -8,8 +8,9 @@ What is registered and where it sits; no request or lease lives here (that is th
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from itertools import pairwise
+from typing import Any
 
 from service.core.batching import LIVE_BATCHING
 from service.core.scheduler import Applied, Decision
@@ -18,6 +19,41 @@ from service.domain.wire import WireStage
 from service.live.records import LIVE_FAMILIES, LiveDevice, LiveExecutor, LiveModel, LiveReplica, LiveTenant
 from service.sim.iteration import kv_bytes_per_token
 from service.sim.sla import SLA_CLASSES
+
+
+class ReplicaMap(dict[str, LiveReplica]):
+    """The replicas by id, counting its changes (:attr:`version`) so that indexes built from it
+    know when they are stale."""
+
+    version = 0
+
+    def __setitem__(self, key: str, value: LiveReplica) -> None:
+        self.version += 1
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.version += 1
+        super().__delitem__(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self.version += 1
+        return super().pop(key, *default)
+
+    def clear(self) -> None:
+        self.version += 1
+        super().clear()
+
+    def popitem(self) -> tuple[str, LiveReplica]:
+        self.version += 1
+        return super().popitem()
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self.version += 1
+        return super().setdefault(key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self.version += 1
+        super().update(*args, **kwargs)
 
 
 class Registry:
@@ -31,7 +67,10 @@ class Registry:
         self.models: dict[str, LiveModel] = {}
         self.devices: dict[str, LiveDevice] = {}
         self.executors: dict[str, LiveExecutor] = {}
-        self.replicas: dict[str, LiveReplica] = {}
+        self.replicas: ReplicaMap = ReplicaMap()
+        self._index_version = -1  # of the two indexes below, rebuilt when :attr:`replicas` changes
+        self._led_on: dict[str, list[LiveReplica]] = {}  # first device -> replicas, by (guest, id)
+        self._of_model: dict[str, list[LiveReplica]] = {}
 
     # ---- tenants and models -------------------------------------------------------------------
     @staticmethod
@@ -125,6 +164,30 @@ class Registry:
                               pinned=pinned, plan=plan, yields=yields)
         self.replicas[rid] = replica
         return replica
+
+    def _index(self) -> None:
+        if self._index_version == self.replicas.version:
+            return
+        led: dict[str, list[LiveReplica]] = {}
+        of_model: dict[str, list[LiveReplica]] = {}
+        for r in sorted(self.replicas.values(), key=lambda r: (r.guest, r.replica_id)):
+            led.setdefault(r.device_ids[0], []).append(r)
+            of_model.setdefault(r.model_uid, []).append(r)
+        self._led_on, self._of_model, self._index_version = led, of_model, self.replicas.version
+
+    def replicas_led_on(self, device_ids: Iterable[str]) -> list[LiveReplica]:
+        """The replicas whose first device is one of ``device_ids`` (home replicas before guests,
+        then by id), draining ones included; from an index, not a scan of every replica (a long
+        poll asks this on each try: at a thousand executors a scan was the poll's cost)."""
+        self._index()
+        out = [r for d in device_ids for r in self._led_on.get(d, ())]
+        out.sort(key=lambda r: (r.guest, r.replica_id))
+        return out
+
+    def replicas_of_model(self, model_uid: str) -> list[LiveReplica]:
+        """The model's replicas (draining ones included), from the same index."""
+        self._index()
+        return self._of_model.get(model_uid, [])
 
     def apply(self, decision: Decision, devices_of: Mapping[str, tuple[str, ...]]) -> Applied:
         """Carry out a scheduler decision made on compute units (``devices_of``: unit -> its

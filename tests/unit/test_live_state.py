@@ -343,3 +343,30 @@ def test_a_completion_records_its_prefill_per_stage_as_slice_observations() -> N
     assert [(r["uid"], r["device_id"], r["batch"], r["tokens"], r["context"], r["latency_s"]) for r in decode] == [
         (f"{lease.lease_id}/d0", "e2/cpu:0", 3, 3, 40, 0.001)]
     assert [r["context"] for r in rows if r["phase"] == "prefill"] == [0, 0]
+
+
+def test_takers_are_the_executors_with_a_free_slot_on_a_replica_of_the_model() -> None:
+    """Who a submission's wake-up goes to: the leaders of the model's replicas that have room,
+    not draining ones, not full ones, not other models' executors."""
+    state, _ = make_state(max_batch=2)
+    assert state.takers(["a/m"]) == {"e1"}
+    guest = state.add_replica("a/m", ("e2/cpu:0",), guest=True)
+    assert state.takers(["a/m"]) == {"e1", "e2"}  # the index saw the new replica
+    submit(state, "a", 2)
+    assert len(state.grant("e1", 8)) == 2  # e1's home is full now
+    assert state.takers(["a/m"]) == {"e2"}
+    guest.draining = True
+    assert state.takers(["a/m"]) == set()
+    assert state.takers(["b/m"]) == {"e2"}
+
+
+def test_a_grant_sees_replicas_added_and_removed_after_the_last_one() -> None:
+    state, _ = make_state()
+    submit(state, "a", 2)
+    assert state.grant("e2", 8) == []  # nothing of tenant a on e2
+    state.add_replica("a/m", ("e2/cpu:0",), guest=True)
+    assert len(state.grant("e2", 1)) == 1
+    assert [r.replica_id for r in state.registry.replicas_led_on(["e1/cpu:0"])] == ["a/m@e1/cpu:0"]
+    state.drop_executor("e1")
+    assert state.registry.replicas_led_on(["e1/cpu:0"]) == []
+    assert [r.replica_id for r in state.registry.replicas_of_model("a/m")] == ["a/m@e2/cpu:0"]
