@@ -20,7 +20,7 @@ The answers have the app's error shape (``refuse``: :func:`service.api.app.error
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi.dependencies.models import Dependant
@@ -44,7 +44,7 @@ class BodyLimit:
     :class:`SliceschedError` for an unknown key, take a key); ``refuse``: the error answer."""
 
     def __init__(self, app: ASGIApp, *, routes: Sequence[APIRoute], limit_bytes: int, bulk_limit_bytes: int,
-                 authenticate: Callable[[Request], Any],
+                 authenticate: Callable[[Request], Awaitable[Any]],
                  refuse: Callable[[Request, SliceschedError], Response]) -> None:
         assert PREAUTH_BYTES <= limit_bytes <= bulk_limit_bytes
         self.app = app
@@ -77,7 +77,7 @@ class BodyLimit:
             return
         if route is not None and _takes_key(route.dependant, self.authenticate):
             try:
-                self.authenticate(request)
+                await self.authenticate(request)
             except SliceschedError as exc:
                 await self._respond(request, exc, scope, send)
                 return

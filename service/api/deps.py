@@ -35,9 +35,17 @@ if TYPE_CHECKING:
 PROBES = frozenset({"/healthz", "/readyz", "/metrics"})  # answered by a standby too
 
 
-def service_of(request: Request) -> LiveService:
+# The dependencies are coroutines: FastAPI runs a plain function's dependency in its thread pool,
+# two thread hops per call, which under a fleet's load queued calls for the pool's threads.
+
+
+async def service_of(request: Request) -> LiveService:
     """The live service; with leader election on, a process that does not lead answers every
     call but the probes 503 ``not_leader`` (its state is not loaded, or no longer its to change)."""
+    return _service(request)
+
+
+def _service(request: Request) -> LiveService:
     svc: LiveService = request.app.state.service
     lead = svc.leadership
     if lead is not None and not (lead.leads and svc.taking_traffic) and request.url.path not in PROBES:
@@ -48,14 +56,14 @@ def service_of(request: Request) -> LiveService:
 Svc = Annotated["LiveService", Depends(service_of)]
 
 
-def authenticate(request: Request) -> Principal:
+async def authenticate(request: Request) -> Principal:
     """The caller's role from ``Authorization: Bearer <key>``: the admin key, an executor pool's,
     a tenant's own key (its first tenant admin), or a person's or service's key (its role)."""
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key:
         raise UnauthorizedError("send your key as 'Authorization: Bearer <key>'")
-    return service_of(request).principal_of(key)
+    return _service(request).principal_of(key)
 
 
 AnyPrincipal = Annotated[Principal, Depends(authenticate)]
