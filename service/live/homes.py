@@ -38,7 +38,8 @@ class HomePlanner:
         self._db, self._repo = db, repo
         self.unplaced: dict[str, str] = {}  # model uid -> why the last re-plan found it no home
         self.gmg_dirty = False  # the cluster's devices and weights in the GMG await a re-write
-        self._lock = asyncio.Lock()  # one re-plan at a time: they rewrite the same devices
+        self._waiting: list[asyncio.Future[None]] = []  # re-plans whose cluster write has not begun
+        self._flush: asyncio.Future[None] | None = None  # the cluster write in flight
 
     @staticmethod
     def check_devices(devices: list[tuple[str, str, int]]) -> None:
@@ -54,9 +55,38 @@ class HomePlanner:
         """(Re)compute home replicas after models or devices changed, and put the weights in the
         GMG. A model that fits nowhere is reported in :attr:`unplaced`, never fails the re-plan;
         when Neo4j cannot take the cluster's new shape now, the watcher writes it later."""
-        async with self._lock:
-            self._replan()
-            await self.write_cluster()
+        self._replan()
+        await self.cluster_written()
+
+    async def cluster_written(self) -> None:
+        """Wait for a write of the cluster's shape that begins after now. One write covers every
+        re-plan before it (a group commit): executors registering together (a node pool coming
+        up) share writes, where each had rewritten the whole cluster in turn, a cost that grew
+        with the square of the fleet (benchmarks/fleet.py)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(done)
+        if self._flush is None:
+            self._flush = asyncio.ensure_future(self._flush_cluster())
+        await asyncio.shield(done)
+
+    async def _flush_cluster(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                failure: BaseException | None = None
+                try:
+                    await self.write_cluster()
+                except Exception as exc:  # each waiting re-plan answers with it
+                    failure = exc
+                for done in batch:
+                    if done.done():
+                        continue
+                    if failure is None:
+                        done.set_result(None)
+                    else:
+                        done.set_exception(failure)
+        finally:
+            self._flush = None
 
     def _replan(self) -> None:
         state = self.state

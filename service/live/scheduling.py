@@ -232,7 +232,7 @@ class SchedulingLoop:
         self.step_status = None if decision.status is None else decision.status.as_dict()
         if decision.add or decision.drain:
             self.work.notify()
-            await self.homes.write_cluster()
+            await self.homes.cluster_written()
         return decision
 
     def sliced_in_words(self, replica: LiveReplica) -> str:

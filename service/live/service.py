@@ -603,7 +603,7 @@ class LiveService:
             gate.calls.succeeded()  # what failed in the outage is not the reopened gate's
         gate.answered()
         if self.homes.gmg_dirty:
-            await self.homes.write_cluster()
+            await self.homes.cluster_written()
 
     async def _before_traffic(self) -> None:
         """After an outage: a new connection pool (the old one's connections died with the
@@ -639,7 +639,7 @@ class LiveService:
             log.warning("executor(s) silent for %.0fs dropped; re-planning homes", 3 * self.settings.lease_ttl_s)
             await self.replan()
         elif removed:
-            await self.homes.write_cluster()
+            await self.homes.cluster_written()
         if writes or removed:
             self.changed.set()
 
