@@ -9,7 +9,6 @@ from typing import Any, TypeVar
 
 from service.live.notify import Signal
 
-
 T = TypeVar("T")
 
 
