@@ -282,6 +282,14 @@ class LeaseBook:
                     out.add(owner.executor_id)
         return out
 
+    def wake_count(self, model_uids: Iterable[str], requests: int) -> int:
+        """How many waiting executors to wake for ``requests`` new ones of these models: one per
+        request, plus one per sliced guest of them (a guest takes only what its peers leave, so
+        the peers woken first may leave it work that no other wake-up would bring it)."""
+        guests = sum(1 for uid in set(model_uids) for r in self.registry.replicas_of_model(uid)
+                     if r.yields and not r.draining)
+        return requests + guests
+
     def _peers_have_room(self, r: LiveReplica) -> bool:
         """Whether another replica of the sliced guest ``r``'s model that does not yield has a
         free batch slot: a sliced guest takes only its tenant's overflow (what no such replica

@@ -370,3 +370,15 @@ def test_a_grant_sees_replicas_added_and_removed_after_the_last_one() -> None:
     state.drop_executor("e1")
     assert state.registry.replicas_led_on(["e1/cpu:0"]) == []
     assert [r.replica_id for r in state.registry.replicas_of_model("a/m")] == ["a/m@e2/cpu:0"]
+
+
+def test_a_wake_up_counts_one_executor_per_request_and_one_per_sliced_guest() -> None:
+    """A sliced guest takes only what its peers leave: it is woken besides the peers, not
+    instead of one of them."""
+    state, _ = make_state()
+    assert state.wake_count(["a/m"], 3) == 3
+    guest = state.add_replica("a/m", ("e2/cpu:0",), guest=True, yields=True)
+    assert state.wake_count(["a/m"], 3) == 4
+    assert state.wake_count(["b/m"], 3) == 3
+    guest.draining = True
+    assert state.wake_count(["a/m"], 3) == 3
