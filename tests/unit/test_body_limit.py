@@ -20,7 +20,7 @@ LIMIT = 2 * PREAUTH_BYTES
 BULK = 8 * PREAUTH_BYTES
 
 
-def _authenticate(request: Request) -> str:
+async def _authenticate(request: Request) -> str:
     if request.headers.get("authorization") != "Bearer good":
         raise UnauthorizedError("unknown key")
     return "caller"
