@@ -8,6 +8,8 @@ CREATE RANGE INDEX device_cluster IF NOT EXISTS FOR (n:Device) ON (n.cluster);
 CREATE RANGE INDEX device_kind IF NOT EXISTS FOR (n:Device) ON (n.kind);
 CREATE RANGE INDEX slice_state_end IF NOT EXISTS FOR (n:Slice) ON (n.state, n.end_s);
 CREATE RANGE INDEX slice_tenant IF NOT EXISTS FOR (n:Slice) ON (n.tenant_id);
+// Live retention (delete_old_live_slices) seeks the ended slices: no scan of millions per call.
+CREATE RANGE INDEX slice_end_wall IF NOT EXISTS FOR (n:Slice) ON (n.end_wall);
 CREATE RANGE INDEX host_cluster IF NOT EXISTS FOR (n:Host) ON (n.cluster);
 CREATE RANGE INDEX request_tenant_arrival IF NOT EXISTS FOR (n:Request) ON (n.tenant_id, n.arrival);
 CREATE RANGE INDEX request_status IF NOT EXISTS FOR (n:Request) ON (n.status);

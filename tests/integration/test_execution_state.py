@@ -126,5 +126,35 @@ def test_the_busy_window_cache_follows_any_sequence_of_slice_writes(repo: GraphR
                 repo.slots.mark_slices_done(dict.fromkeys(uids, None))
             for device, want, cached in repo.inspection.run_read(truth, {"c": cluster_name}).rows:
                 assert cached == want, device
+        # The from-scratch recompute (found through the state index, not the devices' history)
+        # agrees with the incremental cache.
+        assert repo.cluster.refresh_device_state(cluster_name) == len(devices)
+        for device, want, cached in repo.inspection.run_read(truth, {"c": cluster_name}).rows:
+            assert cached == want, device
+    finally:
+        repo.models.delete_tenant(tenant)
+
+
+def test_live_retention_deletes_only_live_slices_ended_before_the_horizon(repo: GraphRepository, cluster_name: str,
+                                                                         tenant: str) -> None:
+    """``delete_old_live_slices`` seeks ended live slices by end: a running one (no end yet), a
+    recent one and a planner's slice stay; the old ones go in chunks, however small."""
+    device = f"{cluster_name}-d0"
+    repo.cluster.apply_cluster(ClusterSpec.from_dict({"name": cluster_name, "hosts": [{"host_id": f"{cluster_name}-h", "devices": [
+        {"device_id": device, "kind": "A100-80GB", "mem_bytes": 80 * GIB}]}]}))
+    make = ("UNWIND $rows AS row MATCH (d:Device {device_id: $device}) "
+            "CREATE (s:Slice {uid: row.uid, tenant_id: $tenant, state: row.state, live: row.live, start_s: 0.0, "
+            "end_s: 1.0, end_wall: row.end_wall})-[:ON]->(d)")
+    rows = ([{"uid": f"{tenant}/old{i}", "state": "done", "live": True, "end_wall": 100.0 + i} for i in range(5)]
+            + [{"uid": f"{tenant}/recent", "state": "done", "live": True, "end_wall": 1000.0},
+               {"uid": f"{tenant}/running", "state": "running", "live": True, "end_wall": None},
+               {"uid": f"{tenant}/planner", "state": "done", "live": None, "end_wall": 50.0}])
+    try:
+        with repo.driver.session() as session:
+            session.run(make, rows=rows, device=device, tenant=tenant).consume()
+        assert repo.live.delete_old_live_slices(500.0, chunk=2) == 5
+        left = repo.inspection.run_read("MATCH (s:Slice {tenant_id: $t}) RETURN s.uid ORDER BY s.uid", {"t": tenant}).rows
+        assert [r[0] for r in left] == [f"{tenant}/planner", f"{tenant}/recent", f"{tenant}/running"]
+        assert repo.live.delete_old_live_slices(500.0) == 0
     finally:
         repo.models.delete_tenant(tenant)
