@@ -106,7 +106,7 @@ class DurableWrites:
             self.metrics.arrived(req)
         if taken:  # the executors that can lease them, about as many as there are requests
             models = {r.model_uid for r in taken}
-            self.work.notify(self.state.takers(models), self.state.wake_count(models, len(taken)))
+            self.work.notify(*self.state.takers(models, len(taken)))
             self.changed.set()
 
     def admit(self, reqs: list[LiveRequest]) -> None:
@@ -194,7 +194,7 @@ class DurableWrites:
                 models = {state.requests[rows[lease_id]["request"]["uid"]].model_uid for lease_id in accepted}
                 waiting = [m for m in models if state.queues.get(m)]
                 if waiting:
-                    self.work.notify(state.takers(waiting), state.wake_count(waiting, len(accepted)))
+                    self.work.notify(*state.takers(waiting, len(accepted)))
                 self.changed.set()
 
         await self._group_commit(list(rows.values()), settle)

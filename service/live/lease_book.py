@@ -270,25 +270,24 @@ class LeaseBook:
                 progress = True
         return out
 
-    def takers(self, model_uids: Iterable[str]) -> set[str]:
-        """The executors that could lease a queued request of these models now: each leads a
-        replica of one of them that is not draining and has a free batch slot (a grant's
-        wake-up goes to these, not to every waiting executor)."""
+    def takers(self, model_uids: Iterable[str], requests: int) -> tuple[set[str], int]:
+        """Whom to wake for ``requests`` new queued requests of these models, in one pass over
+        their replicas: the executors that could lease one now (each leads a replica of one of
+        them that is not draining and has a free batch slot; a grant's wake-up goes to these, not
+        to every waiting executor) and how many of them to wake: one per request, plus one per
+        sliced guest (a guest takes only what its peers leave, so the peers woken first may leave
+        it work that no other wake-up would bring it)."""
         out: set[str] = set()
+        count = requests
         for uid in set(model_uids):
             for r in self.registry.replicas_of_model(uid):
+                if r.draining:
+                    continue
+                count += r.yields
                 owner = self.registry.devices.get(r.device_ids[0])
-                if owner is not None and not r.draining and len(r.leases) < r.max_batch:
+                if owner is not None and len(r.leases) < r.max_batch:
                     out.add(owner.executor_id)
-        return out
-
-    def wake_count(self, model_uids: Iterable[str], requests: int) -> int:
-        """How many waiting executors to wake for ``requests`` new ones of these models: one per
-        request, plus one per sliced guest of them (a guest takes only what its peers leave, so
-        the peers woken first may leave it work that no other wake-up would bring it)."""
-        guests = sum(1 for uid in set(model_uids) for r in self.registry.replicas_of_model(uid)
-                     if r.yields and not r.draining)
-        return requests + guests
+        return out, count
 
     def _peers_have_room(self, r: LiveReplica) -> bool:
         """Whether another replica of the sliced guest ``r``'s model that does not yield has a

@@ -40,34 +40,29 @@ class Leasing:
             woken = self.work.waiter(executor_id)
             try:
                 grants = state.grant(executor_id, max_leases, ready)
-            except BaseException:
-                self.work.forget(woken)
-                raise
-            if grants or max_leases == 0:
-                self.work.forget(woken)
-                self.persist(state.slice_row(lease, SliceState.RUNNING) for lease, _, _ in grants)
-                leases = []
-                for lease, replica, req in grants:
-                    model = state.models[req.model_uid]
-                    leases.append(LeaseGrant(
-                                             lease_id=lease.lease_id, request_id=req.request_id, replica_id=replica.replica_id,
-                                             family=model.family, seed=model.seed,
-                                             stages=state.stages(replica, executor_id, model.config.n_layers),
-                                             prompt_tokens=tuple(req.prompt), max_tokens=req.max_tokens, tenant_id=req.tenant_id,
-                                             model_id=req.model_id, expires_in_s=self.lease_ttl_s, model_path=model.path,
-                                             sampling=req.sampling, stop_ids=model.tokenizer.stop_ids,
-                                             stream=self.streams.wants_progress(req.request_id), guest=replica.guest,
-                                             tpot_s=req.sla.tbt_s, yields=replica.yields).to_json())
-                return leases
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                self.work.forget(woken)
-                return []
-            try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(woken), remaining)
+                remaining = deadline - loop.time()
+                if not grants and max_leases > 0 and remaining > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(woken), remaining)
+                    continue
             finally:
                 self.work.forget(woken)
+            if not grants:
+                return []
+            self.persist(state.slice_row(lease, SliceState.RUNNING) for lease, _, _ in grants)
+            leases = []
+            for lease, replica, req in grants:
+                model = state.models[req.model_uid]
+                leases.append(LeaseGrant(
+                    lease_id=lease.lease_id, request_id=req.request_id, replica_id=replica.replica_id,
+                    family=model.family, seed=model.seed,
+                    stages=state.stages(replica, executor_id, model.config.n_layers),
+                    prompt_tokens=tuple(req.prompt), max_tokens=req.max_tokens, tenant_id=req.tenant_id,
+                    model_id=req.model_id, expires_in_s=self.lease_ttl_s, model_path=model.path,
+                    sampling=req.sampling, stop_ids=model.tokenizer.stop_ids,
+                    stream=self.streams.wants_progress(req.request_id), guest=replica.guest,
+                    tpot_s=req.sla.tbt_s, yields=replica.yields).to_json())
+            return leases
 
     def progress(self, executor_id: str, updates: list[ProgressUpdate]) -> list[str]:
         """New tokens of the executor's streaming leases, to their streams; returns those of the

@@ -31,16 +31,18 @@ class Signal:
         """Wake every waiter (``keys`` None), or the waiters whose key is in ``keys``; at most
         ``n`` of them (None: all), the longest waiting first. Woken waiters are forgotten."""
         wanted = None if keys is None else set(keys)
-        woken = 0
-        for fut, key in list(self._waiters.items()):
-            if n is not None and woken >= n:
+        woken: list[asyncio.Future[None]] = []
+        done: list[asyncio.Future[None]] = []  # cancelled waiters met on the way: dropped, not counted
+        for fut, key in self._waiters.items():  # no copy: a wake-up of a few scans only until it has them
+            if n is not None and len(woken) >= n:
                 break
-            if wanted is not None and key not in wanted:
-                continue
+            if wanted is None or key in wanted:
+                (done if fut.done() else woken).append(fut)
+        for fut in done:
             del self._waiters[fut]
-            if not fut.done():
-                fut.set_result(None)
-                woken += 1
+        for fut in woken:
+            del self._waiters[fut]
+            fut.set_result(None)
 
     def waiting(self) -> int:
         return len(self._waiters)

@@ -45,7 +45,7 @@ class LiveState:
         self.grant, self.lease, self.renew, self.expire = b.grant, b.lease, b.renew, b.expire
         self.completion_row, self.complete, self.fail_row, self.fail = b.completion_row, b.complete, b.fail_row, b.fail
         self.slice_row, self.queued, self.in_flight = b.slice_row, b.queued, b.in_flight
-        self.takers, self.wake_count = b.takers, b.wake_count
+        self.takers = b.takers
 
     def set_queue_policy(self, policy: QueuePolicy) -> None:
         """The queue policy of every model from now on (``ConflictError`` while requests wait or run)."""
