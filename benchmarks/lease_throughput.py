@@ -6,8 +6,14 @@ loopback (asyncio + httpx in this process: they register one device each, long-p
 running a model). Requests are submitted up front in batches of 1,000 (each written to Neo4j
 before it is accepted). Reported: leases completed per second over the measured window, the
 latency of a lease (poll round trip while work is queued; per lease) and of a completion post,
-p50 and p99, and the GMG write lag the service measured meanwhile. Targets: >= 1,000 leases/s,
-p99 lease latency <= 50 ms on this 2-core machine.
+p50 and p99, and the GMG write lag the service measured meanwhile. Targets (issue 41): >= 2,000
+leases/s saturated and >= 1,400/s paced, lease p99 <= 50 ms, on this 2-core machine.
+
+The paced phase is a closed loop, as an executor daemon is: each executor polls, works
+``--work-ms``, posts its completion and waits for it to be accepted (durable) before its slots are
+free again (the service holds a replica's slots until then). So it cannot exceed
+executors x batch / (work + lease round trip + completion round trip); ``paced.closed_loop_bound``
+reports that bound from the run's own medians, and ``paced.loop_share`` the measured rate over it.
 """
 
 from __future__ import annotations
@@ -150,9 +156,14 @@ def one_run(args: Any, quota_tokens_per_s: float | None) -> dict[str, Any]:
               + (f"; tokens/s quota {quota_tokens_per_s:g}" if quota_tokens_per_s is not None else "; no quota"),
               flush=True)
         results = asyncio.run(run(stack.url, stack.admin_key, stack.executor_key, args))
-    paced = results["paced"]
-    results["targets"] = {"leases_per_s": 1000, "lease_p99_ms": 50,
-                          "met": paced["leases_per_s"] >= 1000 and paced["lease_latency_ms"]["p99"] <= 50}
+    paced, saturated = results["paced"], results["saturated"]
+    cycle_s = (paced["work_ms_per_batch"] + paced["lease_latency_ms"]["p50"] + paced["complete_latency_ms"]["p50"]) / 1e3
+    paced["closed_loop_bound"] = args.executors * args.batch / cycle_s
+    paced["loop_share"] = paced["leases_per_s"] / paced["closed_loop_bound"]
+    results["targets"] = {
+        "saturated_leases_per_s": 2000, "paced_leases_per_s": 1400, "lease_p99_ms": 50,
+        "met": (saturated["leases_per_s"] >= 2000 and paced["leases_per_s"] >= 1400
+                and max(paced["lease_latency_ms"]["p99"], saturated["lease_latency_ms"]["p99"]) <= 50)}
     return results
 
 

@@ -275,6 +275,10 @@ HEADLINES: dict[str, list[Figure]] = {
         F("devices", "config.devices"),
         F("operators", "config.operators"),
         F("live slices", "config.live_slices"),
+        F("ended Slices kept (steady state)", "results.history_slices", ","),
+        F("Cypher p99 ms without them", "results.without_history.cypher_p99_ms", ".1f"),
+        F("busy-window recompute s", "results.refresh_device_state_s", ".2f"),
+        F("retention deletes/s", "results.retention.slices_per_s", ",.0f"),
     ],
     "lease_throughput": [
         F("saturated leases/s", "results.saturated.leases_per_s", ",.0f"),
