@@ -103,6 +103,7 @@ def main() -> int:
     from service.domain.cluster import ClusterSpec, Link
     from service.domain.model_config import model_config
     from service.graph.connection import Neo4jSettings
+    from service.graph.live_store import SLICE_DELETE_CHUNK
     from service.graph.local_server import LocalNeo4j
     from service.graph.repository import GraphRepository
     from service.models.trace import trace_phase
@@ -317,12 +318,15 @@ def main() -> int:
             t = time.perf_counter()
             deleted = repo.live.delete_old_live_slices(t0_wall + window * step - 1e-6)
             delete_s = time.perf_counter() - t
-            retention = {"deleted": deleted, "seconds": round(delete_s, 2),
+            chunks = max(1, -(-deleted // SLICE_DELETE_CHUNK))
+            retention = {"deleted": deleted, "seconds": round(delete_s, 2), "chunk": SLICE_DELETE_CHUNK,
+                         "mean_chunk_ms": round(1e3 * delete_s / chunks, 1),
                          "slices_per_s": round(deleted / max(delete_s, 1e-9), 1),
                          "created_per_s": round(per_s, 1),
                          "keeps_up": deleted / max(delete_s, 1e-9) >= per_s}
             print(f"  retention: deleted {deleted:,} slices in {delete_s:.1f}s "
-                  f"({retention['slices_per_s']:,.0f}/s; created {per_s:,.0f}/s)", flush=True)
+                  f"({retention['slices_per_s']:,.0f}/s; created {per_s:,.0f}/s; "
+                  f"{retention['mean_chunk_ms']} ms per chunk of {SLICE_DELETE_CHUNK:,})", flush=True)
             counts = repo.cluster.count_labels()
         finally:
             if info is not None:

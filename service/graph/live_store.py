@@ -13,6 +13,12 @@ from neo4j import ManagedTransaction
 from service.domain.error import InvalidInputError, NotFoundError
 from service.graph.store import StorePart, check_id
 
+#: Live Slices deleted per retention transaction. Slices of a busy fleet are spread over every
+#: device, so each chunk holds the locks of most devices until it commits: 10,000 per chunk took
+#: about 0.5 s at the steady-state size (benchmarks/candidate_slots.py), a stall for every lease
+#: write meanwhile; 1,000 keeps it near the lease path's 50 ms target.
+SLICE_DELETE_CHUNK = 1_000
+
 
 class LiveStore(StorePart):
     QUERIES: tuple[str, ...] = ("create_request", "update_requests", "create_slices", "end_slices", "extend_slices",
@@ -128,8 +134,10 @@ class LiveStore(StorePart):
     def live_requests(self, since: float) -> list[dict[str, Any]]:
         return [r["request"] for r in self._read("live_requests", since=float(since))]
 
-    def delete_old_live_slices(self, before_wall: float, *, chunk: int = 10_000) -> int:
-        """Delete live Slices that ended before ``before_wall`` (epoch s), in bounded chunks."""
+    def delete_old_live_slices(self, before_wall: float, *, chunk: int = SLICE_DELETE_CHUNK) -> int:
+        """Delete live Slices that ended before ``before_wall`` (epoch s), in bounded chunks (one
+        transaction each: a chunk locks the devices its slices ran on while it commits, so it is
+        kept short beside the lease writes that need the same devices)."""
         total = 0
         while True:
             out = self._write("delete_old_live_slices", before_wall=float(before_wall), limit=chunk)
