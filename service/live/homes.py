@@ -129,8 +129,8 @@ class HomePlanner:
         try:
             if devices:
                 await self._db(repo.cluster.apply_cluster, spec)
-            for uid, device_ids in on.items():
-                await self._db(repo.cluster.set_weight_residence, uid, sorted(set(device_ids)), cluster=LIVE_CLUSTER)
+            await self._db(repo.cluster.set_weight_residences, {uid: sorted(set(ids)) for uid, ids in on.items()},
+                           cluster=LIVE_CLUSTER)
         except DatabaseUnavailableError:
             self.gmg_dirty = True  # the watcher writes it when Neo4j is back
             log.warning("the cluster's shape could not be written to the GMG now; it will be when Neo4j answers")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,8 +15,10 @@ from service.domain.cluster import ClusterSpec
 from service.domain.error import InvalidClusterError, InvalidGraphError, InvalidInputError, ReadOnlyViolationError
 from service.domain.model_config import model_config
 from service.domain.opgraph import OperatorGraph
+from service.graph.cluster_store import ClusterStore
 from service.graph.connection import Neo4jSettings
 from service.graph.repository import GraphRepository
+from service.live.view import live_spec
 from service.models.trace import trace_phase
 
 pytestmark = pytest.mark.neo4j
@@ -99,6 +102,39 @@ def test_cluster_apply_is_declarative_and_bad_specs_write_nothing(repo: GraphRep
     with pytest.raises(InvalidClusterError):
         repo.cluster.apply_cluster(ClusterSpec.from_dict(broken))
     assert ids() == [f"{prefix}-d0"]
+
+
+def test_cluster_links_are_written_as_a_difference(repo: GraphRepository, cluster_name: str) -> None:
+    """Re-applying a live cluster writes only the links that changed (a full rewrite of a large
+    mesh stalled every lease write), and links changed behind the store are noticed and repaired."""
+    def spec(n: int) -> ClusterSpec:
+        s = live_spec([(f"{cluster_name}-g{i}", f"{cluster_name}-e{i // 2}", "cpu", 4 << 30) for i in range(n)])
+        return dataclasses.replace(s, name=cluster_name)
+
+    def links() -> set[tuple[str, str, str]]:
+        return {(a, b, k) for a, b, k in repo.inspection.run_read(
+            "MATCH (a:Device {cluster: $c})-[l:LINK]->(b) RETURN a.device_id, b.device_id, l.kind", {"c": cluster_name}).rows}
+
+    def expected(s: ClusterSpec) -> set[tuple[str, str, str]]:
+        return {(x.src, x.dst, x.kind) for x in s.links}
+
+    out = repo.cluster.apply_cluster(spec(3))
+    assert out["links"] == out["links_written"] == 6 and links() == expected(spec(3))
+    out = repo.cluster.apply_cluster(spec(4))  # a device joins: its 3 links out and 3 in
+    assert (out["links_written"], out["links_deleted"]) == (6, 0) and links() == expected(spec(4))
+    assert repo.cluster.apply_cluster(spec(4))["links_written"] == 0
+    with repo.driver.session(database=repo.database) as s:  # behind the store's back
+        s.run("MATCH (:Device {device_id: $d})-[l:LINK]->() WITH l LIMIT 1 DELETE l", d=f"{cluster_name}-g0").consume()
+    assert len(links()) == 11
+    assert repo.cluster.apply_cluster(spec(4))["links_written"] == 1 and links() == expected(spec(4))
+    out = repo.cluster.apply_cluster(spec(2))  # two devices leave and take their links with them
+    assert out["links_deleted"] == 0 and links() == expected(spec(2))
+    fresh = ClusterStore(repo.cluster.store)  # another process: reads the links back once
+    assert fresh.apply_cluster(spec(2))["links_written"] == 0
+    changed = dataclasses.replace(spec(2), links=[dataclasses.replace(x, gbps=x.gbps * 2) for x in spec(2).links])
+    assert fresh.apply_cluster(changed)["links_written"] == 2
+    assert {g for (g,) in repo.inspection.run_read(
+        "MATCH (:Device {cluster: $c})-[l:LINK]->() RETURN l.gbps", {"c": cluster_name}).rows} == {changed.links[0].gbps}
 
 
 def test_weights_placement_and_named_inspection(repo: GraphRepository, tenant: str, cluster_name: str) -> None:

@@ -26,7 +26,7 @@ class Cluster:
             raise RuntimeError("refused")
         self.writes.append(len(spec.devices))
 
-    def set_weight_residence(self, uid: str, device_ids: list[str], *, cluster: str) -> None:
+    def set_weight_residences(self, residences: dict[str, list[str]], *, cluster: str) -> None:
         pass
 
 
