@@ -34,9 +34,10 @@ from learned.choice import TRAIN_COMMAND
 from learned.evaluate import load_vidur
 from learned.gnn import GnnCostModel, GraphSample, train_gnn
 from learned.profile import ProfileStore, file_digest
+from learned.rates import RateCostModel, fit_rates
 from learned.roofline import device_of_kind
 from learned.table import ProfileTableCostModel
-from service.core.cost import CostModel, IterationOverhead, slice_of
+from service.core.cost import CostModel, IterationOverhead, chain_edges, floored, predict_slice, slice_of
 from service.domain.error import InvalidInputError, SliceschedError
 from service.domain.model_config import ModelConfig, model_config
 from service.domain.opgraph import OperatorGraph
@@ -137,6 +138,74 @@ def _digest(*parts: str) -> str:
     return h.hexdigest()[:16]
 
 
+#: The latest share of each device kind's observations held out of the refit to choose that
+#: kind's model on (:func:`split_for_choice`).
+CHOICE_HOLDOUT = 0.25
+#: A kind with fewer held-out observations than this keeps the base artifact's choice.
+MIN_CHOICE_ROWS = 8
+
+
+def split_for_choice(rows: Sequence[ObservedSlice]) -> tuple[list[ObservedSlice], list[ObservedSlice]]:
+    """``(fit, held)``: per device kind, the latest :data:`CHOICE_HOLDOUT` of its rows (by
+    ``observed_wall``; the uid breaks ties) are held out, when that is at least
+    :data:`MIN_CHOICE_ROWS` of them; a kind observed less is fitted on whole. Both keep ``rows``' order."""
+    held: set[int] = set()
+    for kind in sorted({r.device_kind for r in rows}):
+        mine = sorted((i for i, r in enumerate(rows) if r.device_kind == kind),
+                      key=lambda i: (rows[i].observed_wall, rows[i].uid))
+        n = int(len(mine) * CHOICE_HOLDOUT)
+        if n >= MIN_CHOICE_ROWS:
+            held.update(mine[len(mine) - n:])
+    return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
+
+
+def observed_mape(model: CostModel, samples: Sequence[GraphSample]) -> float:
+    """MAPE (%) of ``model``'s median on ``samples``, each priced as the what-if prices a slice
+    (:func:`~service.core.cost.predict_slice` with its edges, at the physical floor)."""
+    priced = floored(model)
+    errors = [abs(predict_slice(priced, s.ops, s.edges if s.edges is not None else chain_edges(len(s.ops)),
+                             s.device).p50_s * 1e3 - s.target_ms) / s.target_ms
+              for s in samples]
+    return 100.0 * sum(errors) / len(errors) if errors else math.nan
+
+
+def choose_on_observations(models: Mapping[str, CostModel], held: Sequence[ObservedSlice],
+                           trace: Tracer) -> dict[str, dict[str, Any]]:
+    """Per device kind in ``held``: each model's MAPE on its traceable rows and the ``chosen``
+    one (the lowest; ``n`` rows). Kinds with fewer than :data:`MIN_CHOICE_ROWS` traceable rows
+    are left out (they keep the base's choice)."""
+    out: dict[str, dict[str, Any]] = {}
+    for kind in sorted({r.device_kind for r in held}):
+        samples = observation_samples([r for r in held if r.device_kind == kind], trace)
+        if len(samples) < MIN_CHOICE_ROWS:
+            continue
+        scores = {}
+        for name, m in models.items():
+            try:
+                scores[name] = observed_mape(m, samples)
+            except InvalidInputError:  # a model that cannot price this kind (rates not fitted on it)
+                continue
+        if not scores:
+            continue
+        out[kind] = {f"{name}_mape_pct": round(v, 3) for name, v in scores.items()}
+        out[kind].update(n=len(samples), chosen=min(scores, key=lambda name: scores[name]))
+    return out
+
+
+#: The share of the refit's training samples the observations make up (each repeated to reach
+#: it): a few hundred observations beside tens of thousands of profile samples would otherwise
+#: move the GNN by a fraction of a percent of its loss.
+OBSERVED_SHARE = 0.2
+
+
+def observed_repeats(n_base: int, n_observed: int) -> int:
+    """How many times each observed sample is taken so that they make up about
+    :data:`OBSERVED_SHARE` of the samples (at least once)."""
+    if n_observed <= 0:
+        return 0
+    return max(1, round(OBSERVED_SHARE / (1.0 - OBSERVED_SHARE) * n_base / n_observed))
+
+
 def observed_key(inputs: TrainingInputs, observations: Path) -> str:
     """The name of the artifact refitted on ``observations``: the base artifact's inputs, the
     observations' bytes and this module's code."""
@@ -148,14 +217,23 @@ def train_observed(observations: Path, inputs: TrainingInputs, cache_dir: Path, 
     """The default artifact of ``inputs`` (``learned-<key>`` in ``cache_dir``, which must exist)
     with its GNN refitted on the same samples plus the observations' (:func:`observation_samples`):
     a folder ``observed-<key>`` beside it laid out as the default one (``meta.json``,
-    ``table.json``, ``gnn/``), its meta naming the base artifact and the observations. The
-    table, the choices, the host overheads and the conformal shift are the base's. Returns the
-    folder (an existing one unless ``force``)."""
+    ``table.json``, ``gnn/``), its meta naming the base artifact and the observations.
+
+    The model of each device kind observed enough is chosen again (:func:`split_for_choice`): the
+    latest :data:`CHOICE_HOLDOUT` of that kind's observations are held out of the fit, and of the
+    refitted GNN, the table and the kind's fitted rates (:mod:`learned.rates`, fitted on the same
+    rows as the GNN; ``observed_rates`` in the meta) the one with the lowest MAPE on them prices
+    that kind, whole iterations and slices alike (``observed_choice`` holds the evidence).
+    Without it a kind the base never profiled (a CPU executor) would keep the table whatever the
+    observations taught the GNN. Other kinds keep the base's choices; the table, the host
+    overheads and the conformal shift are the base's. Returns the folder (an existing one unless
+    ``force``)."""
     base = cache_dir / f"learned-{inputs.key()}"
     if not (base / "meta.json").is_file():
         raise MissingArtifactError(f"no base artifact {base}: make it with `{TRAIN_COMMAND}` first")
     rows = load_observations(observations)
-    extra = observation_samples(rows, trace)
+    fit_rows, held_rows = split_for_choice(rows)
+    extra = observation_samples(fit_rows, trace)
     if not extra:
         raise InvalidInputError(f"none of the {len(rows)} observations in {observations} can be traced "
                                 "(unknown models, device kinds or layers)", culprit=str(observations))
@@ -165,17 +243,33 @@ def train_observed(observations: Path, inputs: TrainingInputs, cache_dir: Path, 
         return target
     started = time.perf_counter()
     timings = [*load_vidur(inputs.data_dir), *(t for p in inputs.profiles for t in ProfileStore(p).load())]
-    samples = [*base_samples(timings, inputs), *extra]
-    progress(f"refitting the GNN on {len(samples)} samples, {len(extra)} of them from {len(rows)} observations")
+    base_rows = base_samples(timings, inputs)
+    repeats = observed_repeats(len(base_rows), len(extra))
+    samples = [*base_rows, *(extra * repeats)]
+    progress(f"refitting the GNN on {len(samples)} samples, {len(extra)} of them from {len(rows)} observations "
+             f"(each taken {repeats} times)")
     meta = json.loads((base / "meta.json").read_text())
     gnn, report = train_gnn(samples, inputs.config, meta={"inputs_key": inputs.key()})
     gnn = gnn.with_quantile_shift(tuple(meta["gnn_quantile_shift"]["p90_p99_log"]))
+    table = ProfileTableCostModel.from_doc(json.loads((base / "table.json").read_text()))
+    fitted = {kind: r for kind in sorted({s.device.kind for s in extra})
+              if (r := fit_rates([s for s in extra if s.device.kind == kind])) is not None}
+    rates = RateCostModel(fitted)
+    evidence = choose_on_observations({"gnn": gnn, "table": table, "rates": rates}, held_rows, trace)
+    for kind, e in evidence.items():
+        meta["choice"][kind] = meta["slice_choice"][kind] = e["chosen"]
+        scores = ", ".join(f"{k.removesuffix('_mape_pct')} {v:.1f}%" for k, v in e.items() if k.endswith("_mape_pct"))
+        progress(f"{kind}: {e['chosen']} on {e['n']} held-out observations (MAPE {scores})")
     tmp = Path(tempfile.mkdtemp(prefix=".observed-", dir=cache_dir))
     try:
         shutil.copy(base / "table.json", tmp / "table.json")
         gnn.save(tmp / "gnn")
         meta.update(observations={"file": str(observations), "sha256": file_digest(observations), "rows": len(rows),
-                                  "samples": len(extra), "device_kinds": sorted({r.device_kind for r in rows})},
+                                  "samples": len(extra), "repeats": repeats, "held_out": len(held_rows),
+                                  "device_kinds": sorted({r.device_kind for r in rows})},
+                    observed_rates=rates.to_doc(),
+                    observed_choice={"metric": f"MAPE of the median on the latest {CHOICE_HOLDOUT:.0%} of each "
+                                               "kind's observations, held out of the fit", "per_device_kind": evidence},
                     base_artifact={"path": str(base), "sha256": artifact_sha256(base)},
                     final_gnn_train_seconds=round(report.seconds, 1),
                     train_seconds=round(time.perf_counter() - started, 1))
@@ -204,7 +298,8 @@ def load_observed(directory: Path) -> LoadedCostModel:
         raise MissingArtifactError(f"no observed artifact in {directory}: make it with `{TRAIN_COMMAND} --from-gmg`")
     meta = json.loads((directory / "meta.json").read_text())
     table = ProfileTableCostModel.from_doc(json.loads((directory / "table.json").read_text()))
-    models: dict[str, CostModel] = {"table": table, "gnn": GnnCostModel.load(directory / "gnn")}
+    models: dict[str, CostModel] = {"table": table, "gnn": GnnCostModel.load(directory / "gnn"),
+                                    "rates": RateCostModel.from_doc(meta.get("observed_rates", {}))}
     choice, slice_choice = dict(meta["choice"]), dict(meta["slice_choice"])
     overheads = {k: IterationOverhead(**v) for k, v in meta["overheads"].items()}
     model = ArtifactCostModel(models, choice, "table", overheads, name="learned", graph_choice=slice_choice)

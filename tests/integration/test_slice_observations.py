@@ -56,6 +56,11 @@ def test_observations_are_written_on_slices_and_read_back_as_training_rows(
         for name, value in neo4j.env().items():
             monkeypatch.setenv(name, value)
         assert [o.uid for o in observations_from_gmg(base)] == [placed.uid, f"{tenant}/n1"]
+
+        with driver.session() as session:  # an executor that left: its devices go, its rows stay trainable
+            session.run("MATCH (d:Device {device_id: $d}) DETACH DELETE d", d=d1).consume()
+        assert [(r["uid"], r["device_kind"]) for r in repo.live.slice_observations(base)] == [
+            (placed.uid, "A100-80GB"), (f"{tenant}/n1", "H100-80GB")]
     finally:
         with driver.session() as session:  # a server kept between runs keeps no rows of this one
             session.run("MATCH (s:Slice) WHERE s.uid STARTS WITH $t DETACH DELETE s", t=f"{tenant}/").consume()

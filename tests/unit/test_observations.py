@@ -4,7 +4,9 @@ and the command's bad options."""
 
 from __future__ import annotations
 
+import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,16 +15,22 @@ import pytest
 from learned.artifact import SHIPPED_GNN, TrainingInputs, default_cache_dir
 from learned.observations import (
     ObservedSlice,
+    choose_on_observations,
     load_observations,
     load_observed,
     observation_samples,
     observations_file,
+    observed_repeats,
     save_observations,
     slice_op_ids,
+    split_for_choice,
     train_observed,
 )
+from learned.rates import KindRates, RateCostModel, _work, fit_rates
 from service.cli.cost_model import parse_since, train_command
-from service.core.cost import slice_of
+from service.core.cost import Latency, OpFeatures, slice_of
+from service.domain.cluster import Device
+from service.domain.error import InvalidInputError
 from service.domain.model_config import model_config
 from service.live.retraining import trace_observed
 from service.models.trace import trace_phase
@@ -99,6 +107,14 @@ def test_the_gnn_is_refitted_on_the_observations_beside_the_base_artifact(tmp_pa
     meta = (target / "meta.json").read_text()
     assert '"rows": 12' in meta and str(base) in meta and loaded.sha256
     assert train_observed(path, inputs, tmp_path, trace_observed, progress=lambda s: None) == target  # present
+    assert "cpu" not in loaded.choice  # 3 held out of 12 is too few to choose on: the base's choice stays
+    more = save_observations([obs(f"m{i}", latency_s=0.001 * (i % 5 + 1), start=i % 2, end=i % 2 + 1)
+                              for i in range(40)], tmp_path / "more.jsonl")
+    chosen = load_observed(train_observed(more, inputs, tmp_path, trace_observed, progress=lambda s: None))
+    assert chosen.artifact is not None
+    evidence = json.loads((chosen.artifact / "meta.json").read_text())["observed_choice"]["per_device_kind"]
+    assert evidence["cpu"]["n"] == 10 and evidence["cpu"]["chosen"] in ("gnn", "table", "rates")
+    assert chosen.choice["cpu"] == chosen.slice_choice["cpu"] == evidence["cpu"]["chosen"]
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(Exception, match="none of the 0 observations"):
         train_observed(tmp_path / "empty.jsonl", inputs, tmp_path, trace_observed)
@@ -119,3 +135,64 @@ def test_the_commands_bad_options_exit_2_and_an_unreachable_gmg_3(monkeypatch: p
     with pytest.raises(SystemExit) as exit_:
         train_command(["--from-gmg", "--epochs", "3"])  # a trainer option that does not apply
     assert exit_.value.code == 2
+
+
+def test_the_latest_quarter_of_each_kind_is_held_out_to_choose_on() -> None:
+    rows = [obs(f"c{i}", latency_s=0.001) for i in range(40)]
+    rows = [replace(r, observed_wall=1000.0 + (7 * i) % 40) for i, r in enumerate(rows)]  # shuffled in time
+    rows += [obs(f"a{i}", device_kind="A100-80GB") for i in range(12)]  # 3 would be held: too few
+    fit, held = split_for_choice(rows)
+    assert len(held) == 10 and {r.device_kind for r in held} == {"cpu"}
+    assert min(r.observed_wall for r in held) > max(r.observed_wall for r in fit if r.device_kind == "cpu")
+    assert len(fit) == 42
+    assert sorted(r.uid for r in fit + held) == sorted(r.uid for r in rows)
+
+
+class _Constant:
+    """A cost model answering every slice with the same latency."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    @property
+    def name(self) -> str:
+        return f"constant-{self.seconds}"
+
+    def predict(self, ops: Sequence[OpFeatures], device: Device) -> Latency:
+        return Latency(self.seconds, self.seconds, self.seconds)
+
+
+def test_each_observed_kind_gets_the_model_with_the_lower_held_out_error() -> None:
+    held = [obs(f"h{i}", latency_s=0.004) for i in range(9)] + [obs(f"x{i}", device_kind="A100-80GB") for i in range(3)]
+    evidence = choose_on_observations({"gnn": _Constant(0.0041), "table": _Constant(0.008)}, held, trace_observed)
+    assert list(evidence) == ["cpu"]  # 3 A100 rows are too few to choose on
+    assert evidence["cpu"]["chosen"] == "gnn" and evidence["cpu"]["n"] == 9
+    assert evidence["cpu"]["gnn_mape_pct"] == pytest.approx(2.5) and evidence["cpu"]["table_mape_pct"] == pytest.approx(100.0)
+    flipped = choose_on_observations({"gnn": _Constant(0.02), "table": _Constant(0.004)}, held, trace_observed)
+    assert flipped["cpu"]["chosen"] == "table"
+
+
+def test_observations_are_repeated_to_a_fifth_of_the_refit() -> None:
+    assert observed_repeats(25_000, 25) == 250  # 6,250 of 31,250 samples
+    assert observed_repeats(100, 1_000) == 1  # never dropped
+    assert observed_repeats(100, 0) == 0
+
+
+def test_rates_fitted_on_observations_recover_a_linear_device() -> None:
+    truth = KindRates(20e-6, 1e-10, 2e-9, 1.0, 1.0, 0)
+    rows = [obs(f"r{i}", start=i % 2, end=i % 2 + 1, phase="decode" if i % 3 == 0 else "prefill", context=8 + i)
+            for i in range(24)]
+    samples = observation_samples(rows, trace_observed)
+    exact = [replace(s, target_ms=1e3 * truth.seconds(*_work(s.ops))) for s in samples]
+    fitted = fit_rates(exact)
+    assert fitted is not None and fitted.n == len(exact)
+    model = RateCostModel({"cpu": fitted})
+    for s in exact:
+        assert model.predict(s.ops, s.device).p50_s * 1e3 == pytest.approx(s.target_ms, rel=1e-6)
+    assert fit_rates(exact[:3]) is None  # too few rows
+    block = exact[0].ops
+    stacked = model.predict_stack(block[:2], block, 3, block[-1:], exact[0].device).p50_s
+    assert stacked == pytest.approx(model.predict([*block[:2], *block * 3, *block[-1:]], exact[0].device).p50_s)
+    assert RateCostModel.from_doc(model.to_doc()).kinds == model.kinds
+    with pytest.raises(InvalidInputError, match="no fitted rates"):
+        model.predict(block, replace(exact[0].device, kind="A100-80GB"))
