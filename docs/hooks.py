@@ -81,13 +81,14 @@ class Record:
 
     def get(self, key: str) -> Any:
         """The value at dotted ``key`` (from the record's top level, e.g. ``results.summary.x``; a
-        list's item by its index, ``results.sizes.3.gpus``);
+        list's item by its index, ``results.sizes.3.gpus``, or from its end, ``results.sizes.-1.gpus``);
         KeyError naming the record and key when absent."""
         node: Any = self.data
         parts = key.split(".")
         while parts:
             # a key may itself hold dots ("aging-spf/container x1.2"): the longest that exists
-            if isinstance(node, list) and parts[0].isdigit() and int(parts[0]) < len(node):
+            if isinstance(node, list) and parts[0].removeprefix("-").isdigit() \
+                    and -len(node) <= int(parts[0]) < len(node):
                 node, parts = node[int(parts[0])], parts[1:]  # a list's item by its index
                 continue
             for n in range(len(parts), 0, -1):

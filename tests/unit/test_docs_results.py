@@ -99,3 +99,12 @@ def test_the_readme_headline_block_is_the_records() -> None:
         "README.md's headline block differs from the records: run .venv/bin/python docs/hooks.py --readme"
     )
     assert len(readme.splitlines()) < 200
+
+
+def test_a_records_list_items_are_cited_by_index_from_either_end() -> None:
+    r = hooks.Record("fleet.json", {"results": {"sizes": [{"gpus": 50}, {"gpus": 100}]}})
+    assert r.get("results.sizes.0.gpus") == 50 and r.get("results.sizes.-1.gpus") == 100
+    assert r.get("results.sizes.-2.gpus") == 50
+    for missing in ("results.sizes.2.gpus", "results.sizes.-3.gpus"):
+        with pytest.raises(KeyError, match="has no"):
+            r.get(missing)
