@@ -79,6 +79,8 @@ def measure(args: argparse.Namespace, neo4j: Neo4jSettings) -> int:
             "cpu_cores": {k: v["cpu_cores"] for k, v in runs.items()},
             "per_tenant": {k: v["tenants"] for k, v in runs.items()},
             "workload": record["workload"], "plot": f"live_e2e/seed{seed}/live_latency.png",
+            "timeline_plot": f"live_e2e/seed{seed}/live_timeline.png",
+            "devices": {k: v["devices"] for k, v in runs.items()},
             # against calibration.machine.speed (at the probe); past SPEED_DRIFT both runs were paced by load_scale
             "machine_speed": {k: v["machine_speed"] for k, v in runs.items()},
             "load_scale": {k: v["load_scale"] for k, v in runs.items()},

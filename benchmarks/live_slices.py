@@ -85,6 +85,8 @@ def measure(args: argparse.Namespace, neo4j: Neo4jSettings) -> int:
             "decisions": runs["slice"]["decisions"], "per_tenant": {p: r["tenants"] for p, r in runs.items()},
             "cpu_cores": {p: r["cpu_cores"] for p, r in runs.items()},
             "plot": f"live_slices/seed{seed}/live_latency.png",
+            "timeline_plot": f"live_slices/seed{seed}/live_timeline.png",
+            "devices": {p: r["devices"] for p, r in runs.items()},
         }
     rows = list(per_seed.values())
 

@@ -168,6 +168,11 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
           "nothing, better on this run)")
     for note in sliced[:6]:
         print(f"  {note[len('sliced: '):]}")
+    device_rows = [[p, dev, d["owner"] or "-", f"{100 * d['held_share']:.0f}%", f"{100 * d['guest_share']:.0f}%",
+                    ", ".join(d["guests"]) or "-"] for p, r in runs.items() for dev, d in r.get("devices", {}).items()]
+    if device_rows:
+        print_table(["placement", "device", "owner", "held by a lease", "held by a guest's lease", "guests"],
+                    device_rows, title=f"devices over each run, from the GMG's live Slices ({out}/live_timeline.png)")
     for placement, run in runs.items():
         if run.get("cpu_cores"):
             print(f"cores busy under {placement} (of {os.cpu_count()}): "
@@ -208,7 +213,7 @@ def live_and_replay(args: argparse.Namespace, settings: Any) -> None:
                               "60", "--policy", "fifo/container", "--policy", "fifo/replica", "--policy", "fifo/slice", "--out",
                               str(out / "replay")])
     args.func(args)
-    print(f"\nplots and JSON: {out}/live_latency.png, {out}/live.json, {out}/replay/*.png "
+    print(f"\nplots and JSON: {out}/live_latency.png, {out}/live_timeline.png, {out}/live.json, {out}/replay/*.png "
           f"(the slice timeline: {out}/replay/timeline-fifo-slice-10s.png, thin bars are operator-level guest slices)")
 
 

@@ -28,6 +28,7 @@ from service.graph.connection import Neo4jSettings
 from service.harness.capacity import busy_share_since, cpu_jiffies, load_scale, machine_speed
 from service.harness.live_tenants import register, reset_tenants
 from service.harness.stack import LiveStack
+from service.harness.timeline import DeviceTimeline, collect_timeline, plot_timelines
 from service.live.metrics import sla_met
 from service.live.records import LiveRequest
 from service.workload.synthetic import TenantLoad, synthetic_workload
@@ -83,11 +84,15 @@ class LiveRunResult:
     load_scale: float = 1.0  # the factor the arrival rates were scaled by (capacity.load_scale), 1.0: as given
     sliced_guests: int = 0  # sliced guests the scheduler placed (placement slice)
     good_tokens_per_s: float = 0.0  # output tokens of the requests that met their SLA, per second
+    devices: dict[str, dict[str, Any]] = field(default_factory=dict)  # per device: DeviceTimeline.summary()
+    timeline: DeviceTimeline | None = field(default=None, repr=False)  # its leases (live_timeline.png)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 
-        return asdict(self)
+        out = asdict(replace(self, timeline=None))
+        del out["timeline"]
+        return out
 
 
 def _proc_cpu_s(pid: int) -> float | None:
@@ -191,7 +196,7 @@ def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None 
                 return [r for r in rows if r["tenant_id"] in tenants and r["request_id"] not in warm]
             ids: dict[str, list[str]] = {t: [] for t in tenants}
             rng = np.random.default_rng(seed)
-            start = time.monotonic() + 0.5
+            start, since_wall = time.monotonic() + 0.5, time.time() + 0.5
 
             def client(tenant: str) -> None:
                 with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {keys[tenant]}"},
@@ -229,7 +234,13 @@ def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None 
             cpu = meter.stop()
             finished = ours(admin.get("/v1/requests", params={"limit": 10_000}).json())
             stats = admin.get("/v1/stats").json()
-    return replace(summarise(placement, finished, stats), cpu_cores=cpu, machine_speed=speed, load_scale=scale)
+            try:
+                timeline: DeviceTimeline | None = collect_timeline(admin, since_wall)
+            except (RuntimeError, httpx.HTTPError) as exc:  # a missing plot must not lose the run
+                say(f"{placement}: no device timeline ({exc})")
+                timeline = None
+    return replace(summarise(placement, finished, stats), cpu_cores=cpu, machine_speed=speed, load_scale=scale,
+                   timeline=timeline, devices=timeline.summary() if timeline is not None else {})
 
 
 def warm_up(url: str, keys: Mapping[str, str], say: Callable[[str], None], timeout_s: float = 120.0) -> set[str]:
@@ -290,7 +301,8 @@ def compare_placements(workload: Workload, out_dir: Path, *, neo4j: Neo4jSetting
                        calibration: dict[str, Any] | None = None,
                        placements: Sequence[str] = ("container", "replica")) -> dict[str, Any]:
     """The same workload served once per placement (``container`` first, then the others at its
-    pace); writes ``live.json`` and ``live_latency.png`` into ``out_dir`` and returns the record
+    pace); writes ``live.json``, ``live_latency.png`` and ``live_timeline.png`` (each device's
+    leases per placement, :mod:`service.harness.timeline`) into ``out_dir`` and returns the record
     (with ``calibration``, what the load was sized from, when given)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = offered_work(calibration) if calibration is not None else None
@@ -312,6 +324,9 @@ def compare_placements(workload: Workload, out_dir: Path, *, neo4j: Neo4jSetting
     }
     (out_dir / "live.json").write_text(json.dumps(record, indent=2, default=float) + "\n")
     plot_live(out_dir / "live_latency.png", runs)
+    timelines = {p: r.timeline for p, r in runs.items() if r.timeline is not None}
+    if timelines:
+        plot_timelines(out_dir / "live_timeline.png", timelines)
     return record
 
 
