@@ -69,30 +69,17 @@ def main() -> int:
         return measure(args, neo4j)
 
 
-def observations_since(neo4j: Neo4jSettings, since_wall: float) -> list[ObservedSlice]:
-    """The slice observations in the GMG from ``since_wall`` (epoch s) on, oldest first."""
-    from learned.observations import ObservedSlice
-    from service.graph.connection import open_driver
-    from service.graph.repository import GraphRepository
-
-    driver = open_driver(neo4j, start=False)
-    try:
-        rows = GraphRepository(driver, database=neo4j.database).live.slice_observations(since_wall)
-    finally:
-        driver.close()
-    return [ObservedSlice.from_row(r) for r in rows]
-
-
 def live_run(args: argparse.Namespace, neo4j: Neo4jSettings, seed: int, say: Callable[[str], None]
              ) -> tuple[list[ObservedSlice], dict[str, Any]]:
     """One live run of the demo mix; its observations and a summary of the run."""
+    from service.cli.cost_model import observations_from_gmg
     from service.harness.live_run import DEMO_TENANTS, demo_workload, run_live
 
     tenants = [replace(t, rate_rps=t.rate_rps * args.rate_scale) for t in DEMO_TENANTS]
     workload = demo_workload(seed, args.duration_s, tenants)
     since = time.time()
     run = run_live(args.placement, workload, neo4j=neo4j, seed=seed, progress=say)
-    rows = observations_since(neo4j, since)
+    rows = observations_from_gmg(since, neo4j)
     summary = {"seed": seed, "requests": workload.num_requests, "unfinished": run.unfinished,
                "tokens_per_s": run.tokens_per_s, "sliced_guests": run.sliced_guests, "cpu_cores": run.cpu_cores, "observations": len(rows),
                "observations_by_phase": {ph: sum(r.phase == ph for r in rows) for ph in ("prefill", "decode")},

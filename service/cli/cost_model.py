@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from learned.artifact import TrainingInputs, default_cache_dir, profiles_from_env, train_main
 from learned.choice import TRAIN_COMMAND
@@ -25,6 +26,9 @@ from learned.evaluate import default_data_dir
 from learned.observations import ObservedSlice, load_observed, observations_file, train_observed
 from service.domain.error import SliceschedError
 from service.live.retraining import trace_observed
+
+if TYPE_CHECKING:
+    from service.graph.connection import Neo4jSettings
 
 EXIT_BAD_INPUT = 2
 EXIT_UNAVAILABLE = 3
@@ -39,12 +43,13 @@ def parse_since(value: str) -> float | None:
     return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
-def observations_from_gmg(since_wall: float) -> list[ObservedSlice]:
-    """The slice observations in the GMG from ``since_wall`` (epoch s) on."""
+def observations_from_gmg(since_wall: float, settings: Neo4jSettings | None = None) -> list[ObservedSlice]:
+    """The slice observations in the GMG from ``since_wall`` (epoch s) on, oldest first (the
+    database ``settings`` name; default: the environment's)."""
     from service.graph.connection import Neo4jSettings, open_driver
     from service.graph.repository import GraphRepository
 
-    settings = Neo4jSettings.from_env()
+    settings = settings or Neo4jSettings.from_env()
     driver = open_driver(settings, start=False)
     try:
         rows = GraphRepository(driver, database=settings.database).live.slice_observations(since_wall)
