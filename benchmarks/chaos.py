@@ -17,6 +17,12 @@ that the second is still registered when the first is dropped as silent (with on
 re-plan after its drop has nothing unplaceable left). A supervisor restarts any executor (or serve) that exits on its own, with
 backoff, as systemd would, and records why it exited (``harness_events``).
 
+With ``--placement slice`` (record ``chaos-slice.json``) the scheduler may cut a backlogged tenant's
+model into slices on the other tenant's device; ``--busy-share`` sends most arrivals to the first
+tenant and ``--busy-family`` gives it a heavier model, so that its home falls behind and the kills
+strike executors holding a sliced guest's leases (counted in
+``results.executor_kills_holding_sliced_guests``, from ``/v1/stats`` just before each kill).
+
 After the schedule and a cool-down the load stops, the service gets ``--drain-s`` to finish
 every accepted request, then the record compares what the client was told, what the API says
 and what the GMG holds (admin ``POST /v1/inspect``; straight to Neo4j when the API cannot answer):
@@ -138,9 +144,10 @@ class Load:
 
     def __init__(self, url: str, tenant_keys: dict[str, str], rng: Any, *, rate_per_s: float, prompt_len: int,
                  max_tokens: int, timeout_s: float, give_up_s: float, workers: int, clock: Any,
-                 follow: Any = None) -> None:
+                 follow: Any = None, first_share: float | None = None) -> None:
         import httpx
 
+        self.first_share = first_share  # the first tenant's share of the arrivals; None: every tenant alike
         self.follow = follow  # leader election: () -> the leader's address, asked after a refused call
         self.rng = rng
         self.rate_per_s = rate_per_s
@@ -194,7 +201,13 @@ class Load:
         """A new logical request, queued for a client thread (call with the lock held)."""
         i = len(self.logical)
         tail = [int(x) for x in self.rng.integers(32, 127, size=max(0, self.prompt_len - HEAD_TOKENS))]
-        req = Logical(i, self.tenants[int(self.rng.integers(len(self.tenants)))],
+        if self.first_share is None:
+            tenant = self.tenants[int(self.rng.integers(len(self.tenants)))]
+        else:
+            rest = (1.0 - self.first_share) / max(1, len(self.tenants) - 1)
+            tenant = self.tenants[int(self.rng.choice(len(self.tenants),
+                                                      p=[self.first_share] + [rest] * (len(self.tenants) - 1)))]
+        req = Logical(i, tenant,
                       str(uuid.UUID(bytes=self.rng.bytes(16), version=4)), encode_index(i) + tail, max_tokens,
                       self.clock(), burst=burst)
         self.logical.append(req)
@@ -833,6 +846,11 @@ def main() -> int:
     p.add_argument("--placement", choices=("container", "replica", "slice"), default="container",
                    help="serve's placement: with slice, executor kills that strike an executor holding a sliced "
                         "guest's leases are counted (results.executor_kills_holding_sliced_guests)")
+    p.add_argument("--busy-share", type=float, default=None,
+                   help="the share of the arrivals and bursts that go to the first tenant (default: both alike); "
+                        "with --placement slice, a busy tenant whose home cannot keep up is what the scheduler "
+                        "slices into the other tenant's idle device")
+    p.add_argument("--busy-family", default="tiny", help="the first tenant's model family (the other's is tiny)")
     p.add_argument("--executor-kills", type=int, default=24)
     p.add_argument("--serve-kills", type=int, default=3,
                    help="kill -9 of serve, restarted at once (with --leader-kills: of the standby)")
@@ -863,6 +881,8 @@ def main() -> int:
         args.neo4j_restarts, args.neo4j_port_changes = 1, 1
         args.drain_s, args.give_up_s = 40.0, 20.0
     args.neo4j_port_changes = min(args.neo4j_port_changes, args.neo4j_restarts)
+    if args.busy_share is not None and not 0.0 < args.busy_share < 1.0:
+        p.error(f"--busy-share {args.busy_share}: a share strictly between 0 and 1")
 
     def stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -917,7 +937,8 @@ def main() -> int:
                 r = admin.post("/v1/tenants", json={"tenant_id": tenant, "sla_class": "standard"})
                 r.raise_for_status()
                 tenant_keys[tenant] = r.json()["api_key"]
-                admin.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny", "tenant_id": tenant}
+                family = args.busy_family if tenant == tenants[0] else "tiny"
+                admin.post("/v1/catalog/models", json={"model_id": "m", "family": family, "tenant_id": tenant}
                            ).raise_for_status()
         print(f"  tenants and models after {time.monotonic() - wall0:.0f} s", flush=True)
         stack.wait_devices(len(EXECUTORS), timeout_s=120.0)
@@ -927,7 +948,8 @@ def main() -> int:
         epoch0 = time.time()
         load = Load(stack.url, tenant_keys, load_rng, rate_per_s=args.rate, prompt_len=args.prompt_tokens,
                     max_tokens=args.max_tokens, timeout_s=args.client_timeout_s, give_up_s=args.give_up_s,
-                    workers=args.workers, clock=clock, follow=(lambda: stack.url) if election else None)
+                    workers=args.workers, clock=clock, follow=(lambda: stack.url) if election else None,
+                    first_share=args.busy_share)
         probe = HealthProbe(stack, clock)
         load.start()
         probe.start()
@@ -1027,6 +1049,7 @@ def main() -> int:
             kill_all(stack)
         stack.close()
     config = {"duration_s": args.duration_s, "rate_per_s": args.rate, "tenants": tenants, "family": "tiny",
+              "busy_family": args.busy_family, "busy_share": args.busy_share,
               "executors": list(EXECUTORS), "devices_per_executor": 1, "prompt_tokens": args.prompt_tokens,
               "max_tokens": args.max_tokens, "burst": args.burst, "burst_max_tokens": args.burst_max_tokens,
               "lease_ttl_s": args.lease_ttl_s, "heartbeat_s": args.heartbeat_s,
@@ -1035,7 +1058,8 @@ def main() -> int:
               "neo4j_port_changes": args.neo4j_port_changes, "bad_gap_s": args.bad_gap_s,
               "serve_mode": "managed (SLICESCHED_STATE, no SLICESCHED_NEO4J_URI)", "placement": args.placement,
               "log_dir": str(log_dir)}
-    _record.write("chaos", args, config, results)
+    # the default (container) placement's record is chaos.json; another's is chaos-<placement>.json
+    _record.write("chaos" if args.placement == "container" else f"chaos-{args.placement}", args, config, results)
     return 0
 
 

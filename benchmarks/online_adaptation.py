@@ -32,11 +32,9 @@ on this machine. The placement is ``slice`` (``--placement``); the demo's fixed 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,11 +42,10 @@ from typing import TYPE_CHECKING, Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _record
+from benchmarks._slice_prices import noise_floor, samples_by_group, score
 
 if TYPE_CHECKING:
-    from learned.gnn import GraphSample
     from learned.observations import ObservedSlice
-    from service.core.cost import CostModel
     from service.graph.connection import Neo4jSettings
 
 TARGET_MAPE_PCT = 10.0
@@ -87,60 +84,6 @@ def live_run(args: argparse.Namespace, neo4j: Neo4jSettings, seed: int, say: Cal
     return rows, summary
 
 
-def metrics(measured_ms: Sequence[float], predicted_ms: Sequence[float]) -> dict[str, Any]:
-    """MAPE, median APE and median signed error (%; negative: predicted too fast) and ``n``."""
-    if not measured_ms:
-        return {"mape_pct": None, "median_ape_pct": None, "median_error_pct": None, "n": 0}
-    errors = [(p - m) / m for m, p in zip(measured_ms, predicted_ms, strict=True)]
-    return {"mape_pct": 100.0 * statistics.fmean(abs(e) for e in errors),
-            "median_ape_pct": 100.0 * statistics.median(abs(e) for e in errors),
-            "median_error_pct": 100.0 * statistics.median(errors), "n": len(errors)}
-
-
-def shape(r: ObservedSlice) -> tuple[str, ...]:
-    return (r.family, r.phase, str(r.layer_start), str(r.layer_end), str(r.batch), str(r.tokens), str(r.context))
-
-
-def noise_floor(rows: Sequence[ObservedSlice]) -> dict[str, Any]:
-    """Each measurement against the median of those of exactly its shape (shapes measured twice or
-    more). A decode iteration is timed once for all the requests it timed first, so its rows
-    repeat one measurement: each is counted once."""
-    groups: dict[tuple[str, ...], list[float]] = defaultdict(list)
-    for key, latency_s in sorted({(shape(r), r.latency_s) for r in rows}):
-        groups[key].append(latency_s * 1e3)
-    measured, predicted = [], []
-    for values in groups.values():
-        if len(values) >= 2:
-            mid = statistics.median(values)
-            measured.extend(values)
-            predicted.extend([mid] * len(values))
-    return metrics(measured, predicted)
-
-
-def score(model: CostModel, groups: dict[tuple[str, str], list[GraphSample]]) -> dict[str, Any]:
-    """``model``'s errors on the held-out samples, grouped by (phase, family): overall, per phase,
-    per family, and the points for the plot."""
-    from service.core.cost import chain_edges, predict_slice
-
-    by: dict[str, dict[str, tuple[list[float], list[float]]]] = {"phase": defaultdict(lambda: ([], [])),
-                                                                  "family": defaultdict(lambda: ([], []))}
-    measured, predicted = [], []
-    for (phase, family), samples in sorted(groups.items()):
-        for s in samples:
-            edges = s.edges if s.edges is not None else chain_edges(len(s.ops))
-            p = predict_slice(model, s.ops, edges, s.device).p50_s * 1e3  # the what-if's slice price
-            measured.append(s.target_ms)
-            predicted.append(p)
-            for key, name in (("phase", phase), ("family", family)):
-                by[key][name][0].append(s.target_ms)
-                by[key][name][1].append(p)
-    out = metrics(measured, predicted)
-    out["by_phase"] = {k: metrics(*v) for k, v in sorted(by["phase"].items())}
-    out["by_family"] = {k: metrics(*v) for k, v in sorted(by["family"].items())}
-    out["points"] = {"measured_ms": measured, "predicted_ms": predicted}
-    return out
-
-
 def plot(path: Path, before: dict[str, Any], after: dict[str, Any]) -> None:
     import matplotlib
 
@@ -170,7 +113,7 @@ def measure(args: argparse.Namespace, neo4j: Neo4jSettings) -> int:
 
     from learned.artifact import TrainingInputs, default_cache_dir, load_cost_model, train_artifact
     from learned.evaluate import default_data_dir
-    from learned.observations import load_observed, observation_samples, observations_file, train_observed
+    from learned.observations import load_observed, observations_file, train_observed
     from service.live.retraining import trace_observed
 
     def say(message: str) -> None:
@@ -200,10 +143,7 @@ def measure(args: argparse.Namespace, neo4j: Neo4jSettings) -> int:
 
     print(f"[4/4] live run 2 (seed {args.seed + 1}): the held-out observations", flush=True)
     held_rows, run2 = live_run(args, neo4j, args.seed + 1, say)
-    groups: dict[tuple[str, str], list[GraphSample]] = {}
-    for phase, family in sorted({(r.phase, r.family) for r in held_rows}):
-        groups[(phase, family)] = observation_samples([r for r in held_rows if (r.phase, r.family) == (phase, family)],
-                                                      trace_observed)
+    groups = samples_by_group(held_rows)
     scored_before, scored_after = score(before.model, groups), score(after.model, groups)
     if not scored_before["n"]:
         print("no held-out observation could be priced", file=sys.stderr)

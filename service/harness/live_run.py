@@ -84,6 +84,7 @@ class LiveRunResult:
     load_scale: float = 1.0  # the factor the arrival rates were scaled by (capacity.load_scale), 1.0: as given
     sliced_guests: int = 0  # sliced guests the scheduler placed (placement slice)
     good_tokens_per_s: float = 0.0  # output tokens of the requests that met their SLA, per second
+    started_wall: float = 0.0  # epoch seconds of the first arrival (the run's observations are the GMG's since)
     devices: dict[str, dict[str, Any]] = field(default_factory=dict)  # per device: DeviceTimeline.summary()
     timeline: DeviceTimeline | None = field(default=None, repr=False)  # its leases (live_timeline.png)
 
@@ -240,7 +241,8 @@ def run_live(placement: str, workload: Workload, *, neo4j: Neo4jSettings | None 
                 say(f"{placement}: no device timeline ({exc})")
                 timeline = None
     return replace(summarise(placement, finished, stats), cpu_cores=cpu, machine_speed=speed, load_scale=scale,
-                   timeline=timeline, devices=timeline.summary() if timeline is not None else {})
+                   timeline=timeline, devices=timeline.summary() if timeline is not None else {},
+                   started_wall=since_wall)
 
 
 def warm_up(url: str, keys: Mapping[str, str], say: Callable[[str], None], timeout_s: float = 120.0) -> set[str]:
