@@ -220,6 +220,8 @@ HEADLINES: dict[str, list[Figure]] = {
         F("lending tenants' SLA violations, slice minus container (points; target <= 1)",
           "results.owner_violation_rise_pts", ".1f"),
         F("sliced guests placed, all seeds", "results.sliced_guests"),
+        F("the what-if's slice price against the measured latency, median error (target <= 0.10)",
+          "results.slice_latency_ape_median", ".0%"),
         F("seeds", "results.seeds"),
     ],
     "peer_agreement": [
@@ -311,6 +313,10 @@ HEADLINES: dict[str, list[Figure]] = {
         F("stuck", "results.stuck"),
         F("reconciliation violations", "results.reconciliation_violations"),
         F("faults never recovered", "results.faults_never_recovered"),
+        F("longest time to accept again once a fault was over, s (target <= 30)", "results.recovery_s_max", ".1f"),
+        F("placement", "config.placement"),
+        F("executor kills that struck an executor holding a sliced guest's leases",
+          "results.executor_kills_holding_sliced_guests"),
     ],
     "agentic_tail": [
         F("P99 change of tail/slack against the better baseline", "results.p99_change_vs_best_baseline", "+.3f"),

@@ -14,14 +14,17 @@ reason); ``/tenants`` and ``/tenants/{id}`` (projects, members and their keys: c
 revoke); ``/usage`` (quota and usage, live); ``/requests`` (submit, and the list, live);
 ``/experiments``, ``/experiments/{uid}`` and ``/compare?a=&b=`` (side by side, with a plot);
 ``/audit`` (filters, and the chain's verification for admin and auditor keys); ``/cluster``
-(admin: devices and where each tenant's work runs now).
+(admin: devices and where each tenant's work runs now, the sliced guests with their cuts, and
+each device's last minute from the GMG's live Slices: its owner's leases and its guests').
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import io
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -54,6 +57,12 @@ NAV: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("/", "Home", (*READERS, AUDITOR)), ("/approvals", "Approvals", (ADMIN,)), ("/tenants", "Tenants", MANAGERS),
     ("/usage", "Usage", READERS), ("/requests", "Requests", READERS), ("/experiments", "Experiments", READERS),
     ("/audit", "Audit log", AUDIT_READERS), ("/cluster", "Cluster", (ADMIN,)))
+
+
+#: The cluster page reads each device's last :data:`RECENT_S` seconds (one ``device_timeline``
+#: inspection per device) while the cluster has at most :data:`RECENT_MAX_DEVICES` devices.
+RECENT_S = 60.0
+RECENT_MAX_DEVICES = 32
 
 
 class Refused(Exception):
@@ -424,14 +433,70 @@ def create_console(api_url: str, *, secure_cookies: bool = False, session_idle_s
     async def cluster(request: Request) -> Response:
         s = need(request, ADMIN)
         devices = await client.get("/v1/devices", s.key)
+        replicas = (await client.get("/v1/stats", s.key))["replicas"]
         by_tenant: dict[str, list[str]] = {}
         for d in devices:
             for replica in d["replicas"]:
                 by_tenant.setdefault(replica.partition("/")[0], []).append(d["device_id"])
+        owners = _owners(replicas)
+        recent: list[dict[str, Any]] | None = None
+        now = time.time()
+        if len(devices) <= RECENT_MAX_DEVICES:
+            ids = sorted(d["device_id"] for d in devices)
+            tables = await asyncio.gather(*(client.post("/v1/inspect", s.key, {
+                "name": "device_timeline", "params": {"device_id": dev, "since_s": now - RECENT_S, "tenant_id": None}})
+                for dev in ids))
+            recent = [{"device_id": dev, "owner": owners.get(dev), "tenants": _device_use(t, owners.get(dev), now)}
+                      for dev, t in zip(ids, tables, strict=True)]
         return page(request, "cluster.html", devices=devices,
-                    by_tenant={t: sorted(set(ds)) for t, ds in sorted(by_tenant.items())})
+                    by_tenant={t: sorted(set(ds)) for t, ds in sorted(by_tenant.items())},
+                    sliced=[r for r in replicas if r.get("slices")], recent=recent, recent_s=RECENT_S,
+                    recent_max=RECENT_MAX_DEVICES)
 
     return app
+
+
+# ---- the cluster page ------------------------------------------------------------------------------
+def _owners(replicas: list[dict[str, Any]]) -> dict[str, str]:
+    """Device -> the tenant whose home replica (not a guest) is on it, from ``/v1/stats``."""
+    out: dict[str, str] = {}
+    for r in replicas:
+        if not r["guest"]:
+            for dev in r["devices"]:
+                out.setdefault(dev, r["model"].partition("/")[0])
+    return out
+
+
+def _device_use(table: dict[str, Any], owner: str | None, now: float, window_s: float = RECENT_S
+                ) -> list[dict[str, Any]]:
+    """One device's last ``window_s`` seconds from its ``device_timeline`` answer: per tenant (the
+    owner first) its leases, how many run now, and the share of the window in which at least one
+    of them held the device (a lease's window is its request's time in the device's batch). The
+    executors' stage observations (no model) are left out."""
+    cols = {c: i for i, c in enumerate(table["columns"])}
+    since = now - window_s
+    spans: dict[str, list[tuple[float, float]]] = {}
+    running: dict[str, int] = {}
+    for row in table["rows"]:
+        tenant, state = row[cols["tenant"]], row[cols["state"]]
+        if tenant is None or row[cols["model"]] is None:
+            continue
+        end = now if row[cols["end_s"]] is None or state == "running" else min(float(row[cols["end_s"]]), now)
+        start = max(since, float(row[cols["start_s"]]))
+        spans.setdefault(tenant, [])
+        if end > start:
+            spans[tenant].append((start, end))
+        running[tenant] = running.get(tenant, 0) + (state == "running")
+    out = []
+    for tenant in sorted(spans, key=lambda t: (t != owner, t)):
+        held, reach = 0.0, since
+        for start, end in sorted(spans[tenant]):
+            if end > reach:
+                held += end - max(start, reach)
+                reach = end
+        out.append({"tenant": tenant, "guest": tenant != owner, "leases": len(spans[tenant]),
+                    "running": running.get(tenant, 0), "held_share": held / window_s})
+    return out
 
 
 # ---- template filters ------------------------------------------------------------------------------

@@ -79,3 +79,47 @@ def test_the_audit_page_shows_a_placement_decision_s_reasons_by_code_and_line() 
         ["action", "actor", "target", "tenant_id", "since_seq"], ""), next_since_seq=None, nav=[], s=None, flashes=[])
     assert '<div class="reason" data-code="add"><span class="mono">add</span> add acme/m on eb: +60 tokens' in html
     assert html.count('class="reason"') == 1  # an entry without reasons shows none
+
+
+def test_a_device_s_last_minute_separates_its_owner_from_its_guests() -> None:
+    from service.webconsole.app import _device_use, _owners
+
+    owners = _owners([{"model": "initech/m", "devices": ["e/cpu:1"], "guest": False},
+                      {"model": "acme/m", "devices": ["e/cpu:1"], "guest": True}])
+    assert owners == {"e/cpu:1": "initech"}
+    cols = ["slice", "tenant", "model", "state", "start_s", "end_s", "operators"]
+    rows = [["L1", "acme", "acme/m", "done", 950.0, 980.0, 0], ["L2", "acme", "acme/m", "running", 970.0, 2000.0, 0],
+            ["L3", "initech", "initech/m", "done", 900.0, 955.0, 0],  # started before the window
+            ["L1/1", "acme", None, "done", 960.0, 970.0, None],  # an executor's stage observation: left out
+            [None, None, None, None, 990.0, 995.0, None]]  # another tenant's window, unnamed: left out
+    use = _device_use({"columns": cols, "rows": rows}, "initech", now=1000.0, window_s=60.0)
+    assert [u["tenant"] for u in use] == ["initech", "acme"]  # the owner first
+    initech, acme = use
+    assert initech == {"tenant": "initech", "guest": False, "leases": 1, "running": 0, "held_share": 15.0 / 60.0}
+    assert acme["guest"] and acme["leases"] == 2 and acme["running"] == 1
+    assert acme["held_share"] == 50.0 / 60.0  # 950-980 and 970-1000 (running: until now), once
+
+
+def test_the_cluster_page_shows_sliced_guests_and_each_device_s_last_minute() -> None:
+    from pathlib import Path
+
+    from jinja2 import Environment, FileSystemLoader
+
+    import service.webconsole.app as console
+
+    env = Environment(loader=FileSystemLoader(Path(console.__file__).parent / "templates"), autoescape=True)
+    sliced = [{"replica_id": "acme/m@eb/cpu:0:0-12+ea/cpu:0:12-24", "model": "acme/m", "leases": 3, "draining": False,
+               "yields": True, "slices": [{"device": "eb/cpu:0", "layers": [0, 12]},
+                                          {"device": "ea/cpu:0", "layers": [12, 24]}]}]
+    recent = [{"device_id": "eb/cpu:0", "owner": "initech", "tenants": [
+                  {"tenant": "initech", "guest": False, "leases": 4, "running": 1, "held_share": 0.5},
+                  {"tenant": "acme", "guest": True, "leases": 3, "running": 2, "held_share": 0.25}]},
+              {"device_id": "ea/cpu:0", "owner": None, "tenants": []}]
+    html = env.get_template("cluster.html").render(devices=[], by_tenant={}, sliced=sliced, recent=recent, recent_s=60.0,
+                                                   recent_max=32, nav=[], s=None, flashes=[])
+    assert "eb/cpu:0 [0, 12), ea/cpu:0 [12, 24)" in html
+    assert "<td>acme</td><td>guest</td>" in html and ">25%<" in html and ">50%<" in html
+    assert 'colspan="5" class="muted">idle' in html
+    many = env.get_template("cluster.html").render(devices=[], by_tenant={}, sliced=[], recent=None, recent_s=60.0,
+                                                   recent_max=32, nav=[], s=None, flashes=[])
+    assert "No sliced guest placed." in many and "More than 32 devices" in many
