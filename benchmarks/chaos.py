@@ -21,7 +21,9 @@ With ``--placement slice`` (record ``chaos-slice.json``) the scheduler may cut a
 model into slices on the other tenant's device; ``--busy-share`` sends most arrivals to the first
 tenant and ``--busy-family`` gives it a heavier model, so that its home falls behind and the kills
 strike executors holding a sliced guest's leases (counted in
-``results.executor_kills_holding_sliced_guests``, from ``/v1/stats`` just before each kill).
+``results.executor_kills_holding_sliced_guests``, from ``/v1/stats`` just before each kill). Under
+``slice`` an executor kill strikes an executor that holds a sliced guest's leases at that moment
+when there is one (the planned target otherwise; ``retargeted_from`` in the fault's log).
 
 After the schedule and a cool-down the load stops, the service gets ``--drain-s`` to finish
 every accepted request, then the record compares what the client was told, what the API says
@@ -545,21 +547,23 @@ def send_burst(load: Load, n: int, max_tokens: int, *, timeout_s: float = 5.0) -
     return {"burst": n, "burst_accepted": sum(r.accepted for r in reqs)}
 
 
-def sliced_guests_held(stack: Any, executor: str) -> int | None:
-    """Sliced guests (placement slice) holding leases with a slice on ``executor``, from
-    ``/v1/stats`` just before it is killed (None: the service did not answer within 2 s)."""
+def sliced_guests_held(stack: Any) -> dict[str, int] | None:
+    """Per executor, the sliced guests (placement slice) holding leases with a slice on it, from
+    ``/v1/stats`` just before a kill (None: the service did not answer within 2 s)."""
     try:
         with stack.client(timeout_s=2.0) as c:
             replicas = c.get("/v1/stats").json()["replicas"]
     except Exception:
         return None
-    return sum(1 for r in replicas if r.get("slices") and r["leases"] > 0
-               and any(s["device"].startswith(f"{executor}/") for s in r["slices"]))
+    return {e: sum(1 for r in replicas if r.get("slices") and r["leases"] > 0
+                   and any(s["device"].startswith(f"{e}/") for s in r["slices"])) for e in EXECUTORS}
 
 
 def inject(f: Fault, cluster: Cluster, keys: Keys, rng: Any, load: Load, *, neo4j_down_s: float,
-           burst: int, burst_max_tokens: int) -> None:
-    """Run one fault; ``f.started_s`` becomes the moment it strikes (after its burst)."""
+           burst: int, burst_max_tokens: int, prefer_sliced: bool = False) -> None:
+    """Run one fault; ``f.started_s`` becomes the moment it strikes (after its burst). With
+    ``prefer_sliced`` an executor kill strikes an executor holding a sliced guest's leases when
+    one does at that moment (``retargeted_from``: the planned target), else the planned one."""
     import httpx
 
     from service.graph.local_server import free_port
@@ -569,7 +573,12 @@ def inject(f: Fault, cluster: Cluster, keys: Keys, rng: Any, load: Load, *, neo4
         f.detail.update(send_burst(load, burst, burst_max_tokens), burst_sent_s=f.started_s)
         f.started_s, f.started_epoch = round(cluster.clock(), 2), time.time()
     if f.kind == "executor_kill":
-        f.detail.update(sliced_guests_held=sliced_guests_held(stack, f.target))
+        held = sliced_guests_held(stack)
+        holders = sorted(e for e, n in (held or {}).items() if n > 0)
+        if prefer_sliced and holders and f.target not in holders:
+            f.detail.update(retargeted_from=f.target)
+            f.target = holders[0]
+        f.detail.update(sliced_guests_held=None if held is None else held[f.target])
         cluster.kill_executor(f.target)
         pause = round(float(rng.uniform(0.5, 3.0)), 2)
         time.sleep(pause)
@@ -965,7 +974,7 @@ def main() -> int:
                 print(f"  t={clock():6.1f}s fault: {f.kind} {f.target}".rstrip(), flush=True)
                 try:
                     inject(f, cluster, keys, fault_rng, load, neo4j_down_s=args.neo4j_down_s, burst=args.burst,
-                           burst_max_tokens=args.burst_max_tokens)
+                           burst_max_tokens=args.burst_max_tokens, prefer_sliced=args.placement == "slice")
                     f.ok = True
                 except Exception as exc:  # recorded; the run goes on (the supervisor restarts what is down)
                     f.detail["error"] = f"{type(exc).__name__}: {exc}"
