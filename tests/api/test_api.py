@@ -32,6 +32,18 @@ def poll(client: TestClient, executor_id: str, n: int = 8, wait_s: float = 0.0) 
     return list(r.json()["leases"])
 
 
+def leased_requests(client: TestClient, tenant: str, executor: str, n: int = 1) -> tuple[str, list[dict]]:
+    """A new tenant with model ``m``, an executor with one device, ``n`` requests of 2 tokens
+    submitted and leased by it: the tenant's key and the ``n`` leases (still running)."""
+    key = setup_tenant_model(client, tenant)
+    register(client, executor)
+    rids = [client.post("/v1/requests", json={"model_id": "m", "prompt": "x", "max_tokens": 2},
+                        headers=auth(key)).json()["request_id"] for _ in range(n)]
+    leases = [x for x in poll(client, executor) if x["request_id"] in rids]
+    assert len(leases) == n, leases
+    return key, leases
+
+
 def completion(lease: dict, tokens: list[int] | None = None) -> dict:
     return {"lease_id": lease["lease_id"], "output_tokens": tokens or [1] * lease["max_tokens"],
             "queued_s": 0.0, "ttft_s": 0.01, "e2e_s": 0.02, "iterations": lease["max_tokens"], "busy_s": 0.01}

@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 
 from service.webconsole.api import Api
 from service.webconsole.app import create_console
-from tests.api.conftest import ADMIN, auth
-from tests.api.test_api import poll, register, setup_tenant_model
+from tests.api.conftest import ADMIN
+from tests.api.test_api import leased_requests
 
 
 class ThroughTestClient(httpx.AsyncBaseTransport):
@@ -44,11 +44,7 @@ def test_the_cluster_page_shows_a_device_s_running_lease_under_its_owner(
         make_client: Callable[..., TestClient], uid: str) -> None:
     api = make_client(lease_ttl_s=30.0)
     tenant, executor = f"cc{uid}", f"cc{uid}e"
-    key = setup_tenant_model(api, tenant)
-    register(api, executor)
-    rid = api.post("/v1/requests", json={"model_id": "m", "prompt": "x", "max_tokens": 2},
-                   headers=auth(key)).json()["request_id"]
-    assert [x for x in poll(api, executor) if x["request_id"] == rid]
+    key, _ = leased_requests(api, tenant, executor)
     with TestClient(create_console("http://api", api=Api("http://api", transport=ThroughTestClient(api)))) as console:
         sign_in(console, ADMIN)
         html = ""

@@ -12,21 +12,16 @@ from fastapi.testclient import TestClient
 
 from service.harness.timeline import collect_timeline
 from tests.api.conftest import ADMIN, EXECUTOR, auth
-from tests.api.test_api import completion, poll, register, setup_tenant_model
+from tests.api.test_api import completion, leased_requests
 
 
 def test_collect_timeline_shows_each_lease_on_its_device_under_its_tenant(
         make_client: Callable[..., TestClient], uid: str) -> None:
     client = make_client(lease_ttl_s=30.0)
     tenant, executor = f"tl{uid}", f"tl{uid}e"
-    key = setup_tenant_model(client, tenant)
-    register(client, executor)
     device = f"{executor}/cpu:0"
     since = time.time()
-    rids = [client.post("/v1/requests", json={"model_id": "m", "prompt": "x", "max_tokens": 2},
-                        headers=auth(key)).json()["request_id"] for _ in range(2)]
-    leases = [x for x in poll(client, executor) if x["request_id"] in rids]
-    assert len(leases) == 2
+    key, leases = leased_requests(client, tenant, executor, 2)
     done = leases[0]
     r = client.post("/v1/leases/complete", json={"executor_id": executor, "results": [completion(done)]},
                     headers=auth(EXECUTOR))
