@@ -231,16 +231,27 @@ class LiveService:
                 if time.monotonic() - said > 60.0:  # a standby says so once a minute, not every ask
                     said = time.monotonic()
                     log.info("standing by: %s leads at epoch %s", seen and seen.holder, seen and seen.epoch)
-            except Exception as exc:  # Neo4j unreachable: keep asking
+            except Exception as exc:  # Neo4j unreachable: keep asking, following a managed server that moved
                 if time.monotonic() - said > 60.0:
                     said = time.monotonic()
                     log.warning("cannot ask for the leadership (%s: %s); asking again", type(exc).__name__, exc)
+                await self._follow_neo4j()
             await asyncio.sleep(lead.interval_s)
         repo.fence = lead
         # renewals from now on: a take-over (the recovery) may take longer than a term
         self.supervisor.spawn("leadership", self._leadership_tick, interval_s=lead.interval_s,
                               stuck_after_s=max(30.0, 3 * lead.ttl_s))
         await self._take_traffic()
+
+    async def _follow_neo4j(self) -> None:
+        """A standby's failed ask: reconnect if the managed Neo4j restarted on another port. Only
+        the leader's watcher (:meth:`_neo4j_tick`) followed it before; a standby kept asking the
+        old port, so a leader killed after a move left no leader (found in the chaos-slice run).
+        Errors here are the next ask's to report."""
+        try:
+            await self.gate.reachable()
+        except Exception:
+            log.debug("following the managed Neo4j failed; the next ask tries again", exc_info=True)
 
     def _campaign_ended(self, task: asyncio.Task[None]) -> None:
         """The run for the leadership never ends silently: a failed take-over ends the process

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -122,4 +123,69 @@ def test_the_service_accepts_again_soon_after_neo4j_restarts_under_a_retrying_lo
             print(f"accepted again {recovered_s:.1f} s after Neo4j answered")
     finally:
         stop.set()
+        server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # two Neo4j starts on a loaded two-core machine
+def test_a_standby_follows_a_managed_neo4j_to_its_new_port_and_takes_over(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two services under leader election on a managed Neo4j that restarts on another port. The
+    standby has no watcher of its own (only a leader runs one): it must follow the server from
+    its failed asks, or a leader lost after the move leaves no leader at all (found in the
+    chaos-slice run). Whichever process leads after the move, the other takes over when it stops
+    renewing, on the new port."""
+    from neo4j.exceptions import ServiceUnavailable
+
+    ended: list[str] = []
+    monkeypatch.setattr("service.live.service.end_process", ended.append)  # a deposed leader only records it
+    ttl_s = 3.0
+    state = tmp_path / "neo4j"
+    server = LocalNeo4j(state, heap="384m", pagecache="64m")
+    first = server.start(log=False)
+    clients: list[TestClient] = []
+
+    def ready(c: TestClient) -> bool:
+        return c.get("/readyz").status_code == 200
+
+    def wait(check: Any, timeout_s: float, why: str) -> float:
+        start = time.monotonic()
+        while not check():
+            assert time.monotonic() - start < timeout_s, why
+            time.sleep(0.1)
+        return time.monotonic() - start
+
+    try:
+        for _ in range(2):
+            c = TestClient(create_app(settings(Neo4jSettings(state_dir=state), db_timeout_s=1.0,
+                                               leader_election=True, leader_ttl_s=ttl_s)))
+            c.__enter__()
+            clients.append(c)
+            wait(lambda c=c: c.get("/readyz").json()["leadership"]["leader"] is not None, 60.0, "no first ask answered")
+        a, b = clients
+        wait(lambda: ready(a), 60.0, "the first service never led")
+        assert b.get("/readyz").json()["leadership"]["role"] == "standby"
+
+        server.stop()
+        port = free_port()
+        assert port != first.port
+        server.start(port=port, log=False)
+        wait(lambda: ready(a) or ready(b), 120.0, "no leader after Neo4j moved")
+        if ready(a):  # the standby must have followed on its own, or it could never take over
+            svc = a.app.state.service  # type: ignore[attr-defined]
+
+            def partitioned() -> bool:
+                raise ServiceUnavailable("partitioned from Neo4j")
+
+            svc.leadership.contend = partitioned
+            took_s = wait(lambda: ready(b), 60.0, f"the standby never took over: {b.get('/readyz').json()}")
+            assert took_s <= 2 * ttl_s + 5.0, f"took over in {took_s:.1f} s"
+        # b leads either way, connected to the server where it runs now
+        ready_b = b.get("/readyz").json()
+        assert ready_b["leadership"]["role"] == "leader" and ready_b["neo4j"]["uri"].endswith(f":{port}")
+        assert b.post("/v1/tenants", json={"tenant_id": "after-move", "sla_class": "standard"},
+                      headers=auth(ADMIN)).status_code == 201
+    finally:
+        for c in clients:
+            c.__exit__(None, None, None)
         server.stop()
