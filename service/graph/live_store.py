@@ -29,12 +29,14 @@ class LiveStore(StorePart):
                "acquire_leadership", "release_leadership", "leader_term")
 
     # ---- leader election (service.live.leader) ------------------------------------------------
-    def acquire_leadership(self, name: str, holder: str, epoch: int, ttl_ms: int) -> dict[str, Any]:
-        """Take or renew the leadership ``name`` (its term ``ttl_ms`` on the server's clock):
+    def acquire_leadership(self, name: str, holder: str, epoch: int, ttl_ms: int, grace_ms: int = 0) -> dict[str, Any]:
+        """Take or renew the leadership ``name`` (its term ``ttl_ms`` on the server's clock; an
+        ended term is another's to take once it has stood ended ``grace_ms``):
         ``{holder, epoch, left_ms}`` as it stands after the call. Not fenced: it is how a
         contender learns whether it leads."""
         def work(tx: ManagedTransaction) -> dict[str, Any]:
-            out = self._tx_run(tx, "acquire_leadership", leadership=name, holder=holder, epoch=epoch, ttl_ms=ttl_ms)
+            out = self._tx_run(tx, "acquire_leadership", leadership=name, holder=holder, epoch=epoch, ttl_ms=ttl_ms,
+                               grace_ms=grace_ms)
             return out[0]
 
         with self.driver.session(database=self.database) as s:

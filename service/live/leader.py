@@ -4,8 +4,9 @@ With ``SLICESCHED_LEADER_ELECTION=1`` a serve process runs for the leadership be
 any traffic. The leadership is a ``(:Leader {name})`` node in Neo4j: its holder, its epoch and
 the end of its term on the server's clock (one clock for every contender, whatever the hosts'
 clocks say). The holder renews its term every fifth of it (:meth:`Leadership.contend`, the
-``acquire_leadership`` query); anyone takes it once the term has ended unrenewed, with the epoch
-raised by one. The others stand by: they answer 503 ``not_leader`` and ``/readyz`` 503, so a
+``acquire_leadership`` query); another takes it once the term has ended unrenewed and stayed
+ended for a grace of half a term, with the epoch raised by one (the grace lets a leader that lost
+Neo4j for longer than a term, as every contender did, renew before a standby takes over). The others stand by: they answer 503 ``not_leader`` and ``/readyz`` 503, so a
 Service address routes to the leader, and they ask again every fifth of a term; one that wins
 recovers the state from the GMG as a restarted service does and starts taking traffic.
 
@@ -49,10 +50,12 @@ log = logging.getLogger(__name__)
 LEADERSHIP = "slicesched"  # the leadership's name: one per database
 RENEW_FRACTION = 0.2  # a leader renews, and a standby asks, every this share of a term
 GUARD_FRACTION = 1.0 / 3.0  # a leader stops writing this share of a term before its term can end
+GRACE_FRACTION = 0.5  # an ended term stands this share of a term before another contender takes it
 
 
 class LeaderStore(Protocol):
-    def acquire_leadership(self, name: str, holder: str, epoch: int, ttl_ms: int) -> dict[str, Any]: ...
+    def acquire_leadership(self, name: str, holder: str, epoch: int, ttl_ms: int,
+                           grace_ms: int = 0) -> dict[str, Any]: ...
 
     def release_leadership(self, name: str, holder: str, epoch: int) -> bool: ...
 
@@ -104,7 +107,7 @@ class Leadership:
         another holder or epoch is :attr:`deposed` from then on."""
         asked = self.clock()
         row = self.store.acquire_leadership(self.name, self.holder, -1 if self.epoch is None else self.epoch,
-                                            round(self.ttl_s * 1000))
+                                            round(self.ttl_s * 1000), round(self.ttl_s * GRACE_FRACTION * 1000))
         term = self.last = Term(row["holder"], int(row["epoch"]), float(row["left_ms"]) / 1000.0)
         if term.holder == self.holder and (self.epoch is None or term.epoch == self.epoch):
             if self.epoch is None:

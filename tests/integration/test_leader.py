@@ -55,7 +55,9 @@ def test_one_leads_the_other_takes_over_when_the_term_ends_and_the_deposed_write
     assert _tenant_key(repo, tenant) == "h-by-a"
 
     time.sleep(2.2)  # the term ends on the server's clock, unrenewed
-    assert b.contend() and b.leads and b.epoch == first + 1
+    assert not b.contend()  # the first ask that finds it ended starts the grace (half a term) ...
+    time.sleep(1.1)
+    assert b.contend() and b.leads and b.epoch == first + 1  # ... a later one takes it
     b_repo.fence = b
     # a's own deadline has passed as well: refused before the database is asked
     assert not a.leads
@@ -84,6 +86,22 @@ def test_a_leader_that_missed_its_renewals_keeps_its_epoch_if_nobody_took_over(d
     assert not a.leads and a.describe()["role"] == "renewing"
     time.sleep(1.1)  # the term ends on the server too, and nobody else asks
     assert a.contend() and a.epoch == epoch and a.leads
+
+
+def test_a_leader_back_from_an_outage_renews_within_the_grace_before_the_standby_takes_over(driver: Any) -> None:
+    """Neo4j down for longer than a term: when it answers again, every term has ended. The
+    standby asks first and finds it ended; the leader, asking within the grace, keeps its epoch
+    (it holds the warm state), and the standby stays a standby."""
+    name = f"test-{secrets.token_hex(4)}"
+    a = Leadership(_repo(driver).live, ttl_s=2.0, holder="a", name=name)
+    b = Leadership(_repo(driver).live, ttl_s=2.0, holder="b", name=name)
+    assert a.contend() and not b.contend()
+    epoch = a.epoch
+    time.sleep(2.2)  # the outage: nobody reaches the server while the term ends
+    assert not b.contend() and b.last is not None and b.last.holder == "a"
+    assert a.contend() and a.epoch == epoch and a.leads
+    time.sleep(1.1)  # past the grace b started: the renewed term is not b's to take
+    assert not b.contend() and not a.deposed
 
 
 def test_a_released_term_is_taken_at_once(driver: Any) -> None:
