@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from learned.roofline import RooflineCostModel
 from service.core.queue import make_queue_policy
 from service.graph.connection import Neo4jSettings
-from service.harness.testbench.command import BenchOptions, policy_params, run_testbench
+from service.harness.testbench.command import HEADLINE, BenchOptions, policy_params, run_testbench
 from service.harness.testbench.metrics import METRICS, run_metrics
-from service.harness.testbench.predict import predict
+from service.harness.testbench.predict import ControlPlane, predict, predict_control_plane
 from service.harness.testbench.workload import WorkloadShape, bench_workload
 
 SHAPE = WorkloadShape(rate_rps=6.0, duration_s=3.0, prompt_median_tokens=8.0, prompt_max_tokens=32,
@@ -54,6 +55,17 @@ def test_the_testbench_reproduces_its_own_figures_on_repeats(neo4j: Neo4jSetting
             assert max(runs) <= FACTOR * min(runs) or max(runs) - min(runs) <= SLACK_S, (policy, metric, runs)
     assert set(record["rank"]["measured"]["e2e_p99_s"]) == {"fifo", "sjf"}
 
+    # the control plane, probed with lone requests on the idle replica, and the headline keys it feeds
+    cp = record["control_plane"]
+    assert cp["samples"] == len(cp["probes"]) == 8
+    assert 0.0 < cp["dispatch_s"] < 5.0 and 0.0 <= cp["release_s"] < 5.0
+    assert all(0.0 < p["dispatch_s"] <= p["ttft_s"] <= p["e2e_s"] for p in cp["probes"])
+    assert record["headline"] == {"prediction": HEADLINE, "metric": "e2e_p50_s"}
+    assert set(record["prediction_ratio"]) == {"fifo", "sjf"} and -1.0 <= record["kendall_tau"] <= 1.0
+    for policy in ("fifo", "sjf"):
+        assert record["prediction_ratio"][policy] == record["per_policy"][policy]["ratio_predicted_over_measured"][
+            HEADLINE]["e2e_p50_s"] > 0.0
+
     # the predictions again, from what the record says
     workload = bench_workload(replace(SHAPE, rate_rps=record["config"]["rate_rps"]), opts.seed)
     assert workload.digest() == record["workload"]["digest"]
@@ -61,6 +73,7 @@ def test_the_testbench_reproduces_its_own_figures_on_repeats(neo4j: Neo4jSetting
     for name, overhead_s in record["prediction_overhead_s"].items():
         for policy in ("fifo", "sjf"):
             queue = make_queue_policy(policy, **policy_params(policy, record["config"]["slack_token_s"]))
-            again = run_metrics(predict(workload, queue, devices=devices, cost_model=RooflineCostModel(), max_batch=4,
-                                        iteration_s=overhead_s))
+            kw: dict[str, Any] = {"devices": devices, "cost_model": RooflineCostModel(), "max_batch": 4, "iteration_s": overhead_s}
+            again = run_metrics(predict_control_plane(workload, queue, **kw, control=ControlPlane(
+                cp["dispatch_s"], cp["release_s"], cp["samples"])) if name == HEADLINE else predict(workload, queue, **kw))
             assert {m: again.value(m) for m in METRICS} == record["per_policy"][policy]["predicted"][name]

@@ -4,18 +4,21 @@ requests, deterministic), the figures of a run and the report's comparison."""
 
 from __future__ import annotations
 
+import itertools
 import math
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from service.core.queue import make_queue_policy
+from service.core.queue import QueuedRequest, make_queue_policy
 from service.domain.error import InvalidInputError
 from service.harness.testbench.command import POLICIES, BenchOptions, policy_params
 from service.harness.testbench.metrics import Outcome, RunMetrics, run_metrics
-from service.harness.testbench.predict import overheads, predict
+from service.harness.testbench.predict import ControlPlane, overheads, predict, predict_control_plane
 from service.harness.testbench.report import assemble, kendall_tau, plot_cdfs, plot_metrics, plot_ratios, rank
-from service.harness.testbench.workload import WorkloadShape, bench_workload
+from service.harness.testbench.workload import BenchWorkload, WorkloadShape, bench_workload
 
 SHAPE = WorkloadShape(rate_rps=8.0, duration_s=5.0)
 DEVICES = (("bench-exec/cpu:0", "bench-exec", "cpu", 2 << 30),)
@@ -64,6 +67,57 @@ def test_the_prediction_replays_every_request_once_and_is_deterministic() -> Non
     assert overheads(iteration_s=0.005, tokens_per_s=400.0, max_batch=8) == {"mirror": 0.005, "calibrated": 0.02}
 
 
+def _spaced(w: BenchWorkload, gap_s: float) -> BenchWorkload:
+    """``w``'s requests, ``gap_s`` apart."""
+    return replace(w, requests=tuple(replace(r, spec=replace(r.spec, arrival_s=i * gap_s))
+                                     for i, r in enumerate(w.requests)))
+
+
+def test_the_control_plane_delays_a_lone_request_by_its_dispatch_and_nothing_else() -> None:
+    from service.sim.analytic import RooflineLike
+
+    w = _spaced(bench_workload(SHAPE, 2), 5.0)  # each request alone on the replica
+    fifo = make_queue_policy("fifo")
+    kw: dict[str, Any] = {"devices": DEVICES, "cost_model": RooflineLike(), "max_batch": 4, "iteration_s": 0.01}
+    plain = predict(w, fifo, **kw)
+    cp = predict_control_plane(w, fifo, **kw, control=ControlPlane(dispatch_s=0.05, release_s=0.03))
+    assert [o.index for o in cp] == list(range(len(w.requests)))
+    for a, b in zip(plain, cp, strict=True):
+        assert b.arrival_s == pytest.approx(a.arrival_s)
+        assert b.ttft_s == pytest.approx(a.ttft_s + 0.05) and b.e2e_s == pytest.approx(a.e2e_s + 0.05)
+        assert b.queued_s == pytest.approx(a.queued_s + 0.05) and b.output_tokens == a.output_tokens
+
+
+def test_a_lease_holds_its_slot_until_its_release_and_the_service_queue_keeps_the_policys_order() -> None:
+    from service.sim.analytic import RooflineLike
+
+    w = _spaced(bench_workload(SHAPE, 3), 0.0)  # everything at once, one KV slot
+    n = len(w.requests)
+    kw: dict[str, Any] = {"devices": DEVICES, "cost_model": RooflineLike(), "max_batch": 1, "iteration_s": 0.01}
+    dispatch, release = 0.02, 0.05
+    for name in ("fifo", "sjf"):
+        policy = make_queue_policy(name, **policy_params(name, 0.02))
+        alone = predict_control_plane(w, policy, **kw, control=ControlPlane(0.0, 0.0))
+        held = predict_control_plane(w, policy, **kw, control=ControlPlane(dispatch, release))
+        assert held == predict_control_plane(w, policy, **kw, control=ControlPlane(dispatch, release))  # deterministic
+        order = sorted(range(n), key=lambda i: held[i].queued_s)
+        assert order == sorted(range(n), key=lambda i: alone[i].queued_s)  # the policy's order, either way
+        # one slot: each request joins a dispatch after the lease before it was released
+        for prev, nxt in itertools.pairwise(order):
+            assert held[nxt].queued_s == pytest.approx(held[prev].e2e_s + release + dispatch, abs=1e-6)
+        # its own service time is what the replica alone would take (the batch holds one request)
+        for i in range(n):
+            assert held[i].e2e_s - held[i].queued_s == pytest.approx(alone[i].e2e_s - alone[i].queued_s, abs=1e-6)
+    # all arrive at once, so the grants follow the policy's keys exactly
+    sjf = make_queue_policy("sjf")
+    got = predict_control_plane(w, sjf, **kw, control=ControlPlane(dispatch, release))
+    keys = {i: sjf.key(QueuedRequest(r.spec.request_id, r.spec.tenant_id, r.spec.model, 0.0, r.spec.prompt_tokens,
+                                     r.spec.output_tokens)) for i, r in enumerate(w.requests)}
+    assert sorted(range(n), key=lambda i: got[i].queued_s) == sorted(range(n), key=lambda i: (keys[i], i))
+    with pytest.raises(InvalidInputError):
+        ControlPlane(-0.1, 0.0)
+
+
 def test_a_runs_figures() -> None:
     outcomes = [Outcome(i, float(i), 0.1 * (i + 1), 1.0 + i, 10) for i in range(5)]
     m = run_metrics(outcomes)
@@ -99,7 +153,18 @@ def test_the_report_compares_each_prediction_with_the_measured_repeats(tmp_path:
                               "weighted": _metrics(200.0, 1.0)},
                    "calibrated": {"fifo": _metrics(100.0, 2.2), "sjf": _metrics(100.0, 1.3),
                                   "weighted": _metrics(100.0, 2.2)}}
-    r = assemble(measured, predictions)
+    r = assemble(measured, predictions, headline="calibrated")
+    assert r["headline"] == {"prediction": "calibrated", "metric": "e2e_p50_s"}
+    assert r["prediction_ratio"] == pytest.approx({"fifo": 1.1 / 1.1, "sjf": 0.65 / 0.55, "weighted": 1.1 / 1.1})
+    assert r["prediction_ratio_within_target"]
+    assert r["prediction_ratio_by_metric"]["sjf"]["tokens_per_s"] == pytest.approx(100.0 / 100.0)
+    assert r["kendall_tau"] == r["rank"]["calibrated"]["e2e_p50_s"]["kendall_tau"]
+    assert r["kendall_tau_by_metric"]["ttft_p99_s"] == 1.0
+    assert any(n.startswith("headline (calibrated): e2e_p50_s") for n in r["notes"])
+    assert assemble(measured, predictions)["headline"]["prediction"] == "calibrated"  # the last by default
+    assert not assemble(measured, predictions, headline="mirror")["prediction_ratio_within_target"]
+    with pytest.raises(ValueError):
+        assemble(measured, predictions, headline="nope")
     fifo = r["per_policy"]["fifo"]
     assert fifo["measured"]["tokens_per_s"] == {"median": 100.0, "min": 90.0, "max": 110.0,
                                                 "runs": [100.0, 110.0, 90.0]}

@@ -2,12 +2,14 @@
 prediction of the same runs.
 
 One live stack for the whole bench (:class:`~service.harness.testbench.live.LiveBench`: ``serve`` and one
-executor running the model with PyTorch on this CPU), warmed up first; the seeded workload is
+executor running the model with PyTorch on this CPU), warmed up first, its control plane probed with
+lone requests (:meth:`~service.harness.testbench.live.LiveBench.probe_control_plane`); the seeded workload is
 drawn once, at ``load`` times the request rate the warm-up measured (or at ``--rate-rps``), and
 every policy serves exactly those requests, ``repeats`` times (repeat ``k`` starts its round at
 the ``k``-th policy, so a drift of the machine does not always fall on the same policies). Then
-the simulator replays the same requests once per policy (:mod:`service.harness.testbench.predict`:
-deterministic), and :mod:`service.harness.testbench.report` compares. ``DIR`` gets ``testbench.json``
+the simulator replays the same requests once per policy and prediction
+(:mod:`service.harness.testbench.predict`: deterministic; the headline, ``control-plane``, runs the
+service's queue and leases around the simulated replica), and :mod:`service.harness.testbench.report` compares. ``DIR`` gets ``testbench.json``
 and three plots.
 """
 
@@ -30,6 +32,9 @@ from service.harness.testbench.workload import WorkloadShape
 if TYPE_CHECKING:
     from service.core.cost import CostModel
     from service.graph.connection import Neo4jSettings
+
+#: The prediction the record's headline keys (``prediction_ratio``, ``kendall_tau``) judge.
+HEADLINE = "control-plane"
 
 #: Every policy the testbench runs, in this order (the registry's names).
 POLICIES = ("fifo", "priority", "weighted", "sjf", "aging", "aging-spf", "oracle-remaining", "slack")
@@ -90,7 +95,7 @@ def run_testbench(opts: BenchOptions, out_dir: Path, *, say: Callable[[str], Non
     from service.harness.testbench import report as rep
     from service.harness.testbench.live import LiveBench, LiveRun
     from service.harness.testbench.metrics import Outcome, RunMetrics, run_metrics
-    from service.harness.testbench.predict import overheads, predict
+    from service.harness.testbench.predict import overheads, predict, predict_control_plane
     from service.harness.testbench.workload import TENANT, bench_workload
 
     started = time.monotonic()
@@ -114,6 +119,9 @@ def run_testbench(opts: BenchOptions, out_dir: Path, *, say: Callable[[str], Non
     runs: dict[str, list[LiveRun]] = {p: [] for p in opts.policies}
     with LiveBench(opts.shape.model, neo4j=neo4j, max_batch=opts.max_batch, cost_model=kind, say=say) as bench:
         warm = bench.warm_up(output_tokens=opts.warm_up_tokens)
+        control, probes = bench.probe_control_plane()
+        say(f"control plane: a lone request joins the batch {1e3 * control.dispatch_s:.0f} ms after it arrives; "
+            f"a lease ends {1e3 * control.release_s:.0f} ms after its last token (medians of {control.samples})")
         rate = opts.rate_rps or opts.load * warm.tokens_per_s / opts.shape.mean_output_tokens()
         shape = replace(opts.shape, rate_rps=rate)
         workload = bench_workload(shape, opts.seed, vocab_size=MODEL_CONFIGS[shape.model].vocab_size)
@@ -149,9 +157,14 @@ def run_testbench(opts: BenchOptions, out_dir: Path, *, say: Callable[[str], Non
             predicted[kind_name][name] = predict(workload, policy, devices=devices, cost_model=cost_model,
                                                  max_batch=opts.max_batch, iteration_s=per_iteration_s,
                                                  seed=opts.seed)
+    # the headline: the mirror's iterations inside the measured control plane
+    predicted[HEADLINE] = {name: predict_control_plane(workload, make_queue_policy(name, **policy_params(name, token_s)),
+                                                       devices=devices, cost_model=cost_model, max_batch=opts.max_batch,
+                                                       iteration_s=overhead["mirror"], control=control, seed=opts.seed)
+                           for name in opts.policies}
     measured: dict[str, list[RunMetrics]] = {p: [run_metrics(r.outcomes) for r in rs] for p, rs in runs.items()}
     comparison = rep.assemble(measured, {k: {p: run_metrics(o) for p, o in per.items()}
-                                         for k, per in predicted.items()})
+                                         for k, per in predicted.items()}, headline=HEADLINE)
     outputs = {r.output_ids_digest for rs in runs.values() for r in rs}
     comparison["reproducibility"]["output_ids_identical"] = len(outputs) == 1
     record: dict[str, Any] = {
@@ -161,7 +174,9 @@ def run_testbench(opts: BenchOptions, out_dir: Path, *, say: Callable[[str], Non
                                "executors": 1, "threads_per_executor": 1}},
         "workload": w,
         "warm_up": asdict(warm),
-        "prediction_overhead_s": overhead,  # per-iteration host overhead of each prediction
+        "prediction_overhead_s": {**overhead, HEADLINE: overhead["mirror"]},  # per-iteration host overhead
+        "control_plane": {"dispatch_s": control.dispatch_s, "release_s": control.release_s,
+                          "samples": control.samples, "probes": probes},
         "machine": {"cores": os.cpu_count(), "before": before, "after": after},
         "live_runs": {p: [{"wall_s": r.wall_s, "max_submit_lag_s": r.max_submit_lag_s, "iteration_s": r.iteration_s,
                            "load_avg_1m": list(r.load_avg_1m)} for r in rs] for p, rs in runs.items()},
@@ -208,6 +223,11 @@ def print_report(record: dict[str, Any]) -> None:
     for n in names:
         taus = ", ".join(f"{m} {r['kendall_tau']:.2f}" for m, r in record["rank"][n].items())
         print(f"  rank order, measured vs {n} (Kendall tau): {taus}")
+    if "prediction_ratio" in record:
+        ratios = record["prediction_ratio"]
+        print(f"  headline ({record['headline']['prediction']}, {record['headline']['metric']}): predicted / measured "
+              f"{min(ratios.values()):.2f}-{max(ratios.values()):.2f} (target 0.8-1.25), Kendall tau "
+              f"{record['kendall_tau']:.2f} (target >= 0.8)")
     for note in record["notes"]:
         print(f"  {note}")
 

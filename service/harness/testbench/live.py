@@ -5,7 +5,9 @@ every policy is served in turn.
 loopback, the model run with PyTorch by the executor on one CPU device), registers the testbench's
 tenant and model, and warms up: a first round of requests loads the model and picks kernels
 (untimed), a second one measures what the replica serves with every KV slot busy (output tokens
-per second, and the mean iteration time the executor reports). :meth:`LiveBench.run` switches the
+per second, and the mean iteration time the executor reports). :meth:`LiveBench.probe_control_plane`
+then sends lone requests to the idle replica, one after another, and reads the control plane's two
+delays off the service's records (:class:`~service.harness.testbench.predict.ControlPlane`). :meth:`LiveBench.run` switches the
 service's queue policy (``PUT /v1/queue-policy``: no restart, the executor keeps its model
 resident), submits the workload's requests at their arrival times (their own priority and SLO
 targets as headers) and waits until every one is done; the figures are what the service
@@ -17,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +31,7 @@ import httpx
 from service.graph.connection import Neo4jSettings
 from service.harness.stack import LiveStack
 from service.harness.testbench.metrics import Outcome
-from service.harness.testbench.predict import Devices
+from service.harness.testbench.predict import ControlPlane, Devices
 from service.harness.testbench.workload import TENANT, BenchRequest, BenchWorkload
 
 Say = Callable[[str], None]
@@ -148,6 +151,41 @@ class LiveBench:
                                    f"see {self.stack.log_dir}")
             tick(done)
             time.sleep(0.25)
+
+    def probe_control_plane(self, *, requests: int = 8, prompt_tokens: int = 24, output_tokens: int = 8,
+                            timeout_s: float = 60.0) -> tuple[ControlPlane, list[dict[str, float]]]:
+        """Send ``requests`` lone requests to the idle replica, each once the one before has ended
+        at the service, and read the control plane off the service's records: a lone request's
+        ``queued_s`` is its dispatch (arrival to admission into the batch), and the time from its
+        last token (``arrival + e2e_s``) to when it shows done (its completion written, its lease
+        ended) its release; ``recorded_s`` (to the ``finished_at`` the service stamps before the
+        durable write) is kept beside it. Returns the medians and each request's figures."""
+        samples: list[dict[str, float]] = []
+        poll_s = 0.005
+        with self.client() as c:
+            for i in range(requests):
+                time.sleep(0.05)  # the executor back in its long poll, nothing in flight
+                rid = c.post("/v1/requests", json={"model_id": "m", "prompt_tokens": [1 + (7 * i) % 200] * prompt_tokens,
+                                                   "max_tokens": output_tokens}).raise_for_status().json()["request_id"]
+                deadline = time.monotonic() + timeout_s
+                while True:
+                    row = c.get(f"/v1/requests/{rid}").raise_for_status().json()
+                    seen = time.time()  # the service's wall clock too (one machine)
+                    if row["status"] == "done":
+                        break
+                    if row["status"] in ("failed", "cancelled") or time.monotonic() > deadline:
+                        raise RuntimeError(f"control-plane probe: request {rid} {row['status']}: see {self.stack.log_dir}")
+                    time.sleep(poll_s)
+                last_token = float(row["arrival"]) + float(row["e2e_s"])
+                # the lease ends (its slot is free to grant) when the request shows done, after the
+                # durable write; seen between two polls, so half a poll is taken off
+                samples.append({"dispatch_s": float(row["queued_s"]),
+                                "release_s": max(0.0, seen - poll_s / 2 - last_token),
+                                "recorded_s": max(0.0, float(row["finished_at"]) - last_token),
+                                "ttft_s": float(row["ttft_s"]), "e2e_s": float(row["e2e_s"])})
+        median = statistics.median
+        return ControlPlane(median(s["dispatch_s"] for s in samples), median(s["release_s"] for s in samples),
+                            len(samples)), samples
 
     # ---- one policy --------------------------------------------------------------------------------
     def set_policy(self, queue: str, params: dict[str, float]) -> None:

@@ -6,7 +6,9 @@ noise a difference between policies must beat); for each prediction (the simulat
 named calibration) its figure, its ratio to the measured median (above 1: the simulator is
 optimistic for throughput, pessimistic for a latency) and whether it falls inside the repeats'
 range. Per metric: the policies' rank order measured and per prediction (best first; ties by
-name), with Kendall's tau between them.
+name), with Kendall's tau between them. One prediction is the headline: its ratio of median
+completion latency per policy is ``prediction_ratio`` (target 0.8-1.25) and its Kendall's tau on
+that metric ``kendall_tau`` (target >= 0.8); the other metrics' are beside them.
 """
 
 from __future__ import annotations
@@ -40,10 +42,18 @@ def kendall_tau(a: Sequence[str], b: Sequence[str]) -> float:
     return concordant / (n * (n - 1) / 2)
 
 
+#: The headline's metric: "the latency" a prediction must hold per policy.
+HEADLINE_METRIC = "e2e_p50_s"
+#: The targets for the headline prediction: its ratio per policy within this range, its tau at least this.
+RATIO_TARGET, TAU_TARGET = (0.8, 1.25), 0.8
+TARGETS: dict[str, Any] = {"prediction_ratio": list(RATIO_TARGET), "kendall_tau": f">= {TAU_TARGET}"}
+
+
 def assemble(measured: Mapping[str, Sequence[RunMetrics]],
-             predictions: Mapping[str, Mapping[str, RunMetrics]]) -> dict[str, Any]:
+             predictions: Mapping[str, Mapping[str, RunMetrics]], *, headline: str | None = None) -> dict[str, Any]:
     """The comparison (see the module docstring): ``measured`` holds each policy's repeats,
-    ``predictions`` each prediction's (by name) figures per policy."""
+    ``predictions`` each prediction's (by name) figures per policy; ``headline`` names the
+    prediction the headline keys judge (None: the last)."""
     policies = list(measured)
     per_policy: dict[str, Any] = {}
     medians: dict[str, dict[str, float]] = {m: {} for m in METRICS}
@@ -91,7 +101,20 @@ def assemble(measured: Mapping[str, Sequence[RunMetrics]],
         "max_repeat_spread": {m: max(per_policy[p]["repeat_spread"][m] for p in policies) for m in METRICS},
         "policy_spread": {m: _spread(list(medians[m].values())) for m in METRICS},
     }
-    report = {"policies": policies, "predictions": list(predictions), "per_policy": per_policy, "rank": ranks,
+    head = headline if headline is not None else list(predictions)[-1]
+    if head not in predictions:
+        raise ValueError(f"assemble: no prediction named {head!r}")
+    by_metric = {p: per_policy[p]["ratio_predicted_over_measured"][head] for p in policies}
+    low, high = RATIO_TARGET
+    report = {"policies": policies, "predictions": list(predictions),
+              "headline": {"prediction": head, "metric": HEADLINE_METRIC},
+              "prediction_ratio": {p: by_metric[p][HEADLINE_METRIC] for p in policies},
+              "prediction_ratio_by_metric": by_metric,
+              "prediction_ratio_within_target": all(low <= by_metric[p][HEADLINE_METRIC] <= high for p in policies),
+              "kendall_tau": ranks[head][HEADLINE_METRIC]["kendall_tau"],
+              "kendall_tau_by_metric": {m: ranks[head][m]["kendall_tau"] for m in METRICS},
+              "targets": TARGETS,
+              "per_policy": per_policy, "rank": ranks,
               "ratio_range": ratio_range, "reproducibility": reproducibility}
     report["notes"] = notes(report)
     return report
@@ -105,6 +128,13 @@ def _spread(values: Sequence[float]) -> float:
 def notes(report: Mapping[str, Any]) -> list[str]:
     """Plain sentences on where and how much the predictions depart from the measurement."""
     out = []
+    if "headline" in report:
+        head, m = report["headline"]["prediction"], report["headline"]["metric"]
+        ratios = report["prediction_ratio"]
+        lo, hi = min(ratios.values()), max(ratios.values())
+        out.append(f"headline ({head}): {m} predicted / measured {lo:.2f}-{hi:.2f} over the policies "
+                   f"(target {RATIO_TARGET[0]}-{RATIO_TARGET[1]}), Kendall tau "
+                   f"{report['kendall_tau']:.2f} (target >= {TAU_TARGET})")
     for name in report["predictions"]:
         rr = report["ratio_range"][name]
         for m in METRICS:
