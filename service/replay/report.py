@@ -57,6 +57,9 @@ class PolicyResult:
     # verdict over the run, and the first WhatIfLog.max_runs of them, each with its step's time.
     whatifs: dict[str, Any] = field(default_factory=dict)
     e2e_samples_s: list[float] = field(default_factory=list, repr=False)  # for CDF plots
+    # p99 of each request's mean time between tokens, per tenant, over the requests its home replicas
+    # served (the device owner's TPOT, guests beside it or not); empty when no home replicas were named
+    tpot_p99_home_s_by_tenant: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         d = asdict(self)
@@ -103,8 +106,12 @@ def _pcts(values: Sequence[float]) -> dict[str, float]:
 
 
 def summarise(policy: str, load_scale: float, workload: Workload, report: SimReport, *,
-              horizon_s: float) -> PolicyResult:
+              horizon_s: float, home_replica_ids: Mapping[str, str] | None = None) -> PolicyResult:
+    """The run's figures; ``home_replica_ids`` (replica id -> its tenant: the tenants' home
+    replicas) adds each tenant's TPOT p99 over the requests its home replicas served."""
     outcomes = {o.request_id: o for o in report.requests}
+    homes = dict(home_replica_ids or {})
+    tpot_home: dict[str, list[float]] = {}
     tenants = workload.tenants()
     late: dict[str, int] = dict.fromkeys(tenants, 0)
     total: dict[str, int] = dict.fromkeys(tenants, 0)
@@ -131,6 +138,8 @@ def summarise(policy: str, load_scale: float, workload: Workload, report: SimRep
         tbt.append(o.tbt_mean_s)
         e2e.append(o.e2e_s)
         e2e_by_tenant[req.tenant_id].append(o.e2e_s)
+        if homes.get(o.replica_id) == req.tenant_id and o.num_output_tokens > 1:
+            tpot_home.setdefault(req.tenant_id, []).append(o.tbt_mean_s)
     makespan = max(report.makespan_s, 1e-9)
     util = {d: r.utilisation for d, r in report.devices.items()}
     idle = sum((1.0 - r.utilisation) * makespan for r in report.devices.values())
@@ -148,6 +157,7 @@ def summarise(policy: str, load_scale: float, workload: Workload, report: SimRep
         peak_mem_bytes={d: r.peak_mem_bytes for d, r in report.devices.items()},
         memory_violations=len(report.violations), preemptions=report.preemptions,
         recomputed_tokens=report.recomputed_tokens, e2e_samples_s=e2e,
+        tpot_p99_home_s_by_tenant={t: _pcts(v)["p99"] for t, v in sorted(tpot_home.items())},
     )
 
 

@@ -240,7 +240,8 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
             progress(label, t / horizon)
     produced = cluster.tokens_out
     cluster.run(until=horizon * config.cutoff_factor)
-    result = summarise(str(policy), load_scale, workload, cluster.report(), horizon_s=horizon)
+    result = summarise(str(policy), load_scale, workload, cluster.report(), horizon_s=horizon,
+                       home_replica_ids={h.replica_id: h.tenant_id for h in homes if h.tenant_id is not None})
     result.num_guest_replicas = guests
     result.num_whatifs = whatifs
     result.decisions = notes

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.replay_headline import combine_group, summarise
+from benchmarks.replay_headline import combine_group, ratios, summarise
 from service.domain.error import InvalidInputError
 from service.replay.oracle import ORACLE_ELASTIC
 from service.replay.sweep import InProcess, LoadSearch, bootstrap, open_runner
@@ -103,6 +103,39 @@ def test_every_summary_ratio_has_its_interval() -> None:
     assert "slice_over_container_traces_ci" not in summary  # a mix not run has no interval
 
 
+def test_ratios_at_99pct_attainment_and_the_owners_tpot_rise() -> None:
+    def f(load9: float, load1: float, rise: float | None = None) -> dict[str, object]:
+        out: dict[str, object] = {**figures(load9, 100.0 * load9), "sustained_load_1pct": load1}
+        if rise is not None:
+            out["owner_tpot_p99"] = {"rise_max": rise}
+        return out
+    r = ratios({"container": f(0.4, 0.2), "replica": f(0.5, 0.3, 0.02), "slice": f(0.6, 0.5, 0.07)})
+    assert r["slice_over_container"] == 1.5 and r["slice_over_container_1pct"] == 2.5
+    assert r["slice_over_replica_1pct"] == pytest.approx(1.667, abs=1e-3) and r["replica_over_container_1pct"] == 1.5
+    assert (r["slice_owner_tpot_p99_rise"], r["replica_owner_tpot_p99_rise"]) == (0.07, 0.02)
+    # a run without the 1% target (or a placement that found no load within it) has no such ratio
+    none = ratios({"container": figures(0.4, 40.0), "slice": figures(0.6, 60.0)})
+    assert none["slice_over_container_1pct"] is None and none["slice_owner_tpot_p99_rise"] is None
+    assert ratios({"container": f(0.4, 0.0), "slice": f(0.6, 0.5)})["slice_over_container_1pct"] is None
+
+    def seed(c1: float, rise: float) -> dict[str, object]:
+        return {"ratios": {"slice_over_container": 1.2, "slice_over_replica": 1.0, "slice_over_container_1pct": c1,
+                           "slice_owner_tpot_p99_rise": rise}, "ceiling_holds": True}
+    per_mix = {"a100-4tenants": {"seeds": {"0": seed(2.2, 0.01), "1": seed(1.8, 0.03)},
+                                 "median": {"slice_over_container": 1.2, "slice_over_replica": 1.0,
+                                            "slice_over_container_1pct": 2.0}},
+               "a100-8tenants": {"seeds": {"0": seed(3.0, -0.02)},
+                                 "median": {"slice_over_container": 1.2, "slice_over_replica": 1.0,
+                                            "slice_over_container_1pct": 3.0}}}
+    summary = summarise(per_mix, {"azure-code": {"ratios": {"slice_owner_tpot_p99_rise": 0.04}, "ceiling_holds": None}},
+                        0, boot_seed=8)
+    assert summary["slice_over_container_99pct_min"] == 2.0  # the smaller of the mixes' medians
+    assert summary["owner_tpot_p99_rise_max"] == 0.04  # the traces count too
+    ci = summary["slice_over_container_99pct_min_ci"]
+    assert ci["lo"] <= ci["median"] <= ci["hi"] <= 3.0 and ci["n"] == 3
+    assert summary["owner_tpot_p99_rise_max_ci"]["hi"] <= 0.03  # over the mixes' seeds
+
+
 def square(x: int) -> int:
     return x * x
 
@@ -165,3 +198,20 @@ def test_the_headline_cells_give_the_same_figures_in_process_and_on_a_pool() -> 
     if f["bracketed_9pct"]:
         assert f["bracket_rel_width_9pct"] <= 0.05 and f["sustained_load_9pct"] < f["failing_load_9pct"]
     assert inline[1]["figures"]["horizon_tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_a_sharing_placements_cell_weighs_its_owners_tpot_against_container() -> None:
+    """A slice cell (a real bisection on a small mix) runs container on the same requests at its
+    sustained load and compares each owner's TPOT p99 on its home replicas."""
+    from benchmarks.replay_headline import Cell, run_cell
+
+    out = run_cell(Cell("mix", "synthetic-3", 8, 10.0, "slice", "roofline", targets=(0.09,), tolerance=0.1,
+                        start_load=2.0))
+    f = out["figures"]
+    owners = f["owner_tpot_p99"]
+    assert owners["load"] == f["sustained_load_9pct"] > 0
+    assert owners["with_guests_s"] and set(owners["rise"]) <= set(owners["with_guests_s"]) & set(owners["container_s"])
+    for tenant, rise in owners["rise"].items():
+        assert rise == pytest.approx(owners["with_guests_s"][tenant] / owners["container_s"][tenant] - 1, abs=1e-3)
+    assert owners["rise_max"] == max(owners["rise"].values())
