@@ -81,10 +81,15 @@ class _Mailbox:
             self.ready = tuple(ready)
 
     def take_received(self) -> list[tuple[Any, float]]:
-        """The received leases, whose slots count as taken until the next :meth:`publish`."""
+        """The received leases, whose slots count as taken until the next :meth:`publish`. Taking
+        any makes the worker busy at once: between the take and the next publish, an exchange
+        thread that saw the worker idle would start a long poll and hold the leases' completions
+        behind it (up to ``poll_wait_s``: a lone request's result shown done two seconds late)."""
         with self._lock:
             taken, self._received = self._received, []
             self._free_slots = max(0, self._free_slots - len(taken))
+            if taken:
+                self.busy = True
             return taken
 
     def add_results(self, completions: list[tuple[Lease, Completion]], failures: list[Failure]) -> None:
@@ -133,6 +138,12 @@ class _Mailbox:
     def has_received(self) -> bool:
         with self._lock:
             return bool(self._received)
+
+    def occupied(self) -> bool:
+        """The worker holds leases or has some waiting to be taken (one read under the lock: a
+        take between two separate reads would look like neither)."""
+        with self._lock:
+            return self.busy or bool(self._received)
 
     def post_cancel(self, lease_ids: list[str]) -> None:
         with self._lock:
@@ -395,7 +406,18 @@ class ExecutorDaemon:
                     polled = False
                     self._pause_exchange(self.settings.retry_base_s)
                 if not polled:
-                    self._pause_exchange(self.settings.busy_poll_s if self._mailbox.busy else IDLE_PAUSE_S)
+                    self._pause_exchange(self._until_next_poll())
+
+    def _until_next_poll(self) -> float:
+        """How long the exchange thread sleeps when it did not poll (a result or an idle worker
+        wakes it sooner): while the worker runs, until the next poll is due (every ``busy_poll_s``
+        from the last, not ``busy_poll_s`` from whenever a completion woke it), or a whole
+        ``busy_poll_s`` when one is due but there is nothing to poll for (no free slot); idle,
+        :data:`IDLE_PAUSE_S`."""
+        if not self._mailbox.busy:
+            return IDLE_PAUSE_S
+        due = self._last_poll_s + self.settings.busy_poll_s - self.clock()
+        return due if due > 1e-3 else self.settings.busy_poll_s
 
     def _pause_exchange(self, seconds: float) -> None:
         self._net_wake.wait(seconds)
@@ -408,7 +430,7 @@ class ExecutorDaemon:
         free = mailbox.to_poll()
         if self._stop.is_set() or mailbox.service_drain or mailbox.needs_register or free == 0:
             return False
-        busy = mailbox.busy or mailbox.has_received()
+        busy = mailbox.occupied()
         if not self._poll_backoff.ready() or (busy and self.clock() - self._last_poll_s < s.busy_poll_s):
             return False
         wait_s = 0.0 if busy or mailbox.unsent() else s.poll_wait_s

@@ -483,6 +483,57 @@ def test_streaming_leases_report_their_tokens_and_stop_when_a_progress_answer_ca
     assert 5 <= len(service.streamed["L2"]) < 250  # stopped promptly, long before its 500 tokens
 
 
+def test_taking_a_lease_makes_the_worker_busy_before_its_round_publishes() -> None:
+    from executor.daemon import _Mailbox
+
+    box = _Mailbox(4)
+    assert not box.occupied()
+    box.receive([{"lease_id": "L1"}], 0.0)
+    assert not box.busy and box.has_received() and box.occupied()
+    assert len(box.take_received()) == 1
+    # between the take and the worker's next publish, nothing is received and nothing unsent: the
+    # exchange thread decides its poll on ``busy`` alone, and must not start a long poll
+    assert box.busy and not box.has_received() and box.unsent() == 0 and box.to_poll() == 3
+    assert box.occupied()
+    box.publish([], 4, 0.0, [])
+    assert not box.busy
+    assert box.take_received() == [] and not box.busy  # an empty take changes nothing
+
+
+def test_a_busy_exchange_thread_sleeps_until_its_next_poll_is_due() -> None:
+    from executor.daemon import IDLE_PAUSE_S
+
+    now = [10.0]
+    s = Settings(server="http://service.test", key="k", executor_id="node-1", host_id="node",
+                 devices=({"device_id": "cpu:0", "kind": "cpu", "mem_bytes": 2**30},), busy_poll_s=0.05)
+    daemon = ExecutorDaemon(s, transport=httpx.MockTransport(ScriptedService([])), clock=lambda: now[0])
+    assert daemon._until_next_poll() == IDLE_PAUSE_S  # idle: the long poll is the wait
+    daemon._mailbox.publish(["L1"], 3, 0.0, [])
+    assert daemon._until_next_poll() == 0.05  # never polled
+    daemon._last_poll_s = 10.0
+    now[0] = 10.02  # a completion woke it 20 ms after the last poll: the next is due in 30 ms, not 50
+    assert daemon._until_next_poll() == pytest.approx(0.03)
+    now[0] = 10.06  # due and not polled (no free slot): a whole interval, never a spin
+    assert daemon._until_next_poll() == 0.05
+
+
+def test_no_long_poll_while_a_lease_runs_or_its_completion_is_unsent() -> None:
+    """Every poll from the one that hands over a lease to the lease's completion is a short poll
+    (wait 0): a long poll there holds the completion until it returns. End to end through the
+    daemon's threads; the window it guards (a lease taken, its first round not yet published) is
+    held deterministically by the mailbox test above."""
+    torch.set_num_threads(1)
+    for _ in range(3):  # the race it guards against is a window of a round's length: try it a few times
+        service = ScriptedService([lease_json("L1", prompt=[4, 5, 6, 7], max_tokens=12)])
+        service.stop_when = {"L1"}
+        assert daemon_for(service, max_batch=4).run() == 0
+        calls = [(p, b) for _, p, b in service.calls if p in ("/v1/leases/poll", "/v1/leases/complete")]
+        handed = 1 + next(i for i, (p, _) in enumerate(calls) if p == "/v1/leases/poll")  # the first poll has it
+        done = next(i for i, (p, _) in enumerate(calls) if p == "/v1/leases/complete")
+        between = [b["wait_s"] for p, b in calls[handed:done] if p == "/v1/leases/poll"]
+        assert all(w == 0.0 for w in between), between
+
+
 class SlowCompletions(ScriptedService):
     """Holds the first completion call until the streaming lease ``streamer`` has reported all
     its ``tokens``: the torch loop must go on while a lease call waits on the service (its
