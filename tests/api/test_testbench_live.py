@@ -58,7 +58,7 @@ def test_the_testbench_reproduces_its_own_figures_on_repeats(neo4j: Neo4jSetting
     # the control plane, probed with lone requests on the idle replica, and the headline keys it feeds
     cp = record["control_plane"]
     assert cp["samples"] == len(cp["probes"]) == 8
-    assert 0.0 < cp["dispatch_s"] < 5.0 and 0.0 <= cp["release_s"] < 5.0
+    assert 0.0 < cp["dispatch_s"] < 5.0 and 0.0 <= cp["release_s"] < 5.0 and cp["poll_s"] == 0.05
     assert all(0.0 < p["dispatch_s"] <= p["ttft_s"] <= p["e2e_s"] for p in cp["probes"])
     assert record["headline"] == {"prediction": HEADLINE, "metric": "e2e_p50_s"}
     assert set(record["prediction_ratio"]) == {"fifo", "sjf"} and -1.0 <= record["kendall_tau"] <= 1.0
@@ -75,5 +75,6 @@ def test_the_testbench_reproduces_its_own_figures_on_repeats(neo4j: Neo4jSetting
             queue = make_queue_policy(policy, **policy_params(policy, record["config"]["slack_token_s"]))
             kw: dict[str, Any] = {"devices": devices, "cost_model": RooflineCostModel(), "max_batch": 4, "iteration_s": overhead_s}
             again = run_metrics(predict_control_plane(workload, queue, **kw, control=ControlPlane(
-                cp["dispatch_s"], cp["release_s"], cp["samples"])) if name == HEADLINE else predict(workload, queue, **kw))
+                cp["dispatch_s"], cp["release_s"], cp["samples"], cp["poll_s"])) if name == HEADLINE
+                else predict(workload, queue, **kw))
             assert {m: again.value(m) for m in METRICS} == record["per_policy"][policy]["predicted"][name]

@@ -118,6 +118,29 @@ def test_a_lease_holds_its_slot_until_its_release_and_the_service_queue_keeps_th
         ControlPlane(-0.1, 0.0)
 
 
+def test_a_running_executor_takes_new_leases_only_on_its_polls() -> None:
+    from service.sim.analytic import RooflineLike
+
+    w = bench_workload(SHAPE, 2)
+    long_first = max(range(len(w.requests)), key=lambda i: w.requests[i].spec.output_tokens)
+    pair = (w.requests[long_first], w.requests[(long_first + 1) % len(w.requests)])
+    w = replace(w, requests=tuple(replace(r, spec=replace(r.spec, arrival_s=t)) for r, t in zip(pair, (0.0, 0.001),
+                                                                                                strict=True)))
+    kw: dict[str, Any] = {"devices": DEVICES, "cost_model": RooflineLike(), "max_batch": 4, "iteration_s": 0.01}
+    assert w.requests[0].spec.output_tokens * 0.01 > 0.1  # the first still runs at the first poll
+    fifo = make_queue_policy("fifo")
+    at_once = predict_control_plane(w, fifo, **kw, control=ControlPlane(0.02, 0.03))
+    polled = predict_control_plane(w, fifo, **kw, control=ControlPlane(0.02, 0.03, poll_s=0.05))
+    assert polled[0].queued_s == at_once[0].queued_s == 0.02  # the idle executor's long poll took the first at once
+    # the second came while the first ran: it waits for the poll 50 ms after the long poll's answer
+    second_joined_at_once = 0.001 + 0.02
+    second_joined_polled = 0.05 + 0.02
+    waited = polled[1].queued_s - at_once[1].queued_s
+    assert 0.0 < waited <= second_joined_polled - second_joined_at_once + 0.01 + 1e-9  # plus at most one iteration
+    with pytest.raises(InvalidInputError):
+        ControlPlane(0.0, 0.0, poll_s=-1.0)
+
+
 def test_a_runs_figures() -> None:
     outcomes = [Outcome(i, float(i), 0.1 * (i + 1), 1.0 + i, 10) for i in range(5)]
     m = run_metrics(outcomes)

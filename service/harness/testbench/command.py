@@ -175,7 +175,7 @@ def run_testbench(opts: BenchOptions, out_dir: Path, *, say: Callable[[str], Non
         "workload": w,
         "warm_up": asdict(warm),
         "prediction_overhead_s": {**overhead, HEADLINE: overhead["mirror"]},  # per-iteration host overhead
-        "control_plane": {"dispatch_s": control.dispatch_s, "release_s": control.release_s,
+        "control_plane": {"dispatch_s": control.dispatch_s, "release_s": control.release_s, "poll_s": control.poll_s,
                           "samples": control.samples, "probes": probes},
         "machine": {"cores": os.cpu_count(), "before": before, "after": after},
         "live_runs": {p: [{"wall_s": r.wall_s, "max_submit_lag_s": r.max_submit_lag_s, "iteration_s": r.iteration_s,

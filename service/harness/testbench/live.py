@@ -23,11 +23,12 @@ import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import httpx
 
+from executor.settings import Settings
 from service.graph.connection import Neo4jSettings
 from service.harness.stack import LiveStack
 from service.harness.testbench.metrics import Outcome
@@ -37,6 +38,8 @@ from service.harness.testbench.workload import TENANT, BenchRequest, BenchWorklo
 Say = Callable[[str], None]
 EXECUTOR = "bench-exec"
 DEVICE = "cpu:0"
+#: How often the bench's executor (default settings) polls for leases while it runs some.
+EXECUTOR_BUSY_POLL_S: float = next(f.default for f in fields(Settings) if f.name == "busy_poll_s")  # type: ignore[assignment]
 SUBMITTERS = 4  # client threads: a slow answer (the request is written to Neo4j first) delays no later arrival
 
 
@@ -185,7 +188,7 @@ class LiveBench:
                                 "ttft_s": float(row["ttft_s"]), "e2e_s": float(row["e2e_s"])})
         median = statistics.median
         return ControlPlane(median(s["dispatch_s"] for s in samples), median(s["release_s"] for s in samples),
-                            len(samples)), samples
+                            len(samples), poll_s=EXECUTOR_BUSY_POLL_S), samples
 
     # ---- one policy --------------------------------------------------------------------------------
     def set_policy(self, queue: str, params: dict[str, float]) -> None:

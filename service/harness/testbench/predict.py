@@ -18,13 +18,15 @@ finished request's slot waits for the completion to be written and for the next 
 polled, granted and prefilled.
 
 A third, ``control-plane`` (:func:`predict_control_plane`), keeps the mirror's iterations and adds
-the live control plane, measured on the same stack (:class:`ControlPlane`, from lone requests on
-the idle replica): the service holds the queue and orders it by the policy, and grants a lease
-whenever the replica holds fewer than its KV slots; a granted request joins the executor's batch
-``dispatch_s`` later (the lease's commit, the executor's poll and the wait for its next round), and
-its lease holds the slot ``release_s`` after its last token (the completion's trip and durable
-write), so the next grant waits for that too. The simulator runs the batch; this module runs the
-service's side around it, event by event.
+the live control plane around them (:class:`ControlPlane`), measured on the same stack from lone
+requests on the idle replica, except the executor's poll interval, a setting of the daemon: the
+service holds the queue and orders it by the policy and hands leases out on the executor's polls,
+as many as the replica has KV slots not held by a lease. An idle executor's long poll takes a
+lease the moment there is one; a running one polls every ``poll_s``. A granted request joins the
+batch ``dispatch_s`` later (the lease's commit and trip, the wait for the executor's next round),
+and its lease holds its slot ``release_s`` after its last token (the completion's trip and
+durable write). The simulator runs the batch; this module runs the service's and the executor's
+side around it, event by event.
 """
 
 from __future__ import annotations
@@ -110,11 +112,12 @@ class ControlPlane:
     dispatch_s: float
     release_s: float
     samples: int = 0
+    poll_s: float = 0.0  # the executor's poll interval while it runs leases (0: a lease is taken at once)
 
     def __post_init__(self) -> None:
-        if not (0.0 <= self.dispatch_s < math.inf and 0.0 <= self.release_s < math.inf):
+        if not all(0.0 <= x < math.inf for x in (self.dispatch_s, self.release_s, self.poll_s)):
             raise InvalidInputError(f"control plane delays must be finite and >= 0, got dispatch "
-                                    f"{self.dispatch_s} and release {self.release_s}")
+                                    f"{self.dispatch_s}, release {self.release_s} and poll {self.poll_s}")
 
 
 class _Finishes:
@@ -156,6 +159,7 @@ def predict_control_plane(workload: BenchWorkload, policy: QueuePolicy, *, devic
     held = 0  # leases the replica holds
     step = max(control.release_s, 1e-3)  # no finish's lease can end before the next look
     now = 0.0
+    last_poll = -math.inf  # when the executor last polled while it ran leases
     while arrivals or len(queue) or held:
         while frees and frees[0] <= now:
             heapq.heappop(frees)
@@ -168,16 +172,26 @@ def predict_control_plane(workload: BenchWorkload, policy: QueuePolicy, *, devic
                                      budget, priority=spec.priority or 0, true_output_tokens=spec.output_tokens,
                                      deadline_s=arrival + sla[spec.sla_class].deadline_s(spec.prompt_tokens, budget)),
                        spec)
+        running = held - len(frees)  # leases the executor is running (the rest wait for their release)
+        poll_at = now  # an idle executor's long poll takes a lease the moment there is one and a slot
+        if running and control.poll_s > 0 and last_poll > -math.inf:  # a running one polls on its cadence
+            ticks = math.ceil((now - last_poll) / control.poll_s - 1e-9)
+            poll_at = last_poll + max(0, ticks) * control.poll_s
         granted = []
-        while held < max_batch and len(queue):
-            spec = queue.pop(served)
-            held += 1
-            joined[spec.request_id] = now + control.dispatch_s
-            granted.append(replace(spec, arrival_s=now + control.dispatch_s))
+        if poll_at <= now + 1e-12:
+            while held < max_batch and len(queue):
+                spec = queue.pop(served)
+                held += 1
+                joined[spec.request_id] = now + control.dispatch_s
+                granted.append(replace(spec, arrival_s=now + control.dispatch_s))
+            if granted or running:
+                last_poll = now
         if granted:
             cluster.submit(granted)
-        running = held - len(frees)
-        upcoming = ([arrivals[0].arrival_s - first] if arrivals else []) + frees[:1] + ([now + step] if running else [])
+            running += len(granted)
+        waiting = len(queue) > 0 and held < max_batch  # work and a slot, waiting for the next poll
+        upcoming = (([arrivals[0].arrival_s - first] if arrivals else []) + frees[:1]
+                    + ([now + step] if running else []) + ([poll_at] if waiting and poll_at > now else []))
         if not upcoming:  # every lease ended and nothing is left to arrive
             break
         now = max(now, min(upcoming))
