@@ -105,14 +105,15 @@ class ControlPlane:
     ``dispatch_s``: from a request's arrival at the idle service to its admission into the
     executor's batch (the service's ``queued_s`` of a request that found a free slot: the lease's
     grant and commit, the executor's poll, the wait for its next round). ``release_s``: from a
-    request's last token to its lease's end at the service (``finished_at - arrival - e2e_s``: the
-    completion's trip and durable write), during which the slot it held is not free to grant.
+    request's last token (``arrival + e2e_s``) to when the request shows done (its completion's trip
+    and durable write: its lease's end), during which the slot it held is not free to grant.
+    ``poll_s``: the executor's poll interval while it runs leases, a setting of the daemon.
     """
 
     dispatch_s: float
     release_s: float
     samples: int = 0
-    poll_s: float = 0.0  # the executor's poll interval while it runs leases (0: a lease is taken at once)
+    poll_s: float = 0.0  # 0: a running executor takes a lease at once
 
     def __post_init__(self) -> None:
         if not all(0.0 <= x < math.inf for x in (self.dispatch_s, self.release_s, self.poll_s)):
