@@ -29,18 +29,23 @@ class LiveStore(StorePart):
                "acquire_leadership", "release_leadership", "leader_term")
 
     # ---- leader election (service.live.leader) ------------------------------------------------
-    def acquire_leadership(self, name: str, holder: str, epoch: int, ttl_ms: int, grace_ms: int = 0) -> dict[str, Any]:
+    def acquire_leadership(self, name: str, holder: str, epoch: int, ttl_ms: int, grace_ms: int = 0,
+                           outage_grace_ms: int = 0) -> dict[str, Any]:
         """Take or renew the leadership ``name`` (its term ``ttl_ms`` on the server's clock; an
-        ended term is another's to take once it has stood ended ``grace_ms``):
+        ended term is another's to take once it has stood ended ``grace_ms``, plus
+        ``outage_grace_ms`` when it was first seen ended more than a term after its end):
         ``{holder, epoch, left_ms}`` as it stands after the call. Not fenced: it is how a
-        contender learns whether it leads."""
-        def work(tx: ManagedTransaction) -> dict[str, Any]:
-            out = self._tx_run(tx, "acquire_leadership", leadership=name, holder=holder, epoch=epoch, ttl_ms=ttl_ms,
-                               grace_ms=grace_ms)
-            return out[0]
-
-        with self.driver.session(database=self.database) as s:
-            return s.execute_write(work)
+        contender learns whether it leads. One attempt, not the driver's retries (for up to
+        ``db_timeout_s``, their pauses doubling): a failed ask raises at once and the caller asks
+        again at its own cadence, so a leader whose Neo4j comes back renews within an interval,
+        not after a retry pause of a second or more that let the standby's grace end first."""
+        q, params = self._q("acquire_leadership", {"leadership": name, "holder": holder, "epoch": epoch,
+                                                   "ttl_ms": ttl_ms, "grace_ms": grace_ms,
+                                                   "outage_grace_ms": outage_grace_ms})
+        with self.driver.session(database=self.database) as s, s.begin_transaction() as tx:
+            row = tx.run(q.text, params).single(strict=True).data()
+            tx.commit()
+            return row
 
     def release_leadership(self, name: str, holder: str, epoch: int) -> bool:
         """End ``holder``'s term ``epoch`` now (a clean stop): whether it still held it."""

@@ -6,7 +6,13 @@ the end of its term on the server's clock (one clock for every contender, whatev
 clocks say). The holder renews its term every fifth of it (:meth:`Leadership.contend`, the
 ``acquire_leadership`` query); another takes it once the term has ended unrenewed and stayed
 ended for a grace of half a term, with the epoch raised by one (the grace lets a leader that lost
-Neo4j for longer than a term, as every contender did, renew before a standby takes over). The others stand by: they answer 503 ``not_leader`` and ``/readyz`` 503, so a
+Neo4j for longer than a term, as every contender did, renew before a standby takes over). For the
+grace to be enough, an ask is one attempt (no driver retries, whose pauses grow past a second), a
+failed renewal is asked again a fifth of a term later, and the serve process runs its asks on a
+thread of their own, never queued behind calls waiting out an outage
+(:class:`~service.live.service.LiveService`). And when the ended term was first seen more than a
+term after its end (nobody could ask: Neo4j was down), the grace is longer by three terms: the
+leader's first ask on a restarted, cold server can take seconds. The others stand by: they answer 503 ``not_leader`` and ``/readyz`` 503, so a
 Service address routes to the leader, and they ask again every fifth of a term; one that wins
 recovers the state from the GMG as a restarted service does and starts taking traffic.
 
@@ -51,11 +57,12 @@ LEADERSHIP = "slicesched"  # the leadership's name: one per database
 RENEW_FRACTION = 0.2  # a leader renews, and a standby asks, every this share of a term
 GUARD_FRACTION = 1.0 / 3.0  # a leader stops writing this share of a term before its term can end
 GRACE_FRACTION = 0.5  # an ended term stands this share of a term before another contender takes it
+OUTAGE_GRACE_TERMS = 3.0  # and this many terms more when nobody saw it end (a Neo4j outage)
 
 
 class LeaderStore(Protocol):
     def acquire_leadership(self, name: str, holder: str, epoch: int, ttl_ms: int,
-                           grace_ms: int = 0) -> dict[str, Any]: ...
+                           grace_ms: int = 0, outage_grace_ms: int = 0) -> dict[str, Any]: ...
 
     def release_leadership(self, name: str, holder: str, epoch: int) -> bool: ...
 
@@ -107,8 +114,13 @@ class Leadership:
         another holder or epoch is :attr:`deposed` from then on."""
         asked = self.clock()
         row = self.store.acquire_leadership(self.name, self.holder, -1 if self.epoch is None else self.epoch,
-                                            round(self.ttl_s * 1000), round(self.ttl_s * GRACE_FRACTION * 1000))
+                                            round(self.ttl_s * 1000), round(self.ttl_s * GRACE_FRACTION * 1000),
+                                            round(self.ttl_s * OUTAGE_GRACE_TERMS * 1000))
         term = self.last = Term(row["holder"], int(row["epoch"]), float(row["left_ms"]) / 1000.0)
+        took = self.clock() - asked
+        if took > self.interval_s:  # the leader's slow asks are how it loses its term (docs/scaling.md)
+            log.warning("a leadership ask took %.1f s (%s; %s holds epoch %d, %.1f s of its term left)", took,
+                        "leading" if self.epoch is not None else "standing by", term.holder, term.epoch, term.left_s)
         if term.holder == self.holder and (self.epoch is None or term.epoch == self.epoch):
             if self.epoch is None:
                 log.info("leading: %s holds epoch %d", self.holder, term.epoch)

@@ -9,6 +9,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 from service.domain.error import DatabaseUnavailableError, Neo4jServerError
@@ -98,6 +99,10 @@ class Neo4jGate:
         self._reopening: asyncio.Future[None] | None = None  # the steps before traffic is taken again, across ticks
         self._reopen_since = 0.0  # monotonic start of the reopening in progress
         self._reopen_said = 0.0  # when the last "still reopening" line was logged
+        # the watcher's calls (ping, follow, the steps before traffic) on threads of their own: on
+        # the shared pool they waited behind calls waiting out the outage, and the gate opened
+        # seconds after Neo4j answered again (the chaos-slice run)
+        self._watch_pool = ThreadPoolExecutor(2, thread_name_prefix="neo4j-watch")
         self._retired: list[tuple[float, Any]] = []  # (monotonic time, driver) replaced after an outage, closed later
         self._closing = False  # a close of retired drivers is running
 
@@ -153,12 +158,12 @@ class Neo4jGate:
         return await self.bounded(task, self.settings.call_timeout_s if bound_s == -1.0 else bound_s, read,
                                    request_path=False)
 
-    def in_thread(self, fn: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        """``fn`` in a worker thread the stop waits for (:mod:`service.live.threads`); a caller
-        that gives up before a thread takes it calls :func:`abandon`, and it never runs (it
-        raises :class:`CallAbandoned` instead)."""
+    def in_thread(self, fn: Any, *args: Any, executor: Executor | None = None, **kwargs: Any) -> asyncio.Future[Any]:
+        """``fn`` in a worker thread the stop waits for (:mod:`service.live.threads`; ``executor``:
+        a pool other than the shared one); a caller that gives up before a thread takes it calls
+        :func:`abandon`, and it never runs (it raises :class:`CallAbandoned` instead)."""
         call = _Call(fn, args, kwargs)
-        task = threads.run(call)
+        task = threads.run(call, executor=executor)
         _CALLS[task] = call
         return task
 
@@ -211,7 +216,7 @@ class Neo4jGate:
 
     async def watch_call(self, fn: Any, bound_s: float | None = None) -> Any:
         bound = bound_s or 3 * self.settings.db_timeout_s + 2.0
-        task = self.in_thread(fn)
+        task = self.in_thread(fn, executor=self._watch_pool)
         task.add_done_callback(retrieve)  # an abandoned or late call's error: logged, not 'never retrieved'
         try:
             return await asyncio.wait_for(task, bound)
@@ -262,11 +267,13 @@ class Neo4jGate:
         return True
 
     async def stop_reopening(self) -> None:
-        """Cancel the steps before traffic if they are running (the service stops)."""
+        """Cancel the steps before traffic if they are running (the service stops); the watcher's
+        threads end once their calls do (the stop waits for those, :func:`threads.drain`)."""
         task, self._reopening = self._reopening, None
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait({task}, timeout=1.0)
+        self._watch_pool.shutdown(wait=False)
 
     def renew_driver(self) -> None:
         """A new driver (a new connection pool) to the server that answers again. Why: the old

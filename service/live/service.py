@@ -34,6 +34,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -146,6 +147,10 @@ class LiveService:
                                settings.lease_ttl_s)  # the executors' long poll, progress, failures
         self.leadership: Leadership | None = None  # leader election on: this process's run (at start)
         self._campaign: asyncio.Task[None] | None = None
+        # the leadership's asks run on a thread of their own: on the shared pool (six threads on two
+        # cores) they queued behind calls waiting out a Neo4j outage, and the leader, back late, lost
+        # its term to the standby (found in the chaos-slice run)
+        self._leader_thread: ThreadPoolExecutor | None = None
         self._stepped_down = False  # on_fatal called for a deposed leader
         self.on_fatal: Callable[[str], None] = lambda why: end_process(why)  # a deposed leader, a failed take-over
         self.taking_traffic = False  # started (with leader election: won, recovered and started)
@@ -212,6 +217,7 @@ class LiveService:
         await asyncio.to_thread(repo.apply_schema)
         if self.settings.leader_election:
             self.leadership = Leadership(repo.live, ttl_s=self.settings.leader_ttl_s)
+            self._leader_thread = ThreadPoolExecutor(1, thread_name_prefix="leadership")
             self._campaign = asyncio.create_task(self._run_for_leadership(), name="leader-election")
             self._campaign.add_done_callback(self._campaign_ended)
             return
@@ -225,7 +231,7 @@ class LiveService:
         said = 0.0
         while True:
             try:
-                if await asyncio.to_thread(lead.contend):
+                if await threads.run(lead.contend, executor=self._leader_thread):
                     break
                 seen = lead.last
                 if time.monotonic() - said > 60.0:  # a standby says so once a minute, not every ask
@@ -239,8 +245,10 @@ class LiveService:
             await asyncio.sleep(lead.interval_s)
         repo.fence = lead
         # renewals from now on: a take-over (the recovery) may take longer than a term
+        # a failed renewal is asked again at the renewal interval, not after the supervisor's
+        # back-off: a leader back from an outage renews before the standby's grace ends
         self.supervisor.spawn("leadership", self._leadership_tick, interval_s=lead.interval_s,
-                              stuck_after_s=max(30.0, 3 * lead.ttl_s))
+                              backoff_s=lead.interval_s, stuck_after_s=max(30.0, 3 * lead.ttl_s))
         await self._take_traffic()
 
     async def _follow_neo4j(self) -> None:
@@ -269,7 +277,7 @@ class LiveService:
         lead = self.leadership
         assert lead is not None
         try:
-            await asyncio.to_thread(lead.contend)
+            await threads.run(lead.contend, executor=self._leader_thread)
         except Exception as exc:
             if not lead.leads:
                 raise NotLeaderError(f"leadership not renewed ({type(exc).__name__}: {exc}); writes stopped "
@@ -359,10 +367,12 @@ class LiveService:
         lead = self.leadership
         if lead is not None and lead.leads:  # the standby takes over at its next ask, not at the term's end
             try:
-                await asyncio.to_thread(lead.release)
+                await threads.run(lead.release, executor=self._leader_thread)
             except Exception:
                 log.warning("the leadership was not released at stop; the standby takes over when its term ends",
                             exc_info=True)
+        if self._leader_thread is not None:
+            self._leader_thread.shutdown(wait=False)
         if self.gate.driver is not None:
             await asyncio.to_thread(self.gate.driver.close)
 

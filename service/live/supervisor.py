@@ -23,6 +23,7 @@ class LoopHealth:
     name: str
     interval_s: float  # pause between ticks
     stuck_after_s: float  # no successful tick for this long: the loop is stuck
+    backoff_s: float | None = None  # pause after a failed tick (None: the supervisor's)
     started_at: float = field(default_factory=time.monotonic)
     last_ok_at: float | None = None
     ticks: int = 0
@@ -50,9 +51,10 @@ class Supervisor:
         self._stopping = False
 
     def spawn(self, name: str, tick: Callable[[], Awaitable[None]], *, interval_s: float,
-              stuck_after_s: float) -> LoopHealth:
-        """Run ``tick`` every ``interval_s`` (after it returns) until :meth:`stop`."""
-        health = LoopHealth(name, interval_s, stuck_after_s)
+              stuck_after_s: float, backoff_s: float | None = None) -> LoopHealth:
+        """Run ``tick`` every ``interval_s`` (after it returns) until :meth:`stop`; after a failed
+        tick, ``backoff_s`` later (default the supervisor's)."""
+        health = LoopHealth(name, interval_s, stuck_after_s, backoff_s)
         self.loops[name] = health
         self._tasks.append(asyncio.create_task(self._run(health, tick), name=name))
         return health
@@ -69,7 +71,7 @@ class Supervisor:
                 health.last_error = f"{type(exc).__name__}: {exc}"[:500]
                 log.exception("background loop %r failed (failure %d); it goes on", health.name, health.failures)
                 health.running = False
-                await asyncio.sleep(self.backoff_s)
+                await asyncio.sleep(self.backoff_s if health.backoff_s is None else health.backoff_s)
                 continue
             health.running = False
             health.ticks += 1

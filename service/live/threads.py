@@ -16,18 +16,27 @@ ping, cancelled with its loop at stop, did so under a loaded machine).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any
 
 log = logging.getLogger("slicesched.service")
 _running: set[asyncio.Future[Any]] = set()
 
 
-def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+def run(fn: Callable[..., Any], *args: Any, executor: Executor | None = None, **kwargs: Any) -> asyncio.Future[Any]:
     """``fn(*args, **kwargs)`` in a worker thread; the thread is tracked until it ends, and the
-    future returned is the caller's wait for it (cancelling it leaves the thread tracked)."""
-    task = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+    future returned is the caller's wait for it (cancelling it leaves the thread tracked).
+    ``executor``: a pool of the caller's own instead of the event loop's shared one (a few
+    threads on a small machine), for a call that must not queue behind the others (the
+    leadership's renewal: :class:`service.live.service.LiveService`)."""
+    task: asyncio.Future[Any]
+    if executor is None:
+        task = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+    else:
+        task = asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args, **kwargs))
     _running.add(task)
     task.add_done_callback(_running.discard)
     return asyncio.shield(task)  # the caller's wait: cancelling it leaves the thread tracked

@@ -5,7 +5,9 @@ itself deposed and stops, and its writes are refused by the fence."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -88,6 +90,34 @@ def test_the_standby_takes_over_when_the_leader_stops_renewing(make_client: Call
     assert b.get(f"/v1/tenants/late{uid}", headers=auth(ADMIN)).status_code == 404
     assert b.post("/v1/tenants", json={"tenant_id": f"new{uid}", "sla_class": "standard"},
                   headers=auth(ADMIN)).status_code == 201
+
+
+def test_the_leader_renews_while_every_shared_worker_thread_is_busy(make_client: Callable[..., TestClient],
+                                                                    repo: Any) -> None:
+    """The renewals run on a thread of their own. On the event loop's shared pool (six threads on
+    two cores) they queued behind calls waiting out a Neo4j outage; the leader, back late, lost its
+    term to the standby after a Neo4j restart (the chaos-slice run)."""
+    with repo.driver.session() as s:
+        s.run("MATCH (l:Leader) DETACH DELETE l").consume()
+    a = make_client(leader_election=True, leader_ttl_s=TTL_S)
+    _wait(lambda: a.get("/readyz").status_code == 200, 60.0)
+    svc = a.app.state.service
+    loop_health = svc.supervisor.loops["leadership"]
+    release = threading.Event()
+
+    async def clog() -> None:  # every thread of the shared pool busy (any pool's size)
+        loop = asyncio.get_running_loop()
+        for _ in range(64):
+            loop.run_in_executor(None, release.wait, 60.0)
+
+    try:
+        a.portal.call(clog)  # type: ignore[union-attr]
+        ticks = loop_health.ticks
+        time.sleep(2 * TTL_S)  # past the deadline of a leader that could not renew
+        assert loop_health.ticks >= ticks + 3, "the renewals waited for a shared worker thread"
+        assert svc.leadership.leads and svc.leadership.describe()["role"] == "leader"
+    finally:
+        release.set()
 
 
 def test_a_stopped_leader_hands_over_at_once(make_client: Callable[..., TestClient], repo: Any) -> None:

@@ -104,6 +104,75 @@ def test_a_leader_back_from_an_outage_renews_within_the_grace_before_the_standby
     assert not b.contend() and not a.deposed
 
 
+def test_a_term_nobody_saw_end_stands_longer_so_the_leader_of_a_restarted_server_keeps_it(driver: Any) -> None:
+    """An ended term first seen more than a term after its end means nobody reached the server (a
+    Neo4j restart): the standby waits three terms more than the grace, for the leader's first ask
+    on a cold server (seconds in the chaos-slice run); a leader that never comes back is still
+    replaced after that."""
+    name = f"test-{secrets.token_hex(4)}"
+    a = Leadership(_repo(driver).live, ttl_s=1.0, holder="a", name=name)
+    b = Leadership(_repo(driver).live, ttl_s=1.0, holder="b", name=name)
+    assert a.contend() and not b.contend()
+    epoch = a.epoch
+    time.sleep(2.3)  # the outage: the term ended 1.3 s ago, unseen
+    assert not b.contend()  # first seen ended: the grace starts, with the outage's added
+    time.sleep(1.0)  # past the plain grace (half a term)
+    assert not b.contend() and b.last is not None and b.last.holder == "a"
+    assert a.contend() and a.epoch == epoch and not a.deposed  # the slow leader renews its own term
+
+    c = Leadership(_repo(driver).live, ttl_s=1.0, holder="c", name=f"{name}-gone")
+    d = Leadership(_repo(driver).live, ttl_s=1.0, holder="d", name=f"{name}-gone")
+    assert c.contend() and not d.contend()
+    time.sleep(2.3)  # the outage, and c never comes back
+    assert not d.contend()
+    time.sleep(3.8)  # the grace and the outage's three terms
+    assert d.contend() and d.epoch == (c.epoch or 0) + 1
+
+
+def test_a_renewal_that_waited_for_the_lock_counts_its_term_from_when_it_got_it(driver: Any) -> None:
+    """An ask that waits (for the Leader node's lock, for a cold server) starts its term when it
+    holds the lock, not when its statement started: with the statement's clock, a renewal that
+    waited longer than a term committed a term already over, and the standby took it at once
+    (the chaos-slice run: a 4.2 s renewal, deposed 1.3 s later)."""
+    import threading
+
+    name = f"test-{secrets.token_hex(4)}"
+    a = Leadership(_repo(driver).live, ttl_s=2.0, holder="a", name=name)
+    b = Leadership(_repo(driver).live, ttl_s=2.0, holder="b", name=name)
+    assert a.contend() and not b.contend()
+    renewed: list[bool] = []
+    with driver.session() as s:
+        tx = s.begin_transaction()
+        tx.run("MATCH (l:Leader {name: $name}) SET l.held_by_test = true", name=name).consume()  # its lock
+        asking = threading.Thread(target=lambda: renewed.append(a.contend()))
+        asking.start()
+        time.sleep(2.5)  # longer than the term: the renewal waits for the lock
+        tx.commit()
+    asking.join(30.0)
+    assert renewed == [True] and a.last is not None and a.last.left_s > 1.0
+    assert not b.contend() and b.last is not None and b.last.holder == "a" and b.last.left_s > 0.5
+
+
+def test_an_ask_that_cannot_reach_neo4j_fails_at_once_not_after_the_drivers_retries() -> None:
+    """An ask is one attempt: the caller asks again at its own cadence (a fifth of a term). Left
+    to the driver's retries (for up to the driver's retry time, pauses doubling to a second and
+    more), a leader whose Neo4j had come back renewed too late, and the standby's grace ended
+    first (the chaos-slice run's leadership flip after a Neo4j restart)."""
+    from neo4j import GraphDatabase
+    from neo4j.exceptions import ServiceUnavailable
+
+    from service.graph.local_server import free_port
+
+    with GraphDatabase.driver(f"bolt://127.0.0.1:{free_port()}", auth=("neo4j", "unused"),
+                              max_transaction_retry_time=60.0, connection_timeout=2.0) as nowhere:
+        a = Leadership(_repo(nowhere).live, ttl_s=3.0, holder="a", name="unreachable")
+        start = time.monotonic()
+        with pytest.raises(ServiceUnavailable):
+            a.contend()
+        assert time.monotonic() - start < 30.0  # the driver's retries would have taken 60 s
+        assert not a.leads and a.epoch is None
+
+
 def test_a_released_term_is_taken_at_once(driver: Any) -> None:
     name = f"test-{secrets.token_hex(4)}"
     a = Leadership(_repo(driver).live, ttl_s=60.0, holder="a", name=name)

@@ -35,6 +35,28 @@ def test_a_failing_tick_is_counted_and_the_loop_goes_on(caplog: pytest.LogCaptur
     assert all(r.exc_info for r in caplog.records if "flaky" in r.getMessage())  # logged with the traceback
 
 
+def test_a_loop_with_its_own_back_off_is_asked_again_sooner_than_the_supervisors() -> None:
+    """The leadership's loop: a failed renewal is retried at the renewal interval, not after the
+    supervisor's back-off (a leader back from an outage must renew before the standby's grace ends)."""
+    failed_at: list[float] = []
+
+    async def tick() -> None:
+        failed_at.append(asyncio.get_running_loop().time())
+        raise RuntimeError("Neo4j unreachable")
+
+    async def run() -> None:
+        sup = Supervisor(backoff_s=60.0)
+        sup.spawn("leadership", tick, interval_s=0.01, stuck_after_s=10.0, backoff_s=0.01)
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if len(failed_at) >= 3:
+                break
+        await sup.stop()
+
+    asyncio.run(run())
+    assert len(failed_at) >= 3  # with the supervisor's 60 s back-off there would be one
+
+
 def test_a_loop_that_never_succeeds_is_reported_stuck() -> None:
     async def tick() -> None:
         raise ValueError("always")
