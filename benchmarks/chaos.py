@@ -416,6 +416,16 @@ class Cluster:
         self.mark_log("serve-standby.log", f"start the standby on port {self.stack.standby_port}")
         self.stack.start_standby(timeout_s=self.serve_timeout_s)
 
+    def restart_exited(self) -> None:
+        """What the supervisor does between faults, for a fault that waits on a serve process that
+        may have exited meanwhile (the supervisor does not run while a fault holds the lock)."""
+        server = self.stack.server
+        if server is not None and server.poll() is not None:
+            try:
+                self._check()
+            except Exception as exc:  # as in the supervisor: retried at the next call
+                self.note("supervisor_error", error=f"{type(exc).__name__}: {exc}")
+
     # the supervisor
     def start(self) -> None:
         self._thread.start()
@@ -604,6 +614,9 @@ def inject(f: Fault, cluster: Cluster, keys: Keys, rng: Any, load: Load, *, neo4
         stack.promote_standby()
         took_s = None
         while time.monotonic() - killed < 60.0:  # the standby takes over once the term ends
+            # the standby may have exited meanwhile (a leader deposed after a Neo4j restart ends
+            # its process): started again now, as a Deployment does, not once this fault is over
+            cluster.restart_exited()
             try:
                 if httpx.get(f"{stack.url}/readyz", timeout=1.0).status_code == 200:
                     took_s = round(time.monotonic() - killed, 2)
