@@ -1,7 +1,8 @@
 """Supervised background loops: none can die, each is visible.
 
 A loop is a ``tick`` coroutine run again and again. A tick that raises is logged with its
-traceback and counted; the loop goes on after a short back-off. Every loop records when its
+traceback (the same line for the same error, so that a repeated failure is held back by
+``slicesched serve``'s repeated-line filter) and counted; the loop goes on after a short back-off. Every loop records when its
 last tick succeeded, so readiness can tell a loop that is stuck (no successful tick for
 ``stuck_after_s``) from one that is merely idle, and ``/metrics`` counts failures per loop.
 """
@@ -69,7 +70,9 @@ class Supervisor:
             except Exception as exc:  # a failed tick must never end the loop
                 health.failures += 1
                 health.last_error = f"{type(exc).__name__}: {exc}"[:500]
-                log.exception("background loop %r failed (failure %d); it goes on", health.name, health.failures)
+                # the same text for the same error, so that serve's repeated-line filter holds an
+                # outage's failures back (the count is in /metrics and the health report)
+                log.exception("background loop %r failed (%s); it goes on", health.name, health.last_error)
                 health.running = False
                 await asyncio.sleep(self.backoff_s if health.backoff_s is None else health.backoff_s)
                 continue

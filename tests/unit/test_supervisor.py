@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
+from service.live.log_repeat import RepeatedLineFilter
 from service.live.supervisor import Supervisor
 
 
@@ -97,3 +99,42 @@ def test_stop_ends_a_loop_whose_tick_swallowed_the_cancellation() -> None:
 
     asyncio.run(run())
     assert swallowed
+
+
+def test_a_loop_failing_the_same_way_again_and_again_logs_one_line_per_window() -> None:
+    """An outage fails the leadership's loop every 0.6 s: with serve's repeated-line filter that
+    is one line (with its traceback) per window, and a different error still gets through."""
+    lines: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record)
+
+    handler = Keep()
+    handler.addFilter(RepeatedLineFilter(window_s=60.0))
+    logger = logging.getLogger("slicesched.supervisor")
+    logger.addHandler(handler)
+    calls: list[int] = []
+
+    async def tick() -> None:
+        calls.append(1)
+        raise (ConnectionError("Neo4j unreachable") if len(calls) <= 5 else ValueError("something else"))
+
+    async def run() -> None:
+        sup = Supervisor(backoff_s=0.001)
+        sup.spawn("leadership", tick, interval_s=0.001, stuck_after_s=10.0)
+        for _ in range(500):
+            await asyncio.sleep(0.005)
+            if len(calls) >= 7:
+                break
+        await sup.stop()
+
+    try:
+        asyncio.run(run())
+    finally:
+        logger.removeHandler(handler)
+    assert len(calls) >= 7
+    texts = [r.getMessage() for r in lines]
+    assert texts == ["background loop 'leadership' failed (ConnectionError: Neo4j unreachable); it goes on",
+                     "background loop 'leadership' failed (ValueError: something else); it goes on"]
+    assert all(r.exc_info for r in lines)
