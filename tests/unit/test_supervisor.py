@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import pytest
 
@@ -101,19 +100,11 @@ def test_stop_ends_a_loop_whose_tick_swallowed_the_cancellation() -> None:
     assert swallowed
 
 
-def test_a_loop_failing_the_same_way_again_and_again_logs_one_line_per_window() -> None:
+def test_a_loop_failing_the_same_way_again_and_again_logs_one_line_per_window(
+        caplog: pytest.LogCaptureFixture) -> None:
     """An outage fails the leadership's loop every 0.6 s: with serve's repeated-line filter that
     is one line (with its traceback) per window, and a different error still gets through."""
-    lines: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record)
-
-    handler = Keep()
-    handler.addFilter(RepeatedLineFilter(window_s=60.0))
-    logger = logging.getLogger("slicesched.supervisor")
-    logger.addHandler(handler)
+    caplog.handler.addFilter(RepeatedLineFilter(window_s=60.0))  # as serve puts it on its handler
     calls: list[int] = []
 
     async def tick() -> None:
@@ -129,12 +120,9 @@ def test_a_loop_failing_the_same_way_again_and_again_logs_one_line_per_window() 
                 break
         await sup.stop()
 
-    try:
-        asyncio.run(run())
-    finally:
-        logger.removeHandler(handler)
+    asyncio.run(run())
     assert len(calls) >= 7
-    texts = [r.getMessage() for r in lines]
+    texts = [r.getMessage() for r in caplog.records]
     assert texts == ["background loop 'leadership' failed (ConnectionError: Neo4j unreachable); it goes on",
                      "background loop 'leadership' failed (ValueError: something else); it goes on"]
-    assert all(r.exc_info for r in lines)
+    assert all(r.exc_info for r in caplog.records)
