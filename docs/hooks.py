@@ -685,6 +685,7 @@ def readme_headline(records: list[Record]) -> str:
         f"| oracle-elastic / container ({ceiling}) | "
         f"{v(rh, m4 + '.oracle_over_container', '.2f')}x; {v(rh, m8 + '.oracle_over_container', '.2f')}x | same |",
         f"| memory violations in every replay | {v(rh, 'results.summary.memory_violations')} | same |",
+        *_owner_rows(by_ref.get("owner_isolation"), v),
         f"| live, busy tenant's requests within its SLA: replica vs container (median of "
         f"{len(live.get('results.seeds'))} seeds) | {v(live, 'results.busy_tenant.acme.replica', '.1%')} vs "
         f"{v(live, 'results.busy_tenant.acme.container', '.1%')} | "
@@ -699,6 +700,20 @@ def readme_headline(records: list[Record]) -> str:
         README_END,
     ]
     return "\n".join(lines)
+
+
+def _owner_rows(oi: Record | None, v: Callable[[Record, str, str], str]) -> list[str]:
+    """The README's owner-isolation row, from the ``owner_isolation`` record where there is one."""
+    if oi is None:
+        return []
+    s = "results.summary."
+    return [
+        f"| device owners' TPOT p99 beside guests against container, largest rise: replica; slice; "
+        f"slice-isolated (no whole guest replicas, no guest slice between an owner's iterations; at "
+        f"{v(oi, s + 'isolated_over_replica_median', '.2f')}x replica's sustained load) | {v(oi, s + 'replica_owner_tpot_p99_rise_max', '+.0%')}; "
+        f"{v(oi, s + 'slice_owner_tpot_p99_rise_max', '+.0%')}; {v(oi, s + 'isolated_owner_tpot_p99_rise_max', '+.1%')} | "
+        f"[`owner_isolation.json`](benchmarks/results/owner_isolation.json) ({oi.commit}, {oi.date}) |"
+    ]
 
 
 def write_readme(readme: Path = README, records: list[Record] | None = None) -> bool:
