@@ -9,15 +9,15 @@ them, and a guest slice under owner priority may still run *between* two owner i
 the owner's SLA slack covers it (``SimConfig.guest_slack_fraction``, 0.8 of its tightest TPOT
 target). Either way the owner stays within its SLA, and its TPOT becomes the guest's.
 
-This benchmark puts beside them the variant that keeps owners as they were, built from the
-existing knobs only (no code of its own in the scheduler or simulator):
+This benchmark puts beside them the variant that keeps owners as they were:
 
 ``slice-isolated``
-    the ``slice`` policy with no whole guest replicas (``max_candidates`` 0: every plan is
-    sliced, under owner priority or, over several devices, taking turns) and the simulator's
-    gap rule off (``guest_slack_fraction`` 0): a guest slice starts only when the owners of its
-    device have nothing to run, never between two of an owner's iterations, so an owner waits
-    at most one slice, and only for the first iteration after it was idle.
+    the ``slice`` policy under owner priority only: no whole guest replicas and no sliced plan
+    that takes turns with the owners (:func:`isolated_policy`, registered here for the replay
+    under that name: a prototype of a policy option the scheduler does not have yet), and the
+    simulator's gap rule off (``guest_slack_fraction`` 0): a guest slice starts only when the
+    owners of its device have nothing to run, never between two of an owner's iterations, so
+    an owner waits at most one slice, and only for the first iteration after it was idle.
 
 For each mix and seed, each placement's sustained load at <= 9% SLA violations (bisection, as
 ``replay_headline``: :class:`service.replay.sweep.LoadSearch`, 2%), its tokens/s there, and for
@@ -45,24 +45,52 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _record
 from learned.choice import add_cost_model_argument
+from service.core.framework import CandidateFilter, Candidates, StepContext
+from service.core.granularity import GranularPlacementPolicy, granular_policy
+from service.core.policies import PLACEMENT_POLICIES, RegisteredPolicy
 
 MIXES = ("a100-4tenants", "a100-8tenants")
 PLACEMENTS = ("container", "replica", "slice", "slice-isolated")
 SHARING = ("replica", "slice", "slice-isolated")
 ISOLATED = "slice-isolated"
-#: ``slice-isolated``: the ``slice`` policy's parameters and the simulator's gap rule it runs with
-ISOLATED_POLICY = {"max_candidates": 0}
-ISOLATED_GAP = 0.0  # SimConfig.guest_slack_fraction
+ISOLATED_GAP = 0.0  # SimConfig.guest_slack_fraction under slice-isolated
 TARGET = 0.09
 RATIOS = {"isolated_over_container": (ISOLATED, "container"), "isolated_over_replica": (ISOLATED, "replica"),
           "isolated_over_slice": (ISOLATED, "slice"), "slice_over_container": ("slice", "container"),
           "slice_over_replica": ("slice", "replica"), "replica_over_container": ("replica", "container")}
+
+
+@dataclass(frozen=True)
+class OwnerPriorityOnly:
+    """Filter: ``inner``'s sliced plans that yield to the owners (no whole guest replica, no plan
+    that takes turns)."""
+
+    inner: CandidateFilter
+
+    def candidates(self, ctx: StepContext) -> Candidates:
+        found = self.inner.candidates(ctx)
+        return Candidates((c for c in found.changes if c.stages and not c.turns), found.wanting)
+
+
+def isolated_policy(**params: Any) -> GranularPlacementPolicy:
+    """``slice`` under owner priority only: ``granular_policy(**params)`` with no whole guest
+    replicas judged and its candidates through :class:`OwnerPriorityOnly`."""
+    policy = granular_policy(**{**params, "max_candidates": 0})
+    stage = policy.steps.stages[0]
+    policy.steps = replace(policy.steps, stages=(replace(stage, filter=OwnerPriorityOnly(stage.filter)),))
+    return policy
+
+
+# The replay builds placements by name: slice-isolated is registered in every process that
+# imports this module (the pool's workers import it to run a cell).
+cast(dict[str, RegisteredPolicy], PLACEMENT_POLICIES).setdefault(
+    ISOLATED, RegisteredPolicy(isolated_policy, takes_device_search=True))
 
 
 @dataclass(frozen=True)
@@ -80,8 +108,8 @@ class Cell:
 
 def replay_setup(cell: Cell) -> tuple[Any, str, Callable[[float], Any]]:
     """``(config, placement, make)``: the replay config the cell's placement runs under (for
-    ``slice-isolated``: the ``slice`` policy's parameters and the gap rule of :data:`ISOLATED_POLICY`
-    and :data:`ISOLATED_GAP`), the registered placement it runs, and its workload at a load."""
+    ``slice-isolated``: the simulator's gap rule :data:`ISOLATED_GAP`), the registered placement
+    it runs, and its workload at a load."""
     from benchmarks.replay_headline import Cell as HeadlineCell
     from benchmarks.replay_headline import _workload_maker
     from learned.artifact import load_cost_model
@@ -93,8 +121,7 @@ def replay_setup(cell: Cell) -> tuple[Any, str, Callable[[float], Any]]:
                           duration_s=cell.duration_s)
     if cell.placement != ISOLATED:
         return config, cell.placement, make
-    return replace(config, slice_params={**config.slice_params, **ISOLATED_POLICY},
-                   sim=replace(config.sim, guest_slack_fraction=ISOLATED_GAP)), "slice", make
+    return replace(config, sim=replace(config.sim, guest_slack_fraction=ISOLATED_GAP)), ISOLATED, make
 
 
 def run_cell(cell: Cell) -> dict[str, Any]:
@@ -261,7 +288,8 @@ def main() -> int:
     _record.write("owner_isolation", args, {
         "mixes": {m: KNOWN[m] for m in mixes}, "seeds": seeds, "placements": list(PLACEMENTS),
         "duration_s": args.duration, "target": TARGET, "tolerance": 0.02, "start_load": 0.5,
-        "isolated": {"policy": "slice", "params": ISOLATED_POLICY, "guest_slack_fraction": ISOLATED_GAP},
+        "isolated": {"policy": "slice", "max_candidates": 0, "sharing": "owner priority only",
+                     "guest_slack_fraction": ISOLATED_GAP},
         "cost_model": cost.describe(), "jobs": args.jobs,
     }, {
         "summary": summary,

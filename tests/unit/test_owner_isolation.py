@@ -4,7 +4,11 @@ ratios, largest rises and intervals."""
 
 from __future__ import annotations
 
-from benchmarks.owner_isolation import ISOLATED, Cell, ratios, replay_setup, summarise
+from typing import Any
+
+from benchmarks.owner_isolation import ISOLATED, Cell, OwnerPriorityOnly, ratios, replay_setup, summarise
+from service.core.framework import Candidates
+from service.core.scheduler import ReplicaChange
 from service.replay.runner import PolicyName, run_policy
 
 
@@ -23,6 +27,19 @@ def test_isolated_guests_leave_the_owners_tpot_as_container_while_shared_slices_
     # ...and is untouched when guests run only in its idle windows
     for tenant, seconds in tpot[ISOLATED].items():
         assert seconds <= 1.05 * alone[tenant], (tenant, seconds, alone[tenant])
+
+
+def test_only_sliced_plans_that_yield_to_the_owners_pass() -> None:
+    whole = ReplicaChange("m", "f", ("d0",))
+    turns = ReplicaChange("m", "f", ("d0", "d1"), (("d0", 0, 5), ("d1", 6, 11)), turns=True)
+    yields = ReplicaChange("m", "f", ("d0", "d1"), (("d0", 0, 5), ("d1", 6, 11)))
+
+    class Inner:
+        def candidates(self, ctx: Any) -> Candidates:
+            return Candidates(iter([whole, turns, yields]), ("m",))
+
+    found = OwnerPriorityOnly(Inner()).candidates(None)  # type: ignore[arg-type]
+    assert list(found.changes) == [yields] and found.wanting == ("m",)
 
 
 def _row(iso: float, sl: float, rep: float, cont: float, rises: tuple[float, float, float]) -> dict:
