@@ -709,7 +709,8 @@ def _owner_rows(oi: Record | None, v: Callable[[Record, str, str], str]) -> list
     s = "results.summary."
     return [
         f"| device owners' TPOT p99 beside guests against container, largest rise: replica; slice; "
-        f"slice-isolated (no whole guest replicas, no guest slice between an owner's iterations; at "
+        f"slice-isolated (owner priority only: no whole guests, no turns, no guest slice between an owner's "
+        f"iterations; at "
         f"{v(oi, s + 'isolated_over_replica_median', '.2f')}x replica's sustained load) | {v(oi, s + 'replica_owner_tpot_p99_rise_max', '+.0%')}; "
         f"{v(oi, s + 'slice_owner_tpot_p99_rise_max', '+.0%')}; {v(oi, s + 'isolated_owner_tpot_p99_rise_max', '+.1%')} | "
         f"[`owner_isolation.json`](benchmarks/results/owner_isolation.json) ({oi.commit}, {oi.date}) |"
