@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from service.api.app import create_app
 from service.graph.connection import Neo4jSettings
 from service.graph.local_server import LocalNeo4j, free_port
+from service.live.leader import OUTAGE_GRACE_TERMS
 from tests.api.conftest import ADMIN, auth, settings
 from tests.api.test_api import setup_tenant_model
 
@@ -183,8 +184,6 @@ def test_a_standby_follows_a_managed_neo4j_to_its_new_port_and_takes_over(tmp_pa
             # server); the bound is the design's slowest case, a term ended unseen (the outage
             # grace) plus two terms of asking, with slack for a loaded machine (11.1 s seen once
             # against a bound of 11 s while other work shared the two cores)
-            from service.live.leader import OUTAGE_GRACE_TERMS
-
             assert took_s <= (OUTAGE_GRACE_TERMS + 2) * ttl_s + 10.0, f"took over in {took_s:.1f} s"
         # b leads either way, connected to the server where it runs now
         ready_b = b.get("/readyz").json()
