@@ -26,6 +26,14 @@ Side by side, same requests for every placement, per tenant mix and seed:
    (``--traces``: Azure code, Azure conv, Mooncake), so no result rests on one trace.
 4. Queue policies on container at a load where requests queue, and output-length calibration
    (first mix, first seed; as before).
+5. Pooling (``--sparse-mix``, default ``a100-sparse``: 24 tenants, most of them small models, with
+   rare, bursty ServeGen traffic): per seed, the fewest A100-80GB GPUs (hosts of eight) on which
+   ``container``, ``replica`` and ``slice`` each serve the mix at load 1 with SLA violations <= 1%
+   (99% attainment), by doubling from 16 then bisecting over the cluster's size
+   (:func:`fewest_passing`: assumes more GPUs never hurt; every size tried is kept). Container
+   needs a device group per tenant; the sharing placements pack homes onto shared devices where
+   the cluster is smaller than that (:mod:`service.core.pooling`). The same requests at every size.
+   Run alone (``--mixes "" --traces "" --no-queues``) it is the record ``replay_headline-sparse``.
 
 Each (mix or trace, seed, placement) is one cell, run on a local process pool (``--jobs``) or on
 Ray (``--ray ADDRESS``, ``--ray auto``: a local Ray), results ordered by cell, not by finish.
@@ -41,7 +49,9 @@ mixes and seeds of slice's gain over container as a share of the ceiling's gain)
 every mix and seed: the load by construction, the tokens under the assumption the oracle module
 states) and ``pooled_over_container`` (median: the pooled oracle's own sustained load over
 container's, how far above the placements the pool alone reaches) and ``slice_over_replica_median``
-(median over every mix's seeds); at 99% SLO attainment (violations <= 1%, the 0.01 target),
+(median over every mix's seeds); ``sparse_gpus_saved`` (median over seeds of 1 - slice's fewest
+GPUs / container's on the sparse mix, part 5; ``sparse_replica_gpus_saved`` the same for
+replica); at 99% SLO attainment (violations <= 1%, the 0.01 target),
 ``slice_over_container_99pct_min`` (the smallest over the mixes of the median ratio of sustained
 loads); owner isolation, ``owner_tpot_p99_rise_max`` (the largest over every mix, seed and trace
 of: at slice's sustained load at 9%, each device owner's TPOT p99 over the requests its home
@@ -79,6 +89,11 @@ PLACEMENTS = ("container", "replica", "slice", "oracle-elastic")
 TARGETS = (0.09, 0.05, 0.01)  # SLA violation rates a sustained load is found for (0.01: 99% attainment)
 #: Placements whose guests share an owner's devices: their owners' TPOT is compared with container's.
 SHARING = ("replica", "slice")
+#: The sparse mix: the fewest A100s that serve it at 99% attainment, per placement (item 5 above).
+SPARSE_MIX = "a100-sparse"
+SPARSE_PLACEMENTS = ("container", "replica", "slice")
+SPARSE_TARGET = 0.01  # SLA violation rate: 99% attainment
+SPARSE_MAX_GPUS = 256  # the search gives up above this (a placement that never holds the mix)
 #: The old walk's grid, kept to compare: ``--search grid`` walks it upwards until violations pass 9%.
 GRID = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 
@@ -93,7 +108,7 @@ class Cell:
     """One unit of work for a worker: a placement's sustained-load search for a (mix or trace,
     seed), or its saturated run. Picklable; everything it computes follows from its fields."""
 
-    kind: str  # "mix" | "trace" | "saturated"
+    kind: str  # "mix" | "trace" | "saturated" | "sparse"
     name: str  # the mix, or the trace dealt to a100-4tenants
     seed: int
     duration_s: float
@@ -206,6 +221,143 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     out["runs"] = len(results)
     out["wall_s"] = round(time.perf_counter() - started, 1)
     return out
+
+
+def a100_cluster(gpus: int) -> Any:
+    """``gpus`` A100-80GB on hosts of eight (NVLink inside a host, 200 Gb/s between hosts, as
+    ``2x8xA100``), the last host holding the rest."""
+    from service.domain.cluster import ClusterSpec
+
+    hosts = [{"host_id": f"node{h}", "devices": {"kind": "A100-80GB", "count": min(8, gpus - 8 * h)},
+              "intra_link": {"kind": "nvlink", "gbps": 2400, "latency_us": 2}} for h in range((gpus + 7) // 8)]
+    return ClusterSpec.from_dict({"name": f"{gpus}xA100", "hosts": hosts,
+                                  "network": {"kind": "network", "gbps": 200, "latency_us": 5}})
+
+
+def fewest_passing(passes: Callable[[int], bool], start: int, most: int) -> tuple[int | None, list[int]]:
+    """The smallest ``n`` in ``1..most`` with ``passes(n)``, assuming that more never hurts: from
+    ``start``, doubling until one passes (or ``most`` fails), then bisecting between the largest
+    failing and the smallest passing size. Returns it (None: even ``most`` fails) and the sizes
+    tried, in order."""
+    tried: list[int] = []
+    verdict: dict[int, bool] = {}
+
+    def probe(n: int) -> bool:
+        if n not in verdict:
+            tried.append(n)
+            verdict[n] = passes(n)
+        return verdict[n]
+
+    n = max(1, min(start, most))
+    while not probe(n):
+        if n >= most:
+            return None, tried
+        n = min(most, 2 * n)
+    fail = max((k for k, ok in verdict.items() if not ok and k < n), default=0)
+    good = n
+    while good - fail > 1:
+        mid = (good + fail) // 2
+        if probe(mid):
+            good = mid
+        else:
+            fail = mid
+    return good, tried
+
+
+def fewest_gpus_cell(cell: Cell) -> dict[str, Any]:
+    """The fewest A100s (:func:`a100_cluster`) on which ``cell.placement`` serves the mix at load 1
+    with SLA violations <= :data:`SPARSE_TARGET`, by :func:`fewest_passing` from the mix's 16.
+    Container allocation cannot run on fewer devices than the tenants' groups (a probe there
+    fails, its reason kept); the sharing placements pack homes there (:mod:`service.core.pooling`),
+    and a probe whose replicas do not fit the devices' memory fails the same way. The requests
+    are the same at every size (the seed's sample of the mix at load 1)."""
+    import numpy as np
+
+    from learned.artifact import load_cost_model
+    from service.domain.error import InvalidInputError
+    from service.replay.mix import load_mix, sample_workload
+    from service.replay.runner import PolicyName, ReplayConfig, run_policy
+
+    started = time.perf_counter()
+    mix = load_mix(cell.name)
+    cost = load_cost_model(cell.cost_model).model
+    workload = sample_workload(mix, np.random.default_rng(cell.seed), duration_s=cell.duration_s)[0]
+    walk: list[dict[str, Any]] = []
+    results = []
+    tag = f"sparse {cell.name} s{cell.seed}"
+
+    def passes(gpus: int) -> bool:
+        t = time.perf_counter()
+        config = ReplayConfig(a100_cluster(gpus), mix, cost, seed=cell.seed, duration_s=cell.duration_s)
+        try:
+            res, _ = run_policy(config, workload, PolicyName.parse(f"fifo/{cell.placement}"))
+        except InvalidInputError as exc:  # the homes do not fit this many devices
+            walk.append({"gpus": gpus, "passes": False, "infeasible": str(exc)})
+            print(f"  {tag:30s} {cell.placement:15s} {gpus:4d} GPUs: cannot hold the mix ({exc})", flush=True)
+            return False
+        results.append(res)
+        ok = res.sla_violation_rate <= SPARSE_TARGET
+        walk.append({"gpus": gpus, "passes": ok, "sla_violation": round(res.sla_violation_rate, 4),
+                     "tokens_per_s": round(res.token_throughput_tps, 1), "guests": res.num_guest_replicas})
+        print(f"  {tag:30s} {cell.placement:15s} {gpus:4d} GPUs: SLA viol {res.sla_violation_rate:6.2%} "
+              f"{res.token_throughput_tps:8.0f} tok/s  moves {res.num_guest_replicas:3d}  "
+              f"({time.perf_counter() - t:.0f}s)", flush=True)
+        return ok
+
+    fewest, _ = fewest_passing(passes, start=16, most=SPARSE_MAX_GPUS)
+    return {"cell": cell, "figures": {"fewest_gpus": fewest, "walk": walk, "runs": len(walk)},
+            "results": results, "memory_violations": sum(r.memory_violations for r in results),
+            "runs": len(walk), "wall_s": round(time.perf_counter() - started, 1)}
+
+
+def sparse_summary(by_seed: dict[int, dict[str, Any]], boot_seed: int) -> dict[str, Any]:
+    """Per seed each placement's fewest GPUs and the share slice and replica save against
+    container (``1 - placement / container``); medians and a bootstrap interval over seeds."""
+    from service.replay.sweep import bootstrap
+
+    seeds: dict[str, Any] = {}
+    saved: dict[str, list[float]] = {"slice": [], "replica": []}
+    for seed, figures in sorted(by_seed.items()):
+        gpus = {p: f["fewest_gpus"] for p, f in figures.items()}
+        row: dict[str, Any] = {"fewest_gpus": gpus, "walks": {p: f["walk"] for p, f in figures.items()}}
+        for p in saved:
+            if gpus.get(p) is not None and gpus.get("container"):
+                row[f"{p}_gpus_saved"] = round(1 - gpus[p] / gpus["container"], 4)
+                saved[p].append(row[f"{p}_gpus_saved"])
+        seeds[str(seed)] = row
+    out: dict[str, Any] = {"mix": SPARSE_MIX, "target_violations": SPARSE_TARGET, "seeds": seeds,
+                           "median_fewest_gpus": {p: _median([float(r["fewest_gpus"][p]) for r in seeds.values()
+                                                              if r["fewest_gpus"].get(p) is not None])
+                                                  for p in SPARSE_PLACEMENTS}}
+    for p, values in saved.items():
+        out[f"{p}_gpus_saved"] = _median(values)
+        if values:
+            out[f"{p}_gpus_saved_ci"] = bootstrap([values], lambda g: statistics.median(g[0]), seed=boot_seed)
+    return out
+
+
+def plot_fewest_gpus(path: Path, sparse: dict[str, Any]) -> None:
+    """Bars: each placement's fewest GPUs at 99% attainment, per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = sorted(sparse["seeds"], key=int)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    width = 0.8 / len(SPARSE_PLACEMENTS)
+    for i, p in enumerate(SPARSE_PLACEMENTS):
+        values = [sparse["seeds"][s]["fewest_gpus"].get(p) or 0 for s in seeds]
+        bars = ax.bar([k + i * width for k in range(len(seeds))], values, width, label=p)
+        ax.bar_label(bars, fontsize=8)
+    ax.set_xticks([k + width * (len(SPARSE_PLACEMENTS) - 1) / 2 for k in range(len(seeds))],
+                  [f"seed {s}" for s in seeds])
+    ax.set_ylabel("fewest A100s at 99% SLO attainment")
+    ax.set_title(f"{sparse['mix']}: GPUs each placement needs (fewer is better)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def owner_isolation(config: Any, make: Callable[[float], Any], shared: Any, tag: str) -> dict[str, Any]:
@@ -361,7 +513,9 @@ def queues_and_calibration(cell: Cell) -> dict[str, Any]:
 def run_any(job: tuple[str, Cell]) -> dict[str, Any]:
     """What a worker runs: a sustained-load or saturated cell, or the queue/calibration part."""
     kind, cell = job
-    return queues_and_calibration(cell) if kind == "queues" else run_cell(cell)
+    if kind == "queues":
+        return queues_and_calibration(cell)
+    return fewest_gpus_cell(cell) if cell.kind == "sparse" else run_cell(cell)
 
 
 # ---- the driver ----------------------------------------------------------------------------------
@@ -373,6 +527,8 @@ def build_cells(args: Any, duration: float, sat_s: float, seeds: list[int], mixe
     cells = [Cell("mix", m, s, duration, p, keep_spans=s == 0, **common)
              for m in mixes for s in seeds for p in placements]
     cells += [Cell("trace", t, seeds[0], duration, p, **common) for t in traces for p in placements]
+    if args.sparse_mix:
+        cells += [Cell("sparse", args.sparse_mix, s, duration, p, **common) for s in seeds for p in SPARSE_PLACEMENTS]
     if mixes:
         cells += [Cell("saturated", m, seeds[0], sat_s, p, saturated_load=args.saturated_load, **common)
                   for m in mixes for p in placements]
@@ -452,6 +608,9 @@ def assemble(jobs: list[tuple[str, Cell]], outputs: list[dict[str, Any]], mixes:
         if kind == "saturated":
             per_group[(kind, name, seed)] = {p: o["figures"]["horizon_tokens_per_s"] for p, o in by_placement.items()}
             continue
+        if kind == "sparse":
+            per_group[(kind, name, seed)] = {p: o["figures"] for p, o in by_placement.items()}
+            continue
         targets = next(iter(by_placement.values()))["cell"].targets
         figures = combine_group({p: o["figures"] for p, o in by_placement.items()}, targets)
         per_group[(kind, name, seed)] = {"placements": figures, "ratios": ratios(figures),
@@ -476,15 +635,19 @@ def assemble(jobs: list[tuple[str, Cell]], outputs: list[dict[str, Any]], mixes:
                      for k, v in ratio_lists.items() if v}
         per_mix[m] = {"cluster": MIXES.get(m, "8xA100-nvlink"), "seeds": per_seed, "median": medians,
                       "intervals": intervals}
-    return {"per_mix": per_mix, "queues": queue_out,
+    sparse_by_seed = {seed: r for (k, _, seed), r in per_group.items() if k == "sparse"}
+    sparse = sparse_summary(sparse_by_seed, boot_seed) if sparse_by_seed else {}
+    if sparse:
+        plot_fewest_gpus(plots / "sparse_fewest_gpus.png", sparse)
+    return {"per_mix": per_mix, "queues": queue_out, "sparse": sparse,
             "saturated": {n: r for (k, n, _), r in per_group.items() if k == "saturated"},
             "traces": {n: r for (k, n, _), r in per_group.items() if k == "trace"},
             "memory_violations": sum(o.get("memory_violations", 0) for o in outputs),
             "runs": sum(o.get("runs", 0) for o in outputs)}
 
 
-def summarise(per_mix: dict[str, Any], per_trace: dict[str, Any], mem_violations: int, boot_seed: int
-              ) -> dict[str, Any]:
+def summarise(per_mix: dict[str, Any], per_trace: dict[str, Any], mem_violations: int, boot_seed: int,
+              sparse: dict[str, Any] | None = None) -> dict[str, Any]:
     """``results.summary``: the headline ratios and, beside each, its bootstrap interval."""
     def med(mix: str, key: str) -> float | None:
         value = per_mix.get(mix, {}).get("median", {}).get(key)
@@ -518,7 +681,11 @@ def summarise(per_mix: dict[str, Any], per_trace: dict[str, Any], mem_violations
         "pooled_over_container": round(statistics.median(pooled), 3) if pooled else None,
         "slice_over_container_99pct_min": min(at_99) if at_99 else None,
         "owner_tpot_p99_rise_max": max(rises) if rises else None,
-        "replica_owner_tpot_p99_rise_max": max(replica_rises) if replica_rises else None}
+        "replica_owner_tpot_p99_rise_max": max(replica_rises) if replica_rises else None,
+        "sparse_gpus_saved": (sparse or {}).get("slice_gpus_saved"),
+        "sparse_replica_gpus_saved": (sparse or {}).get("replica_gpus_saved")}
+    if (sparse or {}).get("slice_gpus_saved_ci"):
+        summary["sparse_gpus_saved_ci"] = sparse["slice_gpus_saved_ci"]  # type: ignore[index]
     ratio_lists = {m: [s["ratios"] for s in v["seeds"].values()] for m, v in per_mix.items()}
     return summary | bootstrap_summary(ratio_lists, boot_seed)
 
@@ -534,6 +701,9 @@ def main() -> int:
     p.add_argument("--saturated-load", type=float, default=4.0)
     p.add_argument("--saturated-s", type=float, help="seconds of the saturated run (default 600; quick 150)")
     p.add_argument("--no-queues", action="store_true", help="skip the queue-policy and calibration part")
+    p.add_argument("--sparse-mix", default=SPARSE_MIX,
+                   help="the mix whose fewest GPUs at 99%% attainment each of container, replica and slice needs "
+                        "(empty: skip that part)")
     p.add_argument("--load-scaling", choices=LOAD_SCALINGS, default=DEFAULT_LOAD_SCALING,
                    help="how load is applied: thin (thinned / superposed copies of the load-1 workload; a trace "
                         "keeps its shape) or compress (rates multiplied, a trace's clock sped up: the old way)")
@@ -577,20 +747,21 @@ def main() -> int:
     from learned.artifact import load_cost_model
 
     cost = load_cost_model(args.cost_model)  # trained here if missing, before the workers load it
-    # the trace variants alone (no mixes) are a record of their own
-    plots = args.out / ("replay_headline" if mixes else "replay_headline-traces")
+    # the trace variants alone (no mixes), or the sparse mix alone, are records of their own
+    name = "replay_headline" if mixes else "replay_headline-traces" if traces else "replay_headline-sparse"
+    plots = args.out / name
     plots.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     jobs = build_cells(args, duration, sat_s, seeds, mixes, placements, traces)
     outputs = run_jobs(jobs, args.ray, args.jobs)
     parts = assemble(jobs, outputs, mixes, seeds, plots, args.seed)
     per_mix, per_trace, queues = parts["per_mix"], parts["traces"], parts["queues"]
-    summary = summarise(per_mix, per_trace, parts["memory_violations"], args.seed)
+    summary = summarise(per_mix, per_trace, parts["memory_violations"], args.seed, parts["sparse"])
     calib = queues.get("calibration", {})
     s4, s8, sr = (summary["slice_over_container_4tenants"], summary["slice_over_container_8tenants"],
                   summary["slice_over_replica_min"])
     ceiling_ok = bool(summary["ceiling_holds"])
-    _record.write("replay_headline" if mixes else "replay_headline-traces", args, {
+    _record.write(name, args, {
         "mixes": {m: MIXES.get(m, "8xA100-nvlink") for m in mixes}, "seeds": seeds, "placements": list(placements),
         "traces": {t: "dealt to a100-4tenants' tenants (" + ("session" if t == "mooncake" else "round-robin")
                    + f"), seed {seeds[0]}" for t in traces},
@@ -599,11 +770,14 @@ def main() -> int:
                    "targets": list(args.targets)} if args.search == "bisect" else {"method": "grid", "grid": list(GRID)},
         "saturated_load": args.saturated_load, "saturated_s": sat_s, "cost_model": cost.describe(), "kv": "paged",
         "jobs": args.jobs, "ray": args.ray,
+        "sparse": {"mix": args.sparse_mix, "placements": list(SPARSE_PLACEMENTS), "target_violations": SPARSE_TARGET,
+                   "load": 1.0, "cluster": "N x A100-80GB, hosts of 8", "search_from_gpus": 16} if args.sparse_mix else None,
     }, {
         "summary": summary,
         "mixes": per_mix,
         "saturated_tokens_per_s": parts["saturated"],
         "traces": per_trace,
+        "sparse": parts["sparse"],
         "queue_policies": queues.get("summary", {}),
         "calibration": calib,
         "targets": {"slice_over_container_4tenants_ge_1_5": bool(s4 and s4 >= 1.5),
@@ -616,6 +790,8 @@ def main() -> int:
                     "ceiling_holds": ceiling_ok,
                     "slice_over_container_99pct_min_ge_2": bool(summary["slice_over_container_99pct_min"] is not None
                                                                 and summary["slice_over_container_99pct_min"] >= 2.0),
+                    "sparse_gpus_saved_ge_0_5": bool(summary["sparse_gpus_saved"] is not None
+                                                     and summary["sparse_gpus_saved"] >= 0.5),
                     "owner_tpot_p99_rise_max_le_0_05": bool(summary["owner_tpot_p99_rise_max"] is not None
                                                             and summary["owner_tpot_p99_rise_max"] <= 0.05),
                     "calibration_ge_35pct": bool(calib) and min(calib.get("mae_reduction", 0),

@@ -685,6 +685,7 @@ def readme_headline(records: list[Record]) -> str:
         f"| oracle-elastic / container ({ceiling}) | "
         f"{v(rh, m4 + '.oracle_over_container', '.2f')}x; {v(rh, m8 + '.oracle_over_container', '.2f')}x | same |",
         f"| memory violations in every replay | {v(rh, 'results.summary.memory_violations')} | same |",
+        *_sparse_rows(rh, v),
         *_owner_rows(by_ref.get("owner_isolation"), v),
         f"| live, busy tenant's requests within its SLA: replica vs container (median of "
         f"{len(live.get('results.seeds'))} seeds) | {v(live, 'results.busy_tenant.acme.replica', '.1%')} vs "
@@ -700,6 +701,22 @@ def readme_headline(records: list[Record]) -> str:
         README_END,
     ]
     return "\n".join(lines)
+
+
+def _sparse_rows(rh: Record, v: Callable[[Record, str, str], str]) -> list[str]:
+    """The README's pooling row (the sparse mix's fewest GPUs), where the record has that part."""
+    try:
+        gpus = rh.get("results.sparse.median_fewest_gpus")
+    except KeyError:  # records before the sparse mix
+        return []
+    if not gpus:
+        return []
+    return [
+        f"| fewest A100s serving a100-sparse (24 tenants, rare bursty traffic) at 99% SLO attainment, median of "
+        f"{len(rh.get('results.sparse.seeds'))} seeds: container; replica; slice (GPUs saved by slice) | "
+        f"{fmt(gpus.get('container'), '.0f')}; {fmt(gpus.get('replica'), '.0f')}; {fmt(gpus.get('slice'), '.0f')} "
+        f"({v(rh, 'results.summary.sparse_gpus_saved', '.0%')}) | same |"
+    ]
 
 
 def _owner_rows(oi: Record | None, v: Callable[[Record, str, str], str]) -> list[str]:

@@ -4,7 +4,9 @@ For each policy ``QUEUE/PLACEMENT`` and each offered load, the run:
 
 1. samples the tenant mix into a workload (same seed for every policy: identical requests);
 2. sizes every tenant's home devices from its share of the offered work (the container
-   allocation; the slice policy starts from the same homes);
+   allocation; the slice policy starts from the same homes); on a cluster with fewer devices
+   than its tenants need apart, the sharing placements pack one replica per tenant onto shared
+   devices instead (:mod:`service.core.pooling`) and container cannot run;
 3. fits the output-length estimator on a *previous* sample of the mix (another seed: the
    service's history), then calibrates it online from completions during the run;
 4. advances the simulation in steps of ``interval_s``, calling ``Scheduler.step`` and applying
@@ -27,6 +29,7 @@ from service.core.batching import SIM_BATCHING, BatchingConfig
 from service.core.cost import CostModel
 from service.core.placement import TenantDemand, container_replicas
 from service.core.policies import make_placement_policy
+from service.core.pooling import pooled_replicas, tenants_fit_apart
 from service.core.queue import make_queue_policy
 from service.core.scheduler import Scheduler
 from service.domain.cluster import ClusterSpec
@@ -42,6 +45,10 @@ from service.sim.iteration import BatchFeatures, IterationCostTable, kv_bytes_pe
 from service.sim.view import SimClusterView
 
 Progress = Callable[[str, float], None]  # (run label, fraction of the horizon simulated)
+
+#: Placements whose tenants keep devices of their own even where that does not fit the cluster
+#: (container allocation by definition; the ceiling pools its own way): the others pool homes then.
+WHOLE_DEVICE_HOMES = ("container", ORACLE_ELASTIC)
 
 
 @dataclass(frozen=True)
@@ -149,12 +156,21 @@ def tenant_chunks(config: ReplayConfig, replicas: Sequence[ReplicaSpec]) -> dict
     return {r.tenant_id: r.max_batched_tokens for r in replicas if r.tenant_id is not None}
 
 
-def home_replicas(config: ReplayConfig, workload: Workload) -> list[ReplicaSpec]:
+def home_replicas(config: ReplayConfig, workload: Workload, *, pool: bool = False) -> list[ReplicaSpec]:
+    """Each tenant's home replicas: container allocation (whole devices of its own); with ``pool``,
+    where the cluster has fewer devices than the tenants' groups, one replica per tenant packed
+    onto shared devices instead (:mod:`service.core.pooling`)."""
     def reserve(model: str) -> int:
         return config.batching.kv_reserve_tokens * kv_bytes_per_token(MODEL_CONFIGS[model])
 
-    groups = container_replicas(config.cluster, demands(config, workload),
-                                weight_bytes=lambda m: weight_bytes(MODEL_CONFIGS[m]), reserve_bytes=reserve)
+    def weights(model: str) -> int:
+        return weight_bytes(MODEL_CONFIGS[model])
+
+    offered = demands(config, workload)
+    if pool and not tenants_fit_apart(config.cluster, offered, weight_bytes=weights, reserve_bytes=reserve):
+        groups = pooled_replicas(config.cluster, offered, weight_bytes=weights, reserve_bytes=reserve)
+    else:
+        groups = container_replicas(config.cluster, offered, weight_bytes=weights, reserve_bytes=reserve)
     count: dict[str, int] = {}
     out = []
     for tenant, model, devices in groups:
@@ -188,7 +204,7 @@ def run_policy(config: ReplayConfig, workload: Workload, policy: PolicyName, *, 
     spans = SpanRecorder(window)
     priority = {t.tenant_id: t.priority for t in config.mix.tenants}
     weight = {t.tenant_id: t.weight for t in config.mix.tenants}
-    homes = home_replicas(config, workload)
+    homes = home_replicas(config, workload, pool=policy.placement not in WHOLE_DEVICE_HOMES)
     cluster = SimulatedCluster(
         config.cluster, homes, config.cost_model,
         rng=np.random.default_rng(config.seed), sla_classes=config.mix.sla_classes, config=config.sim,
