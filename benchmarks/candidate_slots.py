@@ -22,6 +22,9 @@ windows devices cache), the from-scratch recompute of those caches (``refresh_de
 weight moves and recovery run it) and the live retention's deletion rate (the oldest
 ``--retention-window-s`` of the history through ``delete_old_live_slices``), which must at
 least match the creation rate for the size to be a steady state.
+Each size's queries are timed in ``--repeats`` passes; the record gives the figures of the pass
+with the median p99, with every pass's p99 (``cypher_p99_ms_by_repeat``) and the p99 over all of
+them (``cypher_p99_ms_pooled``) beside it.
 Target: p99 <= 20 ms for the Cypher query at the steady-state size (``results.cypher_p99_ms``).
 """
 
@@ -68,7 +71,9 @@ def main() -> int:
     p.add_argument("--gpus-per-host", type=int, default=8, help="GPUs per host (NVLink within a host)")
     p.add_argument("--operators", type=int, default=100_000, help="operators to import in total")
     p.add_argument("--slices-per-device", type=int, default=15, help="mean live placements per device (10-20)")
-    p.add_argument("--queries", type=int, default=500, help="timed slot queries")
+    p.add_argument("--queries", type=int, default=500, help="timed slot queries per repeat")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed passes of --queries each at each size; the record gives the median pass's figures")
     p.add_argument("--k", type=int, default=8, help="slots per query")
     p.add_argument("--cluster", default="bench", help="cluster name (and prefix of host ids)")
     p.add_argument("--retention-s", type=float, default=3600.0, help="how long ended live Slices are kept "
@@ -210,8 +215,23 @@ def main() -> int:
                                  needs_weights=bool(rng.random() < 0.5), input_deps=deps, margin=0.05, k=args.k)
 
             def measure_queries(label: str) -> dict[str, Any]:
+                """--repeats passes of --queries random queries, after a warm-up: the figures of the
+                pass with the median p99 (a transient on a shared machine moves one pass, not the
+                record), each pass's p99, the p99 over every query, and mismatches over all."""
                 for _ in range(100):  # warm the plan cache, the page cache and the JIT (as a live service is)
                     repo.slots.find_candidate_slots(random_query())
+                passes = [query_pass(f"{label}, pass {i + 1}/{args.repeats}") for i in range(args.repeats)]
+                ranked = sorted(passes, key=lambda r: r["cypher_p99_ms"])
+                out = {k: v for k, v in ranked[len(ranked) // 2].items() if not k.startswith("_")}
+                out["mismatches"] = sum(r["mismatches"] for r in passes)
+                out["cypher_p99_ms_by_repeat"] = [r["cypher_p99_ms"] for r in passes]
+                out["cypher_p99_ms_pooled"] = round(pct([x for r in passes for x in r["_cypher_ms"]], 99), 3)
+                out["memory_p99_ms_pooled"] = round(pct([x for r in passes for x in r["_memory_ms"]], 99), 3)
+                print(f"  [{label}] cypher p99 by pass {out['cypher_p99_ms_by_repeat']} ms: median pass "
+                      f"{out['cypher_p99_ms']} ms, pooled {out['cypher_p99_ms_pooled']} ms", flush=True)
+                return out
+
+            def query_pass(label: str) -> dict[str, Any]:
                 cypher_ms: list[float] = []
                 memory_ms: list[float] = []
                 mismatches = 0
@@ -241,6 +261,7 @@ def main() -> int:
                     "mismatches": mismatches,
                     # per fifth of the queries in order: a transient (a flush, a re-plan) shows as one fifth
                     "cypher_p99_ms_by_fifth": [round(pct(c.tolist(), 99), 3) for c in np.array_split(np.asarray(cypher_ms), 5)],
+                    "_cypher_ms": cypher_ms, "_memory_ms": memory_ms,
                 }
 
             def measure_writes(label: str) -> dict[str, Any]:
@@ -347,7 +368,7 @@ def main() -> int:
         "operators": ops, "devices_with_weights": len(resident), "live_slices": live, "done_slices": len(done),
         "history_slices": history, "retention_s": args.retention_s, "leases_per_gpu_s": args.leases_per_gpu_s,
         "write_slices": args.write_slices, "writes": args.writes,
-        "queries": args.queries, "k": args.k, "neo4j": info.version if info else args.uri,
+        "queries": args.queries, "repeats": args.repeats, "k": args.k, "neo4j": info.version if info else args.uri,
         "node_counts": {k: counts.get(k, 0) for k in ("Device", "Operator", "Tensor", "Slice")},
         "latency": "wall time of one call, driver session and round trip included",
     }
