@@ -15,7 +15,8 @@ Every phase is a closed loop, as an executor daemon is: each executor polls, wor
 phase cannot exceed executors x batch / (work + lease round trip + completion round trip);
 ``closed_loop_bound`` reports that bound from the phase's own medians, and ``loop_share`` the
 measured rate over it. Hence the saturated phase is a sweep over the executor count
-(``--saturated-executors``, each a fresh fleet of simulated executors against the same service):
+(``--saturated-executors``, each count a phase of its own against the same service, the executors
+registered once and reused):
 with 16 executors the loop, not the service, sets the rate (the service's event loop was about 30%
 busy there). ``saturated`` is the sweep's point with the most leases per second, every point is in
 ``saturated_sweep``; the simulated executors share the machine's two cores with the service and
@@ -24,6 +25,7 @@ Neo4j, so more of them also cost the service CPU.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import statistics
 import sys
@@ -34,6 +36,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _record
+
+
+def executor_counts(text: str) -> list[int]:
+    """``--saturated-executors``: comma-separated positive counts, at least one."""
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected at least one count, each >= 1, got {text!r}")
+    return counts
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -143,7 +156,7 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=8, help="leases asked for per poll (the executor's free KV slots)")
     p.add_argument("--duration-s", type=float, default=20.0)
     p.add_argument("--warmup-s", type=float, default=2.0)
-    p.add_argument("--saturated-executors", type=lambda v: [int(x) for x in v.split(",") if x.strip()],
+    p.add_argument("--saturated-executors", type=executor_counts,
                    default=[16, 32, 64], help="executor counts of the saturated sweep (comma-separated)")
     p.add_argument("--requests", type=int, default=200_000,
                    help="submitted up front: enough that no phase runs out of queued work")
