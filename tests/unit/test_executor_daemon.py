@@ -585,10 +585,13 @@ def test_a_refused_registration_is_fatal() -> None:
 
 def test_a_registration_refused_again_later_is_fatal() -> None:
     class Revoked(ScriptedService):
-        """Registers the executor, then forgets it (a heartbeat's 404) and refuses it again."""
+        """Registers the executor, then forgets it (every heartbeat a 404) and refuses it again.
+        The heartbeats stay 404: a forgotten executor's heartbeat never reaches ``_maybe_stop``,
+        whose stop would race the refusal (a stop before the exchange thread re-registered
+        returned 0, once in CI)."""
 
         def _answer(self, method: str, path: str, body: Any) -> httpx.Response:
-            if path.endswith("/heartbeat") and self.register_status == 200:
+            if path.endswith("/heartbeat"):
                 self.register_status = 401
                 return httpx.Response(404, json={"error": {"kind": "not_found", "message": "unknown executor"}})
             return super()._answer(method, path, body)
