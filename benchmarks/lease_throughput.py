@@ -1,6 +1,6 @@
 """lease_throughput: how many leases per second does the service grant and complete, and how fast?
 
-``slicesched serve`` (uvicorn, one process) on a private Neo4j; 16 simulated executors on
+``slicesched serve`` (uvicorn, one process) on a private Neo4j; simulated executors on
 loopback (asyncio + httpx in this process: they register one device each, long-poll for up to
 ``--batch`` leases, and complete each batch at once with the right number of tokens, without
 running a model). Requests are submitted up front in batches of 1,000 (each written to Neo4j
@@ -9,12 +9,21 @@ latency of a lease (poll round trip while work is queued; per lease) and of a co
 p50 and p99, and the GMG write lag the service measured meanwhile. Targets (issue 41): >= 2,000
 leases/s saturated and >= 1,400/s paced, lease p99 <= 50 ms, on this 2-core machine.
 
-Every phase is a closed loop, as an executor daemon is: each executor polls, works
-``--work-ms`` (none when saturated), posts its completion and waits for it to be accepted
-(durable) before its slots are free again (the service holds a replica's slots until then). So a
-phase cannot exceed executors x batch / (work + lease round trip + completion round trip);
-``closed_loop_bound`` reports that bound from the phase's own medians, and ``loop_share`` the
-measured rate over it. Hence the saturated phase is a sweep over the executor count
+Every executor is a closed loop, as an executor daemon is: it polls, works ``--work-ms`` (none
+when saturated), posts its completion and waits for it to be accepted (durable) before its slots
+are free again (the service holds a replica's slots until then). So a phase cannot exceed
+executors x batch / (work + lease round trip + completion round trip); ``closed_loop_bound``
+reports that bound from the phase's own medians, and ``loop_share`` the measured rate over it.
+
+The paced phase offers the fleet's rate: ``--executors`` (64; a fleet of 1,000 GPUs in 8-GPU
+hosts runs 125 executor daemons) simulated executors whose polls a
+shared pacer spaces so that together they ask at most ``--paced-leases-per-s`` (1,500: the
+1,400/s that 1,000 GPUs of Azure conv traffic ask, docs/scaling.md, with some headroom) leases
+per second; a pacer that falls behind does not burst to catch up. Its closed-loop bound is above
+the offered rate, so the service's answer times, not the loop, decide whether the rate is carried
+(``offered_leases_per_s`` beside ``leases_per_s``; ``--paced-leases-per-s 0`` makes it a bare
+closed loop, as records before 2026-12-07 were, with 16 executors and a bound of about 1,070/s).
+The saturated phase is a sweep over the executor count
 (``--saturated-executors``, each count a phase of its own against the same service, the executors
 registered once and reused):
 with 16 executors the loop, not the service, sets the rate (the service's event loop was about 30%
@@ -54,12 +63,31 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
+class Pacer:
+    """Spaces the polls of every executor of a phase so that together they ask at most ``rate``
+    leases per second. A slot in the past is not made up: after a slow answer the pacer resumes
+    from now, it does not burst."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.next_s = time.perf_counter()
+
+    async def take(self, leases: int) -> None:
+        now = time.perf_counter()
+        at = max(now, self.next_s)
+        self.next_s = at + leases / self.rate
+        if at > now:
+            await asyncio.sleep(at - now)
+
+
 async def executor(url: str, key: str, name: str, batch: int, work_s: float, until: float, measure_from: float,
-                   out: dict[str, Any]) -> None:
+                   out: dict[str, Any], pacer: Pacer | None = None) -> None:
     import httpx
 
     async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30.0) as c:
         while time.perf_counter() < until:
+            if pacer is not None:
+                await pacer.take(batch)
             t0 = time.perf_counter()
             r = await c.post("/v1/leases/poll", json={"executor_id": name, "max_leases": batch, "wait_s": 1.0})
             t1 = time.perf_counter()
@@ -115,12 +143,16 @@ async def run(url: str, key: str, executor_key: str, args: Any) -> dict[str, Any
             start = time.perf_counter()
             measure_from = start + args.warmup_s
             until = measure_from + args.duration_s
-            await asyncio.gather(*(executor(url, executor_key, f"sim{i:02d}", args.batch, work_ms / 1e3, until, measure_from, out)
+            rate = args.paced_leases_per_s if phase == "paced" and args.paced_leases_per_s > 0 else None
+            pacer = Pacer(rate) if rate is not None else None
+            await asyncio.gather(*(executor(url, executor_key, f"sim{i:02d}", args.batch, work_ms / 1e3, until,
+                                            measure_from, out, pacer)
                                    for i in range(executors)))
             window = time.perf_counter() - measure_from
             lat, comp = out["lease_latency_s"], out["complete_latency_s"]
             point = {
-                "executors": executors, "work_ms_per_batch": work_ms, "leases_per_s": out["completed"] / window,
+                "executors": executors, "work_ms_per_batch": work_ms, "offered_leases_per_s": rate,
+                "leases_per_s": out["completed"] / window,
                 "leases_completed": out["completed"], "completions_rejected": out["rejected"], "window_s": window,
                 "lease_latency_ms": {"p50": 1e3 * pct(lat, 0.5), "p99": 1e3 * pct(lat, 0.99),
                                      "mean": 1e3 * statistics.fmean(lat)},
@@ -129,7 +161,8 @@ async def run(url: str, key: str, executor_key: str, args: Any) -> dict[str, Any
             cycle_s = (work_ms + point["lease_latency_ms"]["p50"] + point["complete_latency_ms"]["p50"]) / 1e3
             point["closed_loop_bound"] = executors * args.batch / cycle_s
             point["loop_share"] = point["leases_per_s"] / point["closed_loop_bound"]
-            print(f"  {phase} ({executors} executors): {point['leases_per_s']:.0f} leases/s (closed-loop bound "
+            offered = f", offered {rate:.0f}/s" if rate is not None else ""
+            print(f"  {phase} ({executors} executors{offered}): {point['leases_per_s']:.0f} leases/s (closed-loop bound "
                   f"{point['closed_loop_bound']:.0f}), lease p50 {point['lease_latency_ms']['p50']:.1f} ms p99 "
                   f"{point['lease_latency_ms']['p99']:.1f} ms", flush=True)
             if phase == "paced":
@@ -152,7 +185,9 @@ async def run(url: str, key: str, executor_key: str, args: Any) -> dict[str, Any
 
 def main() -> int:
     p = _record.parser("lease_throughput", __doc__.splitlines()[0])
-    p.add_argument("--executors", type=int, default=16)
+    p.add_argument("--executors", type=int, default=64, help="simulated executors of the paced phase")
+    p.add_argument("--paced-leases-per-s", type=float, default=1500.0,
+                   help="paced phase: the lease rate the executors offer together (0: a bare closed loop)")
     p.add_argument("--batch", type=int, default=8, help="leases asked for per poll (the executor's free KV slots)")
     p.add_argument("--duration-s", type=float, default=20.0)
     p.add_argument("--warmup-s", type=float, default=2.0)
@@ -170,12 +205,15 @@ def main() -> int:
                    help="instead: this many interleaved pairs of runs, quotas off then on (a tokens/s quota of "
                         "1e9 on the tenant), each a fresh service; reports medians side by side")
     args = p.parse_args()
+    if args.executors < 1 or args.paced_leases_per_s < 0:
+        p.error("--executors must be >= 1 and --paced-leases-per-s >= 0")
     if args.quick:
         args.duration_s, args.requests = 6.0, 70_000
     if args.quota_pairs > 0:
         return quota_pairs(args)
     results = one_run(args, args.quota_tokens_per_s)
-    _record.write("lease_throughput", args, {"executors": args.executors, "saturated_executors": args.saturated_executors,
+    _record.write("lease_throughput", args, {"executors": args.executors, "paced_leases_per_s": args.paced_leases_per_s,
+                                             "saturated_executors": args.saturated_executors,
                                              "batch": args.batch, "work_ms": args.work_ms,
                                              "duration_s": args.duration_s, "requests": args.requests,
                                              "quota_tokens_per_s": args.quota_tokens_per_s}, results)

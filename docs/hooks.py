@@ -305,6 +305,7 @@ HEADLINES: dict[str, list[Figure]] = {
         F("saturated: simulated executors", "results.saturated.executors"),
         F("saturated lease p99 ms", "results.saturated.lease_latency_ms.p99", ".0f"),
         F("paced leases/s", "results.paced.leases_per_s", ",.0f"),
+        F("paced: offered leases/s (its executors)", "results.paced.offered_leases_per_s", ",.0f"),
         F("paced lease p99 ms", "results.paced.lease_latency_ms.p99", ".0f"),
         F("submissions/s (batches)", "results.submit_requests_per_s", ",.0f"),
         F("GMG write lag p99 s", "results.gmg_write_lag_s.p99", ".2f"),
