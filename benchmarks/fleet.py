@@ -253,6 +253,8 @@ async def measure(url: str, admin_key: str, pids: dict[str, int], args: Any) -> 
     cursor = TraceCursor(conv_arrivals(), args.seed)
     gc.collect()
     gc.freeze()  # the trace and the imports: a full collection here would pause every simulated executor
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, 1000)  # and rare full collections, as `serve` has (FULL_COLLECTION_AFTER)
     async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=120.0) as c:
         (await c.post("/v1/tenants", json={"tenant_id": "fleet"})).raise_for_status()
         (await c.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny",
