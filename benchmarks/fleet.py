@@ -1,7 +1,9 @@
 """fleet: how many GPUs' executors can one service lease to, at lease p99 <= 100 ms?
 
 ``slicesched serve`` (one process) on a private Neo4j, and a fleet of simulated executors in
-this process (asyncio + httpx over loopback, a connection pool each), one per GPU and
+this process (asyncio over loopback, keep-alive connections of their own each, through the lean
+HTTP/1.1 client of ``benchmarks/_lean_http.py``: with httpx the simulation took 0.9 cores at 400
+GPUs and was the fleet's bottleneck), one per GPU and
 ``--gpus-per-node`` on a host, each speaking the real protocol: it registers its device,
 heartbeats every ``--heartbeat-s`` with the leases it runs, long-polls for as many leases as its
 batch has free slots (``--slots``), "runs" each lease for its output tokens times ``--tpot-ms`` without a
@@ -52,8 +54,7 @@ class Fleet:
 
     def __init__(self, url: str, key: str, *, slots: int, gpus_per_node: int, tpot_s: float,
                  heartbeat_s: float) -> None:
-        # a connection pool per executor, as each daemon has its own (one pool for the fleet would
-        # spend its time scanning a thousand connections: httpcore's assignment is quadratic)
+        # connections of its own per executor, as each daemon has its own
         self.url, self.key = url, key
         self.clients: dict[str, Any] = {}
         self.slots, self.gpus_per_node, self.tpot_s, self.heartbeat_s = slots, gpus_per_node, tpot_s, heartbeat_s
@@ -67,9 +68,9 @@ class Fleet:
         self.reset()
 
     def client_of(self) -> Any:
-        import httpx
+        from benchmarks._lean_http import LeanClient
 
-        return httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=60.0)
+        return LeanClient(self.url, key=self.key, timeout_s=60.0)
 
     def reset(self) -> None:
         self.measuring = False
