@@ -1,7 +1,9 @@
 """lease_throughput: how many leases per second does the service grant and complete, and how fast?
 
 ``slicesched serve`` (uvicorn, one process) on a private Neo4j; simulated executors on
-loopback (asyncio + httpx in this process: they register one device each, long-poll for up to
+loopback (asyncio in this process, each with keep-alive connections through the lean HTTP/1.1
+client of ``benchmarks/_lean_http.py``, which costs the shared cores far less than httpx did:
+they register one device each, long-poll for up to
 ``--batch`` leases, and complete each batch at once with the right number of tokens, without
 running a model). Requests are submitted up front in batches of 1,000 (each written to Neo4j
 before it is accepted). Reported: leases completed per second over the measured window, the
@@ -82,9 +84,10 @@ class Pacer:
 
 async def executor(url: str, key: str, name: str, batch: int, work_s: float, until: float, measure_from: float,
                    out: dict[str, Any], pacer: Pacer | None = None) -> None:
-    import httpx
+    from benchmarks._lean_http import LeanClient
 
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30.0) as c:
+    c = LeanClient(url, key=key, timeout_s=30.0)
+    try:
         while time.perf_counter() < until:
             if pacer is not None:
                 await pacer.take(batch)
@@ -109,6 +112,8 @@ async def executor(url: str, key: str, name: str, batch: int, work_s: float, unt
                 out["complete_latency_s"].append(t2 - sent)
                 out["completed"] += accepted
                 out["rejected"] += len(leases) - accepted
+    finally:
+        await c.aclose()
 
 
 async def run(url: str, key: str, executor_key: str, args: Any) -> dict[str, Any]:
