@@ -36,9 +36,10 @@ class Scripted:
                 answer = self.answers.pop(0)
                 if answer == b"DROP":
                     return  # close without answering
-                writer.write(answer)
+                close_after = answer.endswith(b"|CLOSE")  # answer, then close as an idle keep-alive times out
+                writer.write(answer.removesuffix(b"|CLOSE"))
                 await writer.drain()
-                if b"Connection: close" in answer:
+                if b"Connection: close" in answer or close_after:
                     return
         finally:
             writer.close()
@@ -50,13 +51,13 @@ def ok(body: Any, extra: str = "") -> bytes:
         len(data), extra.encode(), data)
 
 
-def run(answers: list[bytes], script: Any) -> Scripted:
+def run(answers: list[bytes], script: Any, **options: Any) -> Scripted:
     server = Scripted(answers)
 
     async def main() -> None:
         srv = await asyncio.start_server(server.handle, "127.0.0.1", 0)
         port = srv.sockets[0].getsockname()[1]
-        client = LeanClient(f"http://127.0.0.1:{port}", key="k1", timeout_s=5.0)
+        client = LeanClient(f"http://127.0.0.1:{port}", key="k1", timeout_s=5.0, **options)
         try:
             await script(client)
         finally:
@@ -106,6 +107,38 @@ def test_connection_close_and_a_dropped_connection_open_a_new_one() -> None:
     server = run([ok({"i": 1}, "Connection: close\r\n"), b"DROP", ok({"i": 3})], script)
     assert server.connections == 3
     assert [r[0] for r in server.requests] == [b"POST /a HTTP/1.1", b"POST /b HTTP/1.1", b"POST /c HTTP/1.1"]
+
+
+def test_a_keep_alive_connection_the_server_closed_is_not_reused() -> None:
+    async def script(client: LeanClient) -> None:
+        assert (await client.post("/a", json={})).json() == {"i": 1}
+        await asyncio.sleep(0.05)  # the server's close arrives while the connection idles
+        assert (await client.post("/b", json={})).json() == {"i": 2}
+
+    server = run([ok({"i": 1}) + b"|CLOSE", ok({"i": 2})], script)
+    assert server.connections == 2 and len(server.requests) == 2  # /b went once, on a new connection
+
+
+def test_a_request_the_server_closed_on_unanswered_goes_once_more_on_a_new_connection() -> None:
+    """A reused connection closed as the request went (the keep-alive timeout's race): the server
+    read nothing of it, so it is sent again; on a new connection such a close is the caller's."""
+    async def script(client: LeanClient) -> None:
+        assert (await client.post("/a", json={})).json() == {"i": 1}
+        assert (await client.post("/b", json={"n": 2})).json() == {"i": 3}
+
+    server = run([ok({"i": 1}), b"DROP", ok({"i": 3})], script)
+    assert server.connections == 2
+    assert [r[0] for r in server.requests] == [b"POST /a HTTP/1.1", b"POST /b HTTP/1.1", b"POST /b HTTP/1.1"]
+
+
+def test_a_connection_idle_too_long_is_not_reused() -> None:
+    async def script(client: LeanClient) -> None:
+        await client.post("/a", json={})
+        await asyncio.sleep(0.06)
+        await client.post("/b", json={})
+
+    server = run([ok({}), ok({})], script, max_idle_s=0.05)
+    assert server.connections == 2
 
 
 def test_an_error_answer_raises_on_request_and_keeps_its_body() -> None:
