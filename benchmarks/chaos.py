@@ -22,8 +22,10 @@ model into slices on the other tenant's device; ``--busy-share`` sends most arri
 tenant and ``--busy-family`` gives it a heavier model, so that its home falls behind and the kills
 strike executors holding a sliced guest's leases (counted in
 ``results.executor_kills_holding_sliced_guests``, from ``/v1/stats`` just before each kill). Under
-``slice`` an executor kill strikes an executor that holds a sliced guest's leases at that moment
-when there is one (the planned target otherwise; ``retargeted_from`` in the fault's log).
+``slice`` an executor kill waits up to ``--holder-wait-s`` (10 s) for an executor to hold a sliced
+guest's leases and strikes it (``retargeted_from`` and ``waited_for_holder_s`` in the fault's log),
+the planned target when none does. ``--placement slice`` alone brings the record's settings
+(``--rate 3 --busy-share 0.9 --busy-family small-llama``); options given win.
 
 After the schedule and a cool-down the load stops, the service gets ``--drain-s`` to finish
 every accepted request, then the record compares what the client was told, what the API says
@@ -569,11 +571,39 @@ def sliced_guests_held(stack: Any) -> dict[str, int] | None:
                    and any(s["device"].startswith(f"{e}/") for s in r["slices"])) for e in EXECUTORS}
 
 
+# Under --placement slice, unless told otherwise: a busy first tenant on a heavier model whose home
+# falls behind, so that the scheduler places sliced guests and executor kills can strike them (the
+# record chaos-slice.json is made with these; with both tenants alike on tiny models nothing is sliced).
+SLICE_DEFAULTS: dict[str, Any] = {"rate": 3.0, "busy_share": 0.9, "busy_family": "small-llama", "holder_wait_s": 10.0}
+PLAIN_DEFAULTS: dict[str, Any] = {"rate": 2.0, "busy_share": None, "busy_family": "tiny", "holder_wait_s": 0.0}
+
+
+def apply_placement_defaults(args: Any) -> None:
+    """Fill the options left unset with the defaults of ``args.placement`` (given options win)."""
+    defaults = SLICE_DEFAULTS if args.placement == "slice" else PLAIN_DEFAULTS
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
+def wait_for_holder(stack: Any, wait_s: float, *, period_s: float = 0.5) -> tuple[dict[str, int] | None, float]:
+    """Sliced guests held per executor, polled until one holds or ``wait_s`` passes; with the
+    seconds waited (an executor kill under ``slice`` strikes a holder when there is one)."""
+    t0 = time.monotonic()
+    while True:
+        held = sliced_guests_held(stack)
+        waited = time.monotonic() - t0
+        if any(n > 0 for n in (held or {}).values()) or waited >= wait_s:
+            return held, round(waited, 2)
+        time.sleep(min(period_s, max(0.0, wait_s - waited)))
+
+
 def inject(f: Fault, cluster: Cluster, keys: Keys, rng: Any, load: Load, *, neo4j_down_s: float,
-           burst: int, burst_max_tokens: int, prefer_sliced: bool = False) -> None:
+           burst: int, burst_max_tokens: int, prefer_sliced: bool = False, holder_wait_s: float = 0.0) -> None:
     """Run one fault; ``f.started_s`` becomes the moment it strikes (after its burst). With
     ``prefer_sliced`` an executor kill strikes an executor holding a sliced guest's leases when
-    one does at that moment (``retargeted_from``: the planned target), else the planned one."""
+    one does within ``holder_wait_s`` (``retargeted_from``: the planned target; ``waited_for_holder_s``),
+    else the planned one."""
     import httpx
 
     from service.graph.local_server import free_port
@@ -583,7 +613,12 @@ def inject(f: Fault, cluster: Cluster, keys: Keys, rng: Any, load: Load, *, neo4
         f.detail.update(send_burst(load, burst, burst_max_tokens), burst_sent_s=f.started_s)
         f.started_s, f.started_epoch = round(cluster.clock(), 2), time.time()
     if f.kind == "executor_kill":
-        held = sliced_guests_held(stack)
+        if prefer_sliced:
+            held, waited = wait_for_holder(stack, holder_wait_s)
+            f.detail.update(waited_for_holder_s=waited)
+            f.started_s, f.started_epoch = round(cluster.clock(), 2), time.time()
+        else:
+            held = sliced_guests_held(stack)
         holders = sorted(e for e, n in (held or {}).items() if n > 0)
         if prefer_sliced and holders and f.target not in holders:
             f.detail.update(retargeted_from=f.target)
@@ -859,7 +894,8 @@ def recovery(faults: list[Fault], logical: list[Logical], api: dict[str, dict[st
 def main() -> int:
     p = _record.parser("chaos", __doc__.splitlines()[0])
     p.add_argument("--duration-s", type=float, default=600.0, help="seconds of load over which the faults are spread")
-    p.add_argument("--rate", type=float, default=2.0, help="logical requests per second (Poisson), both tenants")
+    p.add_argument("--rate", type=float, default=None,
+                   help="logical requests per second (Poisson), both tenants (default 2; 3 with --placement slice)")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--prompt-tokens", type=int, default=16)
     p.add_argument("--burst", type=int, default=12,
@@ -869,10 +905,15 @@ def main() -> int:
                    help="serve's placement: with slice, executor kills that strike an executor holding a sliced "
                         "guest's leases are counted (results.executor_kills_holding_sliced_guests)")
     p.add_argument("--busy-share", type=float, default=None,
-                   help="the share of the arrivals and bursts that go to the first tenant (default: both alike); "
-                        "with --placement slice, a busy tenant whose home cannot keep up is what the scheduler "
-                        "slices into the other tenant's idle device")
-    p.add_argument("--busy-family", default="tiny", help="the first tenant's model family (the other's is tiny)")
+                   help="the share of the arrivals and bursts that go to the first tenant (default: both alike; "
+                        f"{SLICE_DEFAULTS['busy_share']} with --placement slice: a busy tenant whose home cannot keep "
+                        "up is what the scheduler slices into the other tenant's idle device)")
+    p.add_argument("--busy-family", default=None,
+                   help="the first tenant's model family, the other's is tiny (default: tiny; "
+                        f"{SLICE_DEFAULTS['busy_family']} with --placement slice)")
+    p.add_argument("--holder-wait-s", type=float, default=None,
+                   help="with --placement slice: how long an executor kill waits for an executor to hold a sliced "
+                        f"guest's leases before it strikes the planned target (default {SLICE_DEFAULTS['holder_wait_s']:g})")
     p.add_argument("--executor-kills", type=int, default=24)
     p.add_argument("--serve-kills", type=int, default=3,
                    help="kill -9 of serve, restarted at once (with --leader-kills: of the standby)")
@@ -903,6 +944,7 @@ def main() -> int:
         args.neo4j_restarts, args.neo4j_port_changes = 1, 1
         args.drain_s, args.give_up_s = 40.0, 20.0
     args.neo4j_port_changes = min(args.neo4j_port_changes, args.neo4j_restarts)
+    apply_placement_defaults(args)
     if args.busy_share is not None and not 0.0 < args.busy_share < 1.0:
         p.error(f"--busy-share {args.busy_share}: a share strictly between 0 and 1")
 
@@ -987,7 +1029,8 @@ def main() -> int:
                 print(f"  t={clock():6.1f}s fault: {f.kind} {f.target}".rstrip(), flush=True)
                 try:
                     inject(f, cluster, keys, fault_rng, load, neo4j_down_s=args.neo4j_down_s, burst=args.burst,
-                           burst_max_tokens=args.burst_max_tokens, prefer_sliced=args.placement == "slice")
+                           burst_max_tokens=args.burst_max_tokens, prefer_sliced=args.placement == "slice",
+                           holder_wait_s=args.holder_wait_s)
                     f.ok = True
                 except Exception as exc:  # recorded; the run goes on (the supervisor restarts what is down)
                     f.detail["error"] = f"{type(exc).__name__}: {exc}"
@@ -1071,7 +1114,7 @@ def main() -> int:
             kill_all(stack)
         stack.close()
     config = {"duration_s": args.duration_s, "rate_per_s": args.rate, "tenants": tenants, "family": "tiny",
-              "busy_family": args.busy_family, "busy_share": args.busy_share,
+              "busy_family": args.busy_family, "busy_share": args.busy_share, "holder_wait_s": args.holder_wait_s,
               "executors": list(EXECUTORS), "devices_per_executor": 1, "prompt_tokens": args.prompt_tokens,
               "max_tokens": args.max_tokens, "burst": args.burst, "burst_max_tokens": args.burst_max_tokens,
               "lease_ttl_s": args.lease_ttl_s, "heartbeat_s": args.heartbeat_s,
