@@ -42,6 +42,9 @@ from benchmarks import _record
 
 TARGET_P99_S = 0.100
 GIVE_UP = 5  # sizes stop once lease p99 passes this many times the target
+# `serve`'s third collection threshold (service.api.app.FULL_COLLECTION_AFTER, held equal by
+# tests/unit/test_fleet.py), for this process too: not imported, which would load the whole app here
+FULL_COLLECTION_AFTER = 1000
 
 
 def pct(xs: list[float], q: float) -> float | None:
@@ -255,7 +258,7 @@ async def measure(url: str, admin_key: str, pids: dict[str, int], args: Any) -> 
     gc.collect()
     gc.freeze()  # the trace and the imports: a full collection here would pause every simulated executor
     young, middle, _ = gc.get_threshold()
-    gc.set_threshold(young, middle, 1000)  # and rare full collections, as `serve` has (FULL_COLLECTION_AFTER)
+    gc.set_threshold(young, middle, FULL_COLLECTION_AFTER)  # and rare full collections, as `serve` has
     async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=120.0) as c:
         (await c.post("/v1/tenants", json={"tenant_id": "fleet"})).raise_for_status()
         (await c.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny",
@@ -390,7 +393,9 @@ def _ms(s: float | None) -> float | None:
 
 def main() -> int:
     p = _record.parser("fleet", __doc__.splitlines()[0])
-    p.add_argument("--sizes", default="50,100,200,400,700,1000,1400", help="fleet sizes (GPUs), ascending")
+    p.add_argument("--sizes", default="50,100,200,300,400,550,700,1000,1400",
+                   help="fleet sizes (GPUs), ascending (between 200 and 700 in steps of about a third, where "
+                        "the knee has been: the figure held is one of these)")
     p.add_argument("--duration-s", type=float, default=20.0, help="measured seconds per size")
     p.add_argument("--warmup-s", type=float, default=5.0, help="unmeasured seconds of load at each size")
     p.add_argument("--first-warmup-s", type=float, default=25.0,
