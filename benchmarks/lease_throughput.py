@@ -65,6 +65,12 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
+def ran_dry(points: list[dict[str, Any]]) -> list[int]:
+    """The executor counts of the phases that ended with no request left queued: their rate was
+    bounded by the backlog, not by the service (such a record would be wrong, so none is written)."""
+    return [x["executors"] for x in points if x["backlog_left"] <= 0]
+
+
 class Pacer:
     """Spaces the polls of every executor of a phase so that together they ask at most ``rate``
     leases per second. A slot in the past is not made up: after a slow answer the pacer resumes
@@ -98,6 +104,7 @@ async def executor(url: str, key: str, name: str, batch: int, work_s: float, unt
             leases = r.json()["leases"]
             if not leases:
                 continue
+            out["taken"] += len(leases)
             await asyncio.sleep(work_s)  # the batch "runs"
             sent = time.perf_counter()
             results = [{"lease_id": x["lease_id"], "output_tokens": [0] * x["max_tokens"], "queued_s": 0.0,
@@ -125,15 +132,26 @@ async def run(url: str, key: str, executor_key: str, args: Any) -> dict[str, Any
         if args.quota_tokens_per_s is not None:  # admission then runs the quota path on every request
             (await c.put("/v1/tenants/bench/quota", json={"tokens_per_s": args.quota_tokens_per_s})).raise_for_status()
         (await c.post("/v1/catalog/models", json={"model_id": "m", "family": "tiny", "tenant_id": "bench"})).raise_for_status()
-        t = time.perf_counter()
-        for i in range(0, args.requests, 1000):
-            n = min(1000, args.requests - i)
-            body = {"requests": [{"model_id": "m", "prompt_tokens": [1, 2, 3, 4], "max_tokens": 4, "tenant_id": "bench"}
-                                 for _ in range(n)]}
-            (await c.post("/v1/requests/batch", json=body)).raise_for_status()
-            print(f"  submitted {i + n}/{args.requests}", end="\r", flush=True)
-        submit_s = time.perf_counter() - t
-        print(f"\n  {args.requests} requests accepted in {submit_s:.1f}s ({args.requests / submit_s:.0f}/s)", flush=True)
+        submitted, taken, submit_s = 0, 0, 0.0
+
+        async def top_up() -> None:
+            """Queue requests until ``args.requests`` wait unleased: every phase starts with that
+            backlog, so a fast phase does not leave the next one short of work."""
+            nonlocal submitted, submit_s
+            want = args.requests - (submitted - taken)
+            t = time.perf_counter()
+            for i in range(0, want, 1000):
+                n = min(1000, want - i)
+                body = {"requests": [{"model_id": "m", "prompt_tokens": [1, 2, 3, 4], "max_tokens": 4,
+                                      "tenant_id": "bench"} for _ in range(n)]}
+                (await c.post("/v1/requests/batch", json=body)).raise_for_status()
+                submitted += n
+                print(f"  submitted {i + n}/{want}", end="\r", flush=True)
+            if want > 0:
+                took = time.perf_counter() - t
+                submit_s += took
+                print(f"\n  {want} requests accepted in {took:.1f}s ({want / took:.0f}/s)", flush=True)
+
         registered = 0
         phases: dict[str, Any] = {}
         sweep: list[dict[str, Any]] = []
@@ -144,7 +162,9 @@ async def run(url: str, key: str, executor_key: str, args: Any) -> dict[str, Any
                                                      "devices": [{"device_id": "cpu:0", "mem_bytes": 4 << 30}]},
                               headers={"Authorization": f"Bearer {executor_key}"})).raise_for_status()
             registered = max(registered, executors)
-            out: dict[str, Any] = {"lease_latency_s": [], "complete_latency_s": [], "completed": 0, "rejected": 0}
+            await top_up()
+            out: dict[str, Any] = {"lease_latency_s": [], "complete_latency_s": [], "completed": 0, "rejected": 0,
+                                   "taken": 0}
             start = time.perf_counter()
             measure_from = start + args.warmup_s
             until = measure_from + args.duration_s
@@ -154,6 +174,7 @@ async def run(url: str, key: str, executor_key: str, args: Any) -> dict[str, Any
                                             measure_from, out, pacer)
                                    for i in range(executors)))
             window = time.perf_counter() - measure_from
+            taken += out["taken"]
             lat, comp = out["lease_latency_s"], out["complete_latency_s"]
             point = {
                 "executors": executors, "work_ms_per_batch": work_ms, "offered_leases_per_s": rate,
@@ -162,6 +183,8 @@ async def run(url: str, key: str, executor_key: str, args: Any) -> dict[str, Any
                 "lease_latency_ms": {"p50": 1e3 * pct(lat, 0.5), "p99": 1e3 * pct(lat, 0.99),
                                      "mean": 1e3 * statistics.fmean(lat)},
                 "complete_latency_ms": {"p50": 1e3 * pct(comp, 0.5), "p99": 1e3 * pct(comp, 0.99)},
+                # requests still queued when the phase ended: 0 would mean it ran out of work
+                "backlog_left": submitted - taken,
             }
             cycle_s = (work_ms + point["lease_latency_ms"]["p50"] + point["complete_latency_ms"]["p50"]) / 1e3
             point["closed_loop_bound"] = executors * args.batch / cycle_s
@@ -174,6 +197,9 @@ async def run(url: str, key: str, executor_key: str, args: Any) -> dict[str, Any
                 phases["paced"] = point
             else:
                 sweep.append(point)
+        dry = ran_dry([phases["paced"], *sweep])
+        if dry:
+            raise SystemExit(f"phases with {dry} executors ran out of queued requests: raise --requests")
         phases["saturated"] = max(sweep, key=lambda x: x["leases_per_s"])
         phases["saturated_sweep"] = sweep
         stats = (await c.get("/v1/stats")).json()
@@ -184,7 +210,7 @@ async def run(url: str, key: str, executor_key: str, args: Any) -> dict[str, Any
             print(f"  GMG writer: {stats['gmg_write_lag_s']['rows']} rows written, "
                   f"{stats['gmg_write_lag_s']['pending']} pending", flush=True)
         catch_up_s = time.perf_counter() - waited
-    return {**phases, "submit_requests_per_s": args.requests / submit_s, "gmg_write_lag_s": stats["gmg_write_lag_s"],
+    return {**phases, "requests_submitted": submitted, "submit_requests_per_s": submitted / submit_s, "gmg_write_lag_s": stats["gmg_write_lag_s"],
             "gmg_catch_up_s_after_load": catch_up_s, "service_counters": stats["counters"]}
 
 
@@ -198,8 +224,9 @@ def main() -> int:
     p.add_argument("--warmup-s", type=float, default=2.0)
     p.add_argument("--saturated-executors", type=executor_counts,
                    default=[16, 32, 64], help="executor counts of the saturated sweep (comma-separated)")
-    p.add_argument("--requests", type=int, default=200_000,
-                   help="submitted up front: enough that no phase runs out of queued work")
+    p.add_argument("--requests", type=int, default=120_000,
+                   help="the backlog each phase starts with (queued requests, topped up before each): more than "
+                        "a phase can lease (22 s at 5,000/s), so that none runs out of work")
     p.add_argument("--work-ms", type=float, default=80.0,
                    help="paced phase: a simulated executor runs each batch this long before completing it")
     p.add_argument("--log-dir", type=Path, help="keep the service's log here")
@@ -213,7 +240,7 @@ def main() -> int:
     if args.executors < 1 or args.paced_leases_per_s < 0:
         p.error("--executors must be >= 1 and --paced-leases-per-s >= 0")
     if args.quick:
-        args.duration_s, args.requests = 6.0, 70_000
+        args.duration_s, args.requests = 6.0, 40_000
     if args.quota_pairs > 0:
         return quota_pairs(args)
     results = one_run(args, args.quota_tokens_per_s)

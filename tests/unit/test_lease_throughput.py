@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from benchmarks.lease_throughput import Pacer, executor_counts
+from benchmarks.lease_throughput import Pacer, executor_counts, ran_dry
 
 
 def test_the_pacer_spaces_takes_at_its_rate() -> None:
@@ -45,3 +45,10 @@ def test_executor_counts_refuses_what_cannot_run() -> None:
     for bad in ("", "0", "8,-1", "x"):
         with pytest.raises(argparse.ArgumentTypeError):
             executor_counts(bad)
+
+
+def test_a_phase_that_ran_out_of_queued_requests_is_named() -> None:
+    points = [{"executors": 64, "backlog_left": 90_000}, {"executors": 16, "backlog_left": 1},
+              {"executors": 32, "backlog_left": 0}, {"executors": 64, "backlog_left": -3}]
+    assert ran_dry(points) == [32, 64]
+    assert ran_dry(points[:2]) == []
